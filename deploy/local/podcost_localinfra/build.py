@@ -1,0 +1,201 @@
+"""Builds (once) the real servers podcost is tested against, into the cache.
+
+- Kafka: the broker's runtime jars copied from Maven Central by ``deploy/local/kafka/pom.xml``.
+- kube-apiserver, kube-controller-manager, kube-scheduler: built from the Go module proxy by the
+  module in ``deploy/local/kube-build``.
+- etcd: built by the module in ``deploy/local/etcd-build``.
+- kwok: ``go install``-ed, and its stage definitions copied from the module cache.
+
+Each step is idempotent: a stamp records a hash of its inputs and the step is skipped while the
+stamp matches. A file lock serialises concurrent builds (two test runs, or make and pytest).
+Called by ``podcost_localinfra.cli`` and by the test fixtures.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from . import paths
+
+KUBE_TOOLS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+KWOK_STAGES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-complete.yaml",
+    "pod/fast/pod-delete.yaml",
+)
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message names the step and the log to read."""
+
+
+def _log(message: str) -> None:
+    print(f"[localinfra] {message}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _build_lock() -> Iterator[None]:
+    lock_path = paths.cache_dir() / ".build.lock"
+    with lock_path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _digest(*parts: str | Path) -> str:
+    sha = hashlib.sha256()
+    for part in parts:
+        sha.update(part.read_bytes() if isinstance(part, Path) else part.encode())
+    return sha.hexdigest()
+
+
+def _stamp_ok(stamp: Path, digest: str, outputs: list[Path]) -> bool:
+    return (
+        stamp.exists()
+        and stamp.read_text() == digest
+        and all(output.exists() for output in outputs)
+    )
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Never fetch a toolchain: the machine's Go builds all of it. Keep the machine's proxy settings.
+    env.update(GOTOOLCHAIN="local", CGO_ENABLED="0")
+    return env
+
+
+def _run(step: str, argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> None:
+    log_dir = paths.cache_dir() / "logs"
+    log_dir.mkdir(exist_ok=True)
+    log_file = log_dir / f"build-{step}.log"
+    started = time.monotonic()
+    _log(f"building {step} (log: {log_file}) ...")
+    with log_file.open("w") as log:
+        result = subprocess.run(argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        tail = "".join(log_file.read_text().splitlines(keepends=True)[-20:])
+        raise BuildError(
+            f"building {step} failed (exit {result.returncode}); see {log_file}\n{tail}"
+        )
+    _log(f"built {step} in {time.monotonic() - started:.1f}s")
+
+
+def go_version() -> str:
+    return subprocess.run(
+        ["go", "version"], capture_output=True, text=True, check=True, env=_go_env()
+    ).stdout.strip()
+
+
+def ensure_kafka() -> Path:
+    """The directory of the broker's jars, copied from Maven Central on first use."""
+    pom = paths.LOCAL_DIR / "kafka" / "pom.xml"
+    lib = paths.kafka_lib_dir()
+    stamp = lib.parent / ".stamp"
+    digest = _digest(pom)
+    if _stamp_ok(stamp, digest, [lib / f"kafka_2.13-{paths.KAFKA_VERSION}.jar"]):
+        return lib
+    staging = lib.parent / "lib.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    _run(
+        "kafka-jars",
+        [
+            "mvn", "-B", "-q", "-f", str(pom),
+            "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies",
+            "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
+        ],
+        cwd=pom.parent,
+    )  # fmt: skip
+    shutil.rmtree(lib, ignore_errors=True)
+    staging.rename(lib)
+    stamp.write_text(digest)
+    return lib
+
+
+def _ensure_go_module_build(step: str, module: Path, targets: list[str], ldflags: str) -> None:
+    outputs = [paths.bin_dir() / Path(target).name for target in targets]
+    stamp = paths.bin_dir() / f".{step}.stamp"
+    digest = _digest(module / "go.mod", module / "go.sum", ldflags, go_version())
+    if _stamp_ok(stamp, digest, outputs):
+        return
+    argv = ["go", "build", "-trimpath", "-ldflags", ldflags, "-o", f"{paths.bin_dir()}/", *targets]
+    _run(step, argv, cwd=module, env=_go_env())
+    stamp.write_text(digest)
+
+
+def ensure_kube() -> None:
+    """kube-apiserver, kube-controller-manager and kube-scheduler in the cache's bin dir."""
+    version = paths.KUBE_VERSION
+    major, minor = version.lstrip("v").split(".")[:2]
+    ldflags = (
+        f"-s -w -X k8s.io/component-base/version.gitVersion={version}"
+        f" -X k8s.io/component-base/version.gitMajor={major}"
+        f" -X k8s.io/component-base/version.gitMinor={minor}"
+        " -X k8s.io/component-base/version.gitTreeState=clean"
+    )
+    targets = [f"k8s.io/kubernetes/cmd/{tool}" for tool in KUBE_TOOLS]
+    _ensure_go_module_build("kube", paths.LOCAL_DIR / "kube-build", targets, ldflags)
+
+
+def ensure_etcd() -> None:
+    """etcd in the cache's bin dir (built as a tool of deploy/local/etcd-build)."""
+    module = paths.LOCAL_DIR / "etcd-build"
+    target = paths.bin_dir() / "etcd"
+    stamp = paths.bin_dir() / ".etcd.stamp"
+    digest = _digest(module / "go.mod", module / "go.sum", go_version())
+    if _stamp_ok(stamp, digest, [target]):
+        return
+    argv = ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(target),
+            "go.etcd.io/etcd/server/v3"]  # fmt: skip
+    _run("etcd", argv, cwd=module, env=_go_env())
+    stamp.write_text(digest)
+
+
+def ensure_kwok() -> None:
+    """kwok in the cache's bin dir, and its stages gathered into one config file."""
+    target = paths.bin_dir() / "kwok"
+    stamp = paths.bin_dir() / ".kwok.stamp"
+    stages = paths.kwok_stages_file()
+    digest = _digest(paths.KWOK_VERSION, go_version(), *KWOK_STAGES)
+    if _stamp_ok(stamp, digest, [target, stages]):
+        return
+    env = _go_env() | {"GOBIN": str(paths.bin_dir())}
+    _run("kwok", ["go", "install", f"sigs.k8s.io/kwok/cmd/kwok@{paths.KWOK_VERSION}"],
+         cwd=paths.cache_dir(), env=env)  # fmt: skip
+    modcache = subprocess.run(
+        ["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
+    stage_root = Path(modcache) / f"sigs.k8s.io/kwok@{paths.KWOK_VERSION}" / "kustomize" / "stage"
+    documents = [(stage_root / stage).read_text().strip() for stage in KWOK_STAGES]
+    stages.write_text("\n---\n".join(documents) + "\n")
+    stamp.write_text(digest)
+
+
+def ensure_cluster_tools() -> None:
+    with _build_lock():
+        ensure_etcd()
+        ensure_kwok()
+        ensure_kube()
+
+
+def ensure_kafka_tools() -> Path:
+    with _build_lock():
+        return ensure_kafka()
+
+
+def ensure_all() -> None:
+    ensure_kafka_tools()
+    ensure_cluster_tools()

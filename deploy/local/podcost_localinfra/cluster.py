@@ -1,0 +1,232 @@
+"""A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler, and kwok for nodes and pod lifecycle (there is no kubelet).
+
+Called by the CLI (``make cluster-up`` / ``make cluster-down``) and by the test fixtures. RBAC is
+on; one static token in ``system:masters`` is the admin credential written to the kubeconfig.
+Start order: etcd, apiserver (until ``/readyz``), then controller-manager, scheduler and kwok.
+Stop is the reverse, each by its own pid.
+"""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import build, paths, process
+
+SERVICE_CIDR = "10.96.0.0/16"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A started control plane."""
+
+    run_dir: Path
+    server: str
+    token: str
+    kubeconfig: Path
+    ca_file: Path
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def stop(self) -> None:
+        process.stop_all(self.run_dir)
+
+
+def _openssl(*argv: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *argv], cwd=cwd, check=True, capture_output=True)
+
+
+def _make_pki(pki: Path) -> None:
+    """A CA, a serving cert for 127.0.0.1/localhost, and the service-account key."""
+    pki.mkdir(parents=True, exist_ok=True)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "3650",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-subj",
+        "/CN=podcost-local-ca",
+        cwd=pki,
+    )
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "apiserver.key",
+        "-out",
+        "apiserver.csr",
+        "-subj",
+        "/CN=kube-apiserver",
+        cwd=pki,
+    )
+    (pki / "san.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "apiserver.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-out",
+        "apiserver.crt",
+        "-extfile",
+        "san.ext",
+        cwd=pki,
+    )
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=pki)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)  # fmt: skip
+
+
+def write_kubeconfig(path: Path, server: str, ca_file: Path, token: str, user: str) -> None:
+    """A kubeconfig for ``server`` authenticating with a bearer ``token``."""
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters:
+- name: podcost-local
+  cluster:
+    server: {server}
+    certificate-authority: {ca_file}
+users:
+- name: {user}
+  user:
+    token: {token}
+contexts:
+- name: podcost-local
+  context:
+    cluster: podcost-local
+    user: {user}
+current-context: podcost-local
+"""
+    )
+
+
+def start(run_dir: Path, timeout: float = 120.0) -> Cluster:
+    """Build (if needed) and start the whole control plane in ``run_dir``."""
+    build.ensure_cluster_tools()
+    bin_dir = paths.bin_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pki = run_dir / "pki"
+    _make_pki(pki)
+    token = secrets.token_hex(16)
+    # token,user,uid,"group1,group2"
+    (run_dir / "tokens.csv").write_text(f'{token},admin,admin-uid,"system:masters"\n')
+    timings: dict[str, float] = {}
+
+    etcd_port, etcd_peer = process.free_port(), process.free_port()
+    etcd = process.start(
+        run_dir,
+        "etcd",
+        [str(bin_dir / "etcd"), "--name=podcost", f"--data-dir={run_dir / 'etcd'}",
+         f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+         f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+         f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+         f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+         f"--initial-cluster=podcost=http://127.0.0.1:{etcd_peer}",
+         "--unsafe-no-fsync", "--auto-compaction-retention=1", "--quota-backend-bytes=4294967296",
+         "--log-level=warn"],
+    )  # fmt: skip
+    timings["etcd"] = process.wait_until(
+        etcd, lambda: process.tcp_open(etcd_port), timeout, "serving"
+    )
+
+    api_port = process.free_port()
+    server = f"https://127.0.0.1:{api_port}"
+    apiserver = process.start(
+        run_dir,
+        "kube-apiserver",
+        [str(bin_dir / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+         "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+         f"--secure-port={api_port}",
+         f"--tls-cert-file={pki / 'apiserver.crt'}",
+         f"--tls-private-key-file={pki / 'apiserver.key'}",
+         f"--client-ca-file={pki / 'ca.crt'}", f"--cert-dir={pki}",
+         f"--token-auth-file={run_dir / 'tokens.csv'}", "--authorization-mode=Node,RBAC",
+         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+         f"--service-account-key-file={pki / 'sa.pub'}",
+         f"--service-account-signing-key-file={pki / 'sa.key'}",
+         f"--service-cluster-ip-range={SERVICE_CIDR}", "--endpoint-reconciler-type=none",
+         "--allow-privileged=true", "--enable-priority-and-fairness=false",
+         "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
+         "--profiling=false", "--v=1"],
+    )  # fmt: skip
+    ca_file = pki / "ca.crt"
+    timings["kube-apiserver"] = process.wait_until(
+        apiserver,
+        lambda: process.https_ok(f"{server}/readyz", token, ca_file),
+        timeout,
+        "ready (/readyz)",
+    )
+    kubeconfig = run_dir / "kubeconfig"
+    write_kubeconfig(kubeconfig, server, ca_file, token, "admin")
+
+    kcm_port, sched_port, kwok_port = process.free_port(), process.free_port(), process.free_port()
+    controllers = [
+        ("kube-controller-manager",
+         [str(bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
+          "--leader-elect=false", f"--root-ca-file={ca_file}",
+          f"--service-account-private-key-file={pki / 'sa.key'}", "--controllers=*",
+          "--use-service-account-credentials=false",
+          "--bind-address=127.0.0.1", f"--secure-port={kcm_port}",
+          "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+          "--kube-api-qps=500", "--kube-api-burst=1000", "--concurrent-replicaset-syncs=10",
+          "--v=1"],
+         kcm_port),
+        ("kube-scheduler",
+         [str(bin_dir / "kube-scheduler"), f"--kubeconfig={kubeconfig}", "--leader-elect=false",
+          "--bind-address=127.0.0.1", f"--secure-port={sched_port}",
+          "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+          "--kube-api-qps=500", "--kube-api-burst=1000", "--v=1"],
+         sched_port),
+        ("kwok",
+         [str(bin_dir / "kwok"), f"--kubeconfig={kubeconfig}",
+          f"--config={paths.kwok_stages_file()}", "--manage-all-nodes=true",
+          f"--server-address=127.0.0.1:{kwok_port}", "--node-ip=10.0.0.1",
+          "--node-lease-duration-seconds=40", "--cidr=10.244.0.0/16"],
+         kwok_port),
+    ]  # fmt: skip
+    daemons = [(process.start(run_dir, name, argv), port) for name, argv, port in controllers]
+    for daemon, port in daemons:
+        if daemon.name == "kwok":
+            check = lambda port=port: process.tcp_open(port)  # noqa: E731
+        else:
+            check = lambda port=port: process.https_ok(f"https://127.0.0.1:{port}/healthz")  # noqa: E731
+        timings[daemon.name] = process.wait_until(daemon, check, timeout, "healthy")
+    cluster = Cluster(run_dir, server, token, kubeconfig, ca_file, timings)
+    process.write_json(
+        run_dir / "cluster.json",
+        {"server": server, "kubeconfig": str(kubeconfig), "token": token, "ca": str(ca_file)},
+    )
+    return cluster
+
+
+def wait_for_default_service_account(cluster: Cluster, namespace: str, timeout: float = 60) -> None:
+    """Block until the controller-manager made ``default`` in ``namespace`` (pods need it)."""
+    deadline = time.monotonic() + timeout
+    url = f"{cluster.server}/api/v1/namespaces/{namespace}/serviceaccounts/default"
+    while time.monotonic() < deadline:
+        if process.https_ok(url, cluster.token, cluster.ca_file):
+            return
+        time.sleep(0.2)
+    raise process.StartError(f"no default service account in {namespace} after {timeout}s")

@@ -1,0 +1,112 @@
+"""A real single-node Apache Kafka broker (KRaft, broker+controller in one JVM) on 127.0.0.1.
+
+Called by the CLI (``make kafka-up`` / ``make kafka-down``) and by the test fixtures. Ports are
+free ports picked at start, so two runs never collide; the run directory holds the config, the
+data, the log and the pid.
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import build, process
+
+SERVER_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+log.dirs={data_dir}
+num.partitions=3
+default.replication.factor=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+log.flush.interval.messages=1000000
+message.max.bytes=10485760
+replica.fetch.max.bytes=10485760
+"""
+
+LOG4J_PROPERTIES = """\
+log4j.rootLogger=WARN, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka.server.KafkaServer=INFO
+log4j.logger.kafka.server.KafkaRaftServer=INFO
+log4j.logger.kafka.server.BrokerServer=INFO
+"""
+
+
+@dataclass(frozen=True)
+class KafkaBroker:
+    """A started broker."""
+
+    run_dir: Path
+    bootstrap: str
+    pid: int
+    started_in: float
+
+    def stop(self) -> None:
+        process.stop_all(self.run_dir)
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise process.StartError("java is not on PATH; the Kafka broker needs a JRE (17+)")
+    return java
+
+
+def start(run_dir: Path, timeout: float = 90.0) -> KafkaBroker:
+    """Build (if needed), configure, format and start a broker in ``run_dir``."""
+    lib = build.ensure_kafka_tools()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    port, controller_port = process.free_port(), process.free_port()
+    data_dir = run_dir / "data"
+    (run_dir / "server.properties").write_text(
+        SERVER_PROPERTIES.format(port=port, controller_port=controller_port, data_dir=data_dir)
+    )
+    (run_dir / "log4j.properties").write_text(LOG4J_PROPERTIES)
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    classpath = f"{lib}/*"
+    log4j = f"-Dlog4j.configuration=file:{run_dir / 'log4j.properties'}"
+    subprocess.run(
+        [_java(), log4j, "-cp", classpath, "kafka.tools.StorageTool", "format",
+         "-t", cluster_id, "-c", str(run_dir / "server.properties"), "--ignore-formatted"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    started = time.monotonic()
+    daemon = process.start(
+        run_dir,
+        "kafka",
+        [_java(), "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",
+         "-Djava.awt.headless=true", log4j, "-cp", classpath, "kafka.Kafka",
+         str(run_dir / "server.properties")],
+    )  # fmt: skip
+    process.wait_until(
+        daemon,
+        lambda: (
+            process.tcp_open(port)
+            and "Kafka Server started" in daemon.log.read_text(errors="replace")
+        ),
+        timeout,
+        "serving",
+    )
+    bootstrap = f"127.0.0.1:{port}"
+    (run_dir / "bootstrap").write_text(bootstrap + "\n")
+    return KafkaBroker(run_dir, bootstrap, daemon.pid, time.monotonic() - started)

@@ -1,0 +1,47 @@
+"""Where the local infrastructure lives: build inputs in the repo, builds and run state in a cache.
+
+Called by every other module of ``podcost_localinfra``. The cache (default
+``~/.cache/podcost``, override with ``PODCOST_CACHE``) keeps slow steps (Kafka jars, Go builds)
+between runs and outside the repo, as CI on the same machine reuses it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+KAFKA_VERSION = "3.9.2"
+KUBE_VERSION = "v1.36.3"
+ETCD_VERSION = "v3.6.16"
+KWOK_VERSION = "v0.8.0"
+
+#: deploy/local in the repo: the pom and the Go modules that describe what to build.
+LOCAL_DIR = Path(__file__).resolve().parent.parent
+
+
+def cache_dir() -> Path:
+    """The cache root; created on first use."""
+    root = Path(os.environ.get("PODCOST_CACHE", Path.home() / ".cache" / "podcost"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def bin_dir() -> Path:
+    path = cache_dir() / "bin"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def kafka_lib_dir() -> Path:
+    return cache_dir() / f"kafka-{KAFKA_VERSION}" / "lib"
+
+
+def kwok_stages_file() -> Path:
+    return cache_dir() / f"kwok-{KWOK_VERSION}-stages.yaml"
+
+
+def run_root() -> Path:
+    """Run directories of servers started by ``make kafka-up`` / ``make cluster-up``."""
+    path = cache_dir() / "run"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
