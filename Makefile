@@ -1,0 +1,72 @@
+# podcost — the two commands (`make test`, `make demo`) and the local servers.
+# Everything installs what it needs, idempotently; slow steps are cached in ~/.cache/podcost.
+
+PYTHON ?= python3
+UV_VERSION := 0.13.9
+UV := $(PYTHON) -m uv
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(CURDIR)/.venv
+RUN := $(UV) run --frozen --quiet
+
+.DEFAULT_GOAL := help
+.PHONY: help setup tools lint typecheck contracts check unit integration e2e test test-long \
+        bench demo kafka-up kafka-down cluster-up cluster-down clean
+
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+setup:  ## install uv and the locked Python environment (.venv)
+	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet "uv==$(UV_VERSION)"
+	@$(UV) sync --frozen --python $(PYTHON) --quiet
+
+tools: setup  ## build the Kafka broker and the control plane into ~/.cache/podcost (once)
+	@$(RUN) podcost-localinfra build
+
+lint: setup  ## ruff lint and format check
+	$(RUN) ruff check .
+	$(RUN) ruff format --check .
+
+typecheck: setup  ## mypy --strict over libs, services and the local infra
+	$(RUN) mypy
+
+contracts: setup  ## import-linter layer contracts
+	$(RUN) lint-imports
+
+check: lint typecheck contracts  ## every static check
+
+unit: setup  ## the pure tier: no servers
+	$(RUN) pytest tests/unit
+
+integration: tools  ## real Kafka broker and real control plane
+	$(RUN) pytest tests/integration
+
+e2e: tools  ## the whole pipeline against the real control plane
+	$(RUN) pytest tests/e2e
+
+test: check tools  ## everything CI runs: static checks, then all test tiers
+	$(RUN) pytest tests
+
+test-long: tools  ## opt-in long runs (e.g. 300 differential scenarios)
+	PODCOST_LONG=1 $(RUN) pytest tests -m long
+
+bench: setup  ## benchmarks that print numbers (not tests)
+	$(RUN) python tests/bench/bench_core.py
+	$(RUN) python tests/bench/bench_labels.py
+
+demo: tools  ## the demo on an embedded default cluster
+	$(RUN) podcost demo
+
+kafka-up: tools  ## start a Kafka broker; last line: its bootstrap address
+	@$(RUN) podcost-localinfra kafka-up
+
+kafka-down: setup  ## stop the broker started by kafka-up
+	@$(RUN) podcost-localinfra kafka-down
+
+cluster-up: tools  ## start the control plane; last line: export KUBECONFIG=<path>
+	@$(RUN) podcost-localinfra cluster-up
+
+cluster-down: setup  ## stop every process cluster-up started
+	@$(RUN) podcost-localinfra cluster-down
+
+clean:  ## remove the virtualenv and caches inside the repo (not ~/.cache/podcost)
+	rm -rf .venv .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,74 @@
+"""Session fixtures for the real servers: a Kafka broker and a Kubernetes control plane.
+
+Both are built and started by the project's own code (``podcost_localinfra``) on free loopback
+ports, once per test session, and stopped at its end. ``PODCOST_KAFKA`` / ``KUBECONFIG`` with
+``PODCOST_USE_KUBECONFIG=1`` point the tests at servers already running (``make kafka-up`` /
+``make cluster-up``) instead. Under ``CI=true`` a server that cannot be built or started fails
+the run; elsewhere the tests that need it are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import config
+
+from podcost_localinfra import build, cluster, kafka, process
+from tests.support.kube import KubeTestCluster
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def _unavailable(what: str, error: BaseException) -> None:
+    message = f"{what} is unavailable: {error}"
+    if IN_CI:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The bootstrap address of a real Kafka broker."""
+    external = os.environ.get("PODCOST_KAFKA")
+    if external:
+        yield external
+        return
+    try:
+        broker = kafka.start(tmp_path_factory.mktemp("kafka"))
+    except (build.BuildError, process.StartError, OSError) as error:
+        _unavailable("the Kafka broker", error)
+    yield broker.bootstrap
+    broker.stop()
+
+
+@dataclass(frozen=True)
+class ControlPlane:
+    """A running control plane: where its kubeconfig is."""
+
+    kubeconfig: Path
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A real kube-apiserver with kube-controller-manager, kube-scheduler and kwok."""
+    if os.environ.get("PODCOST_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):
+        yield ControlPlane(Path(os.environ["KUBECONFIG"]))
+        return
+    try:
+        started = cluster.start(tmp_path_factory.mktemp("cluster"))
+    except (build.BuildError, process.StartError, OSError) as error:
+        _unavailable("the Kubernetes control plane", error)
+    yield ControlPlane(started.kubeconfig)
+    started.stop()
+
+
+@pytest.fixture(scope="session")
+async def kube(control_plane: ControlPlane) -> AsyncIterator[KubeTestCluster]:
+    """Helpers over the real API server (nodes, Deployments, scaling, victims)."""
+    api = await config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    async with api:
+        yield KubeTestCluster(api)
