@@ -111,12 +111,18 @@ class KubeTestCluster:
         replicas: int,
         *,
         annotations: Mapping[str, str] | None = None,
+        opt_in: bool = False,
         one_per_node: bool = False,
         node_selector: Mapping[str, str] | None = None,
         pod_spec_extra: Mapping[str, Any] | None = None,
     ) -> None:
-        """A Deployment whose pods kwok runs; ``one_per_node`` adds required anti-affinity."""
+        """A Deployment whose pods kwok runs.
+
+        ``opt_in`` adds podcost's ``podcost.dev/enabled: "true"``; ``one_per_node`` adds required
+        pod anti-affinity on the hostname, so each pod lands on a node of its own.
+        """
         labels = {"app": name}
+        annotations = {**(annotations or {}), **({"podcost.dev/enabled": "true"} if opt_in else {})}
         pod_spec: dict[str, Any] = {
             "containers": [{"name": "app", "image": "registry.local/podcost/app:1"}],
             "terminationGracePeriodSeconds": 0,
@@ -136,7 +142,7 @@ class KubeTestCluster:
         body = {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": {"name": name, "labels": labels, "annotations": dict(annotations or {})},
+            "metadata": {"name": name, "labels": labels, "annotations": annotations},
             "spec": {
                 "replicas": replicas,
                 "selector": {"matchLabels": labels},

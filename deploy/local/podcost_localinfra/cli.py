@@ -66,6 +66,8 @@ def cluster_up() -> int:
 
 def down(kind: str) -> int:
     run_dir = _run_dir(kind)
+    for name, peak in process.peak_memory(run_dir).items():
+        print(f"  {name:<24} peak RSS {peak / 2**20:7.1f} MiB", file=sys.stderr)
     stopped = process.stop_all(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
     print(f"{kind}: stopped {', '.join(stopped) if stopped else 'nothing'}", file=sys.stderr)

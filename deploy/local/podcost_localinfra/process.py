@@ -131,6 +131,20 @@ def https_ok(url: str, token: str | None = None, ca_file: Path | None = None) ->
         return False
 
 
+def peak_memory(run_dir: Path) -> dict[str, int]:
+    """Peak resident memory (VmHWM, bytes) of each running daemon recorded in ``run_dir``."""
+    peaks: dict[str, int] = {}
+    for pid_file in sorted((run_dir / "pids").glob("*.pid")) if (run_dir / "pids").exists() else []:
+        try:
+            status = Path(f"/proc/{pid_file.read_text().strip()}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                peaks[pid_file.stem.split("-", 1)[1]] = int(line.split()[1]) * 1024
+    return peaks
+
+
 def stop_all(run_dir: Path, timeout: float = 15.0) -> list[str]:
     """Stop every daemon recorded in ``run_dir`` (reverse start order); return their names."""
     pid_dir = run_dir / "pids"
