@@ -104,6 +104,19 @@ class KubeTestCluster:
         await self.wait_for(has_default_sa, f"default service account in {name}", timeout=60)
         return name
 
+    async def delete_namespace(self, name: str) -> None:
+        """Delete a namespace and wait until its pods are gone (so their nodes have room)."""
+        try:
+            await self.core.delete_namespace(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+        async def no_pods() -> bool:
+            return not (await self.core.list_namespaced_pod(name)).items
+
+        await self.wait_for(no_pods, f"the pods of namespace {name} gone", timeout=60)
+
     async def create_deployment(
         self,
         namespace: str,
@@ -206,6 +219,16 @@ class KubeTestCluster:
 
         await self.wait_for(settled, f"{namespace}/{name} at {replicas} pods", timeout)
         return before - remaining
+
+    async def raw_pods(self, namespace: str, app: str) -> list[dict[str, Any]]:
+        """The pods of ``app`` as the JSON ``kubectl get -o json`` prints."""
+        listed = await self.core.list_namespaced_pod(namespace, label_selector=f"app={app}")
+        raw: list[dict[str, Any]] = self.api.sanitize_for_serialization(listed)["items"]
+        return raw
+
+    async def patch_pod_status(self, namespace: str, pod: str, status: Mapping[str, Any]) -> None:
+        """Strategic-merge ``status`` into the pod's status (conditions merge by type)."""
+        await self.core.patch_namespaced_pod_status(pod, namespace, {"status": dict(status)})
 
     async def set_deletion_cost(self, namespace: str, pod: str, cost: int | str) -> None:
         await self.core.patch_namespaced_pod(
