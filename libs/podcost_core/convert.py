@@ -1,0 +1,895 @@
+"""Raw Kubernetes JSON to the snapshot model: the one converter at the boundary.
+
+Takes the shapes ``kubectl get -o json`` prints (and the API returns) as plain dicts and builds
+``podcost_core.model`` values. The watcher calls ``pod_from_json`` / ``node_from_json`` for its
+informer objects, ``podcost simulate`` calls ``load_objects`` and ``snapshot_for_workload`` on a
+dump, and the bus encodes snapshots with ``SNAPSHOT_ADAPTER``. Nothing past this module sees raw
+JSON. Every field is read as the component that acts on it reads it: QoS as ``GetPodQOS``,
+restarts as the ReplicaSet controller's ``maxContainerRestarts``, quantities as
+``resource.ParseQuantity``, the deletion cost as ``GetDeletionCostFromPodAnnotations``.
+
+Raw objects are validated against ``TypedDict`` shapes by pydantic first, so a malformed dump
+fails here with a ``ConversionError`` naming the object, never deeper with a ``KeyError``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from fractions import Fraction
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+# pydantic needs typing_extensions' TypedDict before Python 3.12 (it is pydantic's own dependency).
+from typing_extensions import TypedDict
+
+from podcost_core.model import (
+    DELETION_COST_ANNOTATION,
+    FIELD_MANAGER,
+    AffinityTerm,
+    CostOwner,
+    Node,
+    NodeName,
+    Phase,
+    Pod,
+    PodUID,
+    QoSClass,
+    ReplicaSetInfo,
+    Resources,
+    Snapshot,
+    Taint,
+    Toleration,
+    WorkloadRef,
+)
+from podcost_core.victims import parse_deletion_cost
+
+
+class ConversionError(ValueError):
+    """The input is not the Kubernetes JSON it should be. Permanent: report it, do not retry."""
+
+
+class UnknownWorkload(ConversionError):
+    """The requested workload is not in the objects given."""
+
+
+# --- raw shapes (only the fields podcost reads; pydantic drops the rest) -------------------
+
+Quantity = str | int | float
+
+
+class OwnerReferenceJSON(TypedDict, total=False):
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool
+
+
+class ManagedFieldsEntryJSON(TypedDict, total=False):
+    manager: str
+    operation: str
+    time: str
+    fieldsType: str
+    fieldsV1: dict[str, Any]
+
+
+class ObjectMetaJSON(TypedDict, total=False):
+    name: str
+    namespace: str
+    uid: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    creationTimestamp: str | None
+    deletionTimestamp: str | None
+    ownerReferences: list[OwnerReferenceJSON]
+    managedFields: list[ManagedFieldsEntryJSON]
+
+
+class LabelSelectorRequirementJSON(TypedDict, total=False):
+    key: str
+    operator: str
+    values: list[str]
+
+
+class LabelSelectorJSON(TypedDict, total=False):
+    matchLabels: dict[str, str]
+    matchExpressions: list[LabelSelectorRequirementJSON]
+
+
+class ResourceRequirementsJSON(TypedDict, total=False):
+    requests: dict[str, Quantity]
+    limits: dict[str, Quantity]
+
+
+class ContainerJSON(TypedDict, total=False):
+    name: str
+    resources: ResourceRequirementsJSON
+    restartPolicy: str
+
+
+class TolerationJSON(TypedDict, total=False):
+    key: str
+    operator: str
+    value: str
+    effect: str
+
+
+class PodAffinityTermJSON(TypedDict, total=False):
+    labelSelector: LabelSelectorJSON | None
+    topologyKey: str
+    namespaces: list[str]
+    namespaceSelector: LabelSelectorJSON | None
+
+
+class WeightedPodAffinityTermJSON(TypedDict, total=False):
+    weight: int
+    podAffinityTerm: PodAffinityTermJSON
+
+
+class PodAntiAffinityJSON(TypedDict, total=False):
+    requiredDuringSchedulingIgnoredDuringExecution: list[PodAffinityTermJSON]
+    preferredDuringSchedulingIgnoredDuringExecution: list[WeightedPodAffinityTermJSON]
+
+
+class AffinityJSON(TypedDict, total=False):
+    podAntiAffinity: PodAntiAffinityJSON
+
+
+class PodSpecJSON(TypedDict, total=False):
+    nodeName: str
+    priority: int
+    tolerations: list[TolerationJSON]
+    containers: list[ContainerJSON]
+    initContainers: list[ContainerJSON]
+    affinity: AffinityJSON
+    resources: ResourceRequirementsJSON
+    overhead: dict[str, Quantity]
+
+
+class ConditionJSON(TypedDict, total=False):
+    type: str
+    status: str
+    lastTransitionTime: str | None
+
+
+class ContainerStatusJSON(TypedDict, total=False):
+    name: str
+    restartCount: int
+
+
+class PodStatusJSON(TypedDict, total=False):
+    phase: str
+    conditions: list[ConditionJSON]
+    containerStatuses: list[ContainerStatusJSON]
+    initContainerStatuses: list[ContainerStatusJSON]
+    qosClass: str
+
+
+class PodJSON(TypedDict, total=False):
+    kind: str
+    metadata: ObjectMetaJSON
+    spec: PodSpecJSON
+    status: PodStatusJSON
+
+
+class TaintJSON(TypedDict, total=False):
+    key: str
+    value: str
+    effect: str
+
+
+class NodeSpecJSON(TypedDict, total=False):
+    taints: list[TaintJSON]
+    unschedulable: bool
+
+
+class NodeStatusJSON(TypedDict, total=False):
+    allocatable: dict[str, Quantity]
+    conditions: list[ConditionJSON]
+
+
+class NodeJSON(TypedDict, total=False):
+    kind: str
+    metadata: ObjectMetaJSON
+    spec: NodeSpecJSON
+    status: NodeStatusJSON
+
+
+class WorkloadSpecJSON(TypedDict, total=False):
+    replicas: int
+    selector: LabelSelectorJSON | None
+
+
+class WorkloadStatusJSON(TypedDict, total=False):
+    conditions: list[ConditionJSON]
+
+
+class WorkloadJSON(TypedDict, total=False):
+    """A Deployment or a ReplicaSet: the same few fields matter."""
+
+    kind: str
+    metadata: ObjectMetaJSON
+    spec: WorkloadSpecJSON
+    status: WorkloadStatusJSON
+
+
+_POD = TypeAdapter(PodJSON)
+_NODE = TypeAdapter(NodeJSON)
+_WORKLOAD = TypeAdapter(WorkloadJSON)
+
+#: Validates and (de)serialises a whole snapshot; the bus payloads and ``simulate`` use it.
+SNAPSHOT_ADAPTER: TypeAdapter[Snapshot] = TypeAdapter(Snapshot)
+
+
+def _validate(adapter: TypeAdapter[Any], raw: object, what: str) -> Any:
+    try:
+        return adapter.validate_python(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        name = _name_hint(raw)
+        raise ConversionError(f"{what}{name}: {where}: {first['msg']}") from None
+
+
+def _name_hint(raw: object) -> str:
+    if isinstance(raw, Mapping):
+        meta = raw.get("metadata")
+        if isinstance(meta, Mapping) and isinstance(meta.get("name"), str):
+            return f" {meta.get('namespace', '')}/{meta['name']}".replace(" /", " ")
+    return ""
+
+
+# --- scalars --------------------------------------------------------------------------------
+
+_QUANTITY = re.compile(
+    r"(?P<sign>[+-]?)(?P<int>[0-9]*)(?:\.(?P<frac>[0-9]*))?"
+    r"(?P<suffix>[eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|)"
+)
+_BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+
+
+def parse_quantity(value: Quantity) -> Fraction:
+    """``resource.ParseQuantity``, exactly: ``500m`` = 1/2, ``1Gi`` = 2**30, ``1e3`` = 1000."""
+    if isinstance(value, bool):
+        raise ConversionError(f"quantity {value!r} is not a number")
+    if isinstance(value, int):
+        return Fraction(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConversionError(f"quantity {value!r} is not finite")
+        return Fraction(repr(value))
+    found = _QUANTITY.fullmatch(value)
+    if not value or found is None:
+        raise ConversionError(f"quantity {value!r} is not a Kubernetes quantity")
+    digits = (found["int"] or "0") + (found["frac"] or "")
+    number = Fraction(int(digits), 10 ** len(found["frac"] or ""))
+    suffix = found["suffix"]
+    if suffix in _BINARY:
+        number *= 2 ** _BINARY[suffix]
+    elif suffix in _DECIMAL:
+        number *= Fraction(10) ** _DECIMAL[suffix]
+    else:  # a decimal exponent, e.g. e3 or E-2
+        number *= Fraction(10) ** int(suffix[1:])
+    return -number if found["sign"] == "-" else number
+
+
+def quantity_milli(value: Quantity) -> int:
+    """``Quantity.MilliValue()``: thousandths, rounded up."""
+    return math.ceil(parse_quantity(value) * 1000)
+
+
+def quantity_value(value: Quantity) -> int:
+    """``Quantity.Value()``: rounded up to an integer."""
+    return math.ceil(parse_quantity(value))
+
+
+def parse_time(value: str | None) -> float | None:
+    """An RFC 3339 API timestamp in POSIX seconds, truncated to whole seconds: the API server
+    stores and serves object times with one-second precision, so that is what the controller
+    compares. ``None`` (Go's zero time) when absent."""
+    if value is None or value == "":
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConversionError(f"timestamp {value!r} is not RFC 3339") from None
+    if parsed.tzinfo is None:
+        raise ConversionError(f"timestamp {value!r} has no time zone")
+    return float(math.floor(parsed.astimezone(UTC).timestamp()))
+
+
+# --- pods -----------------------------------------------------------------------------------
+
+_COST_FIELD = f"f:{DELETION_COST_ANNOTATION}"
+_QOS_RESOURCES = ("cpu", "memory")
+
+
+def _controller_ref(meta: ObjectMetaJSON) -> OwnerReferenceJSON | None:
+    for ref in meta.get("ownerReferences", []):
+        if ref.get("controller"):
+            return ref
+    return None
+
+
+def cost_owner(meta: ObjectMetaJSON) -> CostOwner:
+    """Who set the deletion cost: podcost when its field manager owns the annotation."""
+    if DELETION_COST_ANNOTATION not in meta.get("annotations", {}):
+        return CostOwner.NONE
+    for entry in meta.get("managedFields", []):
+        if entry.get("manager") != FIELD_MANAGER:
+            continue
+        fields = entry.get("fieldsV1", {})
+        annotations = fields.get("f:metadata", {}).get("f:annotations", {})
+        if isinstance(annotations, Mapping) and _COST_FIELD in annotations:
+            return CostOwner.PODCOST
+    return CostOwner.OTHER
+
+
+def _sum_into(total: dict[str, Fraction], resources: Mapping[str, Quantity]) -> None:
+    for name, amount in resources.items():
+        total[name] = total.get(name, Fraction(0)) + parse_quantity(amount)
+
+
+def _max_into(total: dict[str, Fraction], resources: Mapping[str, Fraction]) -> None:
+    for name, amount in resources.items():
+        total[name] = max(total.get(name, Fraction(0)), amount)
+
+
+def _restartable(container: ContainerJSON) -> bool:
+    return container.get("restartPolicy") == "Always"
+
+
+def pod_requests(spec: PodSpecJSON) -> Resources:
+    """The scheduler's view of what a pod requests (``resourcehelper.PodRequests``): regular
+    containers and sidecars add up, each plain init container needs its own request plus the
+    sidecars started before it, the larger wins, then the overhead. Pod-level requests, when
+    set, replace the containers' for the resources they name."""
+    total: dict[str, Fraction] = {}
+    for container in spec.get("containers", []):
+        _sum_into(total, container.get("resources", {}).get("requests", {}))
+    sidecars: dict[str, Fraction] = {}
+    init_peak: dict[str, Fraction] = {}
+    for container in spec.get("initContainers", []):
+        requests = container.get("resources", {}).get("requests", {})
+        if _restartable(container):
+            _sum_into(sidecars, requests)
+            _max_into(init_peak, sidecars)
+        else:
+            during: dict[str, Fraction] = dict(sidecars)
+            _sum_into(during, requests)
+            _max_into(init_peak, during)
+    for name, amount in sidecars.items():
+        total[name] = total.get(name, Fraction(0)) + amount
+    _max_into(total, init_peak)
+    pod_level = spec.get("resources", {}).get("requests", {})
+    for name in _QOS_RESOURCES:
+        if name in pod_level:
+            total[name] = parse_quantity(pod_level[name])
+    _sum_into(total, spec.get("overhead", {}))
+    return Resources(
+        cpu_milli=math.ceil(total.get("cpu", Fraction(0)) * 1000),
+        memory_bytes=math.ceil(total.get("memory", Fraction(0))),
+        pods=1,
+    )
+
+
+def compute_qos(spec: PodSpecJSON) -> QoSClass:
+    """``qos.ComputePodQOS`` for a pod whose ``status.qosClass`` is not set yet."""
+    requests: dict[str, Fraction] = {}
+    limits: dict[str, Fraction] = {}
+    guaranteed = True
+
+    def positive(resources: Mapping[str, Quantity]) -> dict[str, Fraction]:
+        found = {
+            name: parse_quantity(resources[name]) for name in _QOS_RESOURCES if name in resources
+        }
+        return {name: amount for name, amount in found.items() if amount > 0}
+
+    pod_level = spec.get("resources")
+    if pod_level is not None and (pod_level.get("requests") or pod_level.get("limits")):
+        # PodLevelResources (beta, on in 1.36): the pod-level resources decide alone.
+        _max_into(requests, positive(pod_level.get("requests", {})))
+        pod_limits = positive(pod_level.get("limits", {}))
+        _max_into(limits, pod_limits)
+        if pod_level.get("limits") and set(pod_limits) != set(_QOS_RESOURCES):
+            guaranteed = False
+    else:
+        for container in [*spec.get("containers", []), *spec.get("initContainers", [])]:
+            resources = container.get("resources", {})
+            for name, amount in positive(resources.get("requests", {})).items():
+                requests[name] = requests.get(name, Fraction(0)) + amount
+            container_limits = positive(resources.get("limits", {}))
+            for name, amount in container_limits.items():
+                limits[name] = limits.get(name, Fraction(0)) + amount
+            if set(container_limits) != set(_QOS_RESOURCES):
+                guaranteed = False
+    if not requests and not limits:
+        return QoSClass.BEST_EFFORT
+    requests_match = all(limits.get(name) == amount for name, amount in requests.items())
+    if guaranteed and requests_match and len(requests) == len(limits):
+        return QoSClass.GUARANTEED
+    return QoSClass.BURSTABLE
+
+
+def _restarts(spec: PodSpecJSON, status: PodStatusJSON) -> tuple[int, int]:
+    """``maxContainerRestarts``: the highest restart count of a regular container, and of a
+    restartable init container (sidecar); plain init containers count for neither."""
+    regular = max(
+        (c.get("restartCount", 0) for c in status.get("containerStatuses", [])), default=0
+    )
+    sidecar_names = {c.get("name") for c in spec.get("initContainers", []) if _restartable(c)}
+    sidecar = max(
+        (
+            c.get("restartCount", 0)
+            for c in status.get("initContainerStatuses", [])
+            if c.get("name") in sidecar_names
+        ),
+        default=0,
+    )
+    return regular, sidecar
+
+
+def _reduce_selector(selector: LabelSelectorJSON) -> tuple[dict[str, str], bool]:
+    """``matchLabels`` plus the one-value ``In`` expressions; exact when nothing else is left."""
+    labels = dict(selector.get("matchLabels", {}))
+    exact = True
+    for requirement in selector.get("matchExpressions", []):
+        values = requirement.get("values", [])
+        if requirement.get("operator") == "In" and len(values) == 1:
+            labels[requirement.get("key", "")] = values[0]
+        else:
+            exact = False
+    return labels, exact
+
+
+def _affinity_term(term: PodAffinityTermJSON, weight: int, namespace: str) -> AffinityTerm | None:
+    selector = term.get("labelSelector")
+    if selector is None:
+        return None  # a null selector matches no pod: the term constrains nothing
+    labels, exact = _reduce_selector(selector)
+    namespaces = term.get("namespaces", [])
+    if term.get("namespaceSelector") is not None or (namespaces and namespaces != [namespace]):
+        exact = False
+    return AffinityTerm(term.get("topologyKey", ""), labels, weight=weight, exact=exact)
+
+
+def _anti_affinity(spec: PodSpecJSON, namespace: str) -> tuple[AffinityTerm, ...]:
+    anti = spec.get("affinity", {}).get("podAntiAffinity", {})
+    terms: list[AffinityTerm | None] = [
+        _affinity_term(term, 0, namespace)
+        for term in anti.get("requiredDuringSchedulingIgnoredDuringExecution", [])
+    ]
+    for weighted in anti.get("preferredDuringSchedulingIgnoredDuringExecution", []):
+        weight = weighted.get("weight", 1)
+        terms.append(_affinity_term(weighted.get("podAffinityTerm", {}), weight, namespace))
+    return tuple(term for term in terms if term is not None)
+
+
+def _phase(value: str | None) -> Phase:
+    try:
+        return Phase(value or "")
+    except ValueError:
+        # An empty or unknown phase is active and reads as ordinal 0 in the controller's
+        # podPhaseToOrdinal map, exactly like Pending.
+        return Phase.PENDING
+
+
+def _qos(spec: PodSpecJSON, status: PodStatusJSON) -> QoSClass:
+    try:
+        return QoSClass(status.get("qosClass", ""))
+    except ValueError:
+        return compute_qos(spec)
+
+
+def pod_from_json(raw: Mapping[str, Any]) -> Pod:
+    """One pod, as every component that acts on it reads it."""
+    pod: PodJSON = _validate(_POD, raw, "pod")
+    meta = pod.get("metadata", {})
+    spec = pod.get("spec", {})
+    status = pod.get("status", {})
+    name = meta.get("name", "")
+    namespace = meta.get("namespace", "")
+    if not name:
+        raise ConversionError("pod without metadata.name")
+    ready_condition = next(
+        (c for c in status.get("conditions", []) if c.get("type") == "Ready"), None
+    )
+    ready = ready_condition is not None and ready_condition.get("status") == "True"
+    owner = _controller_ref(meta)
+    annotations = meta.get("annotations", {})
+    regular, sidecar = _restarts(spec, status)
+    return Pod(
+        # A pod always has a UID; hand-written dumps may not, and the UID is a tie-breaker.
+        uid=PodUID(meta.get("uid") or f"{namespace}/{name}"),
+        name=name,
+        namespace=namespace,
+        node=NodeName(spec["nodeName"]) if spec.get("nodeName") else None,
+        phase=_phase(status.get("phase")),
+        ready=ready,
+        ready_since=(
+            parse_time(ready_condition.get("lastTransitionTime"))
+            if ready and ready_condition is not None
+            else None
+        ),
+        created=parse_time(meta.get("creationTimestamp")),
+        replicaset=owner.get("name")
+        if owner is not None and owner.get("kind") == "ReplicaSet"
+        else None,
+        owner_uid=owner.get("uid") if owner is not None else None,
+        restarts=regular,
+        sidecar_restarts=sidecar,
+        priority=spec.get("priority", 0),
+        qos=_qos(spec, status),
+        tolerations=tuple(
+            Toleration(
+                key=t.get("key", ""),
+                operator=t.get("operator", "Equal") or "Equal",
+                value=t.get("value", ""),
+                effect=t.get("effect", ""),
+            )
+            for t in spec.get("tolerations", [])
+        ),
+        requests=pod_requests(spec),
+        labels=dict(meta.get("labels", {})),
+        annotations=dict(annotations),
+        deletion_cost=parse_deletion_cost(annotations.get(DELETION_COST_ANNOTATION)),
+        deletion_cost_raw=annotations.get(DELETION_COST_ANNOTATION),
+        cost_owner=cost_owner(meta),
+        deleting=meta.get("deletionTimestamp") is not None,
+        anti_affinity=_anti_affinity(spec, namespace),
+    )
+
+
+def node_from_json(raw: Mapping[str, Any], requested: Resources | None = None) -> Node:
+    """One node; ``requested`` is the sum of the requests of the active pods on it, if known."""
+    node: NodeJSON = _validate(_NODE, raw, "node")
+    meta = node.get("metadata", {})
+    spec = node.get("spec", {})
+    allocatable = node.get("status", {}).get("allocatable", {})
+    name = meta.get("name", "")
+    if not name:
+        raise ConversionError("node without metadata.name")
+    return Node(
+        name=NodeName(name),
+        labels=dict(meta.get("labels", {})),
+        annotations=dict(meta.get("annotations", {})),
+        taints=tuple(
+            Taint(key=t.get("key", ""), effect=t.get("effect", ""), value=t.get("value", ""))
+            for t in spec.get("taints", [])
+        ),
+        allocatable=Resources(
+            cpu_milli=quantity_milli(allocatable.get("cpu", 0)),
+            memory_bytes=quantity_value(allocatable.get("memory", 0)),
+            pods=quantity_value(allocatable.get("pods", 0)),
+        ),
+        requested=requested or Resources(),
+        unschedulable=spec.get("unschedulable", False),
+    )
+
+
+# --- label selectors ------------------------------------------------------------------------
+
+
+def selector_matches(selector: LabelSelectorJSON | None, labels: Mapping[str, str]) -> bool:
+    """``metav1.LabelSelectorAsSelector(selector).Matches(labels)``: a missing selector matches
+    nothing, an empty one everything; an unknown operator makes the selector invalid, and the
+    ReplicaSet controller treats an invalid selector as matching nothing."""
+    if selector is None:
+        return False
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for requirement in selector.get("matchExpressions", []):
+        key = requirement.get("key", "")
+        values = requirement.get("values", [])
+        match requirement.get("operator"):
+            case "In":
+                ok = key in labels and labels[key] in values
+            case "NotIn":
+                ok = key not in labels or labels[key] not in values
+            case "Exists":
+                ok = key in labels
+            case "DoesNotExist":
+                ok = key not in labels
+            case _:
+                return False
+        if not ok:
+            return False
+    return True
+
+
+# --- a dump of cluster objects --------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ClusterObjects:
+    """The objects of one or more ``kubectl get pods,nodes,replicasets,deployments -o json``
+    dumps, validated and sorted by kind; later dumps win for the same object."""
+
+    pods: dict[tuple[str, str], PodJSON] = field(default_factory=dict)
+    nodes: dict[str, NodeJSON] = field(default_factory=dict)
+    replicasets: dict[tuple[str, str], WorkloadJSON] = field(default_factory=dict)
+    deployments: dict[tuple[str, str], WorkloadJSON] = field(default_factory=dict)
+    newest: float | None = None
+    """The newest timestamp anywhere in the objects: "now" for a dump."""
+
+    def _seen(self, *stamps: str | None) -> None:
+        for stamp in stamps:
+            seconds = parse_time(stamp)
+            if seconds is not None and (self.newest is None or seconds > self.newest):
+                self.newest = seconds
+
+    def _stamp_meta(self, meta: ObjectMetaJSON, conditions: Sequence[ConditionJSON]) -> None:
+        self._seen(meta.get("creationTimestamp"), meta.get("deletionTimestamp"))
+        self._seen(*(entry.get("time") for entry in meta.get("managedFields", [])))
+        self._seen(*(c.get("lastTransitionTime") for c in conditions))
+
+    def add(self, raw: Mapping[str, Any], kind_hint: str | None = None) -> None:
+        """Add one object, or every item of a ``List`` / ``PodList`` / ... ."""
+        if not isinstance(raw, Mapping):
+            raise ConversionError(f"expected a JSON object, got {type(raw).__name__}")
+        kind = raw.get("kind") or kind_hint
+        if (isinstance(kind, str) and kind.endswith("List")) or (kind is None and "items" in raw):
+            items = raw.get("items")
+            if not isinstance(items, list):
+                raise ConversionError(f"{kind or 'list'} without an items array")
+            # Items of a typed list (PodList) come without their own kind.
+            item_kind = kind[: -len("List")] if isinstance(kind, str) and kind != "List" else None
+            for item in items:
+                self.add(item, item_kind or None)
+            return
+        match kind:
+            case "Pod":
+                pod: PodJSON = _validate(_POD, raw, "pod")
+                meta = pod.get("metadata", {})
+                self._stamp_meta(meta, pod.get("status", {}).get("conditions", []))
+                self.pods[(meta.get("namespace", ""), meta.get("name", ""))] = pod
+            case "Node":
+                node: NodeJSON = _validate(_NODE, raw, "node")
+                meta = node.get("metadata", {})
+                self._stamp_meta(meta, node.get("status", {}).get("conditions", []))
+                self.nodes[meta.get("name", "")] = node
+            case "ReplicaSet" | "Deployment":
+                workload: WorkloadJSON = _validate(_WORKLOAD, raw, kind.lower())
+                meta = workload.get("metadata", {})
+                self._stamp_meta(meta, workload.get("status", {}).get("conditions", []))
+                key = (meta.get("namespace", ""), meta.get("name", ""))
+                (self.replicasets if kind == "ReplicaSet" else self.deployments)[key] = workload
+            case _:
+                pass  # other kinds (services, events, ...) do not matter here
+
+
+def load_objects(documents: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> ClusterObjects:
+    """Index one dump (a ``List``) or several dumps / objects."""
+    objects = ClusterObjects()
+    if isinstance(documents, Mapping):
+        objects.add(documents)
+    else:
+        for document in documents:
+            objects.add(document)
+    return objects
+
+
+def _refers_to(ref: OwnerReferenceJSON, kind: str, meta: ObjectMetaJSON) -> bool:
+    if ref.get("kind") != kind:
+        return False
+    uid = meta.get("uid")
+    if uid and ref.get("uid"):
+        return ref.get("uid") == uid
+    return ref.get("name") == meta.get("name")  # hand-written dumps without UIDs
+
+
+def _owned_by(meta: ObjectMetaJSON, kind: str, owner: ObjectMetaJSON) -> bool:
+    ref = _controller_ref(meta)
+    return ref is not None and _refers_to(ref, kind, owner)
+
+
+def _is_active(pod: PodJSON) -> bool:
+    return pod.get("status", {}).get("phase") not in ("Succeeded", "Failed") and (
+        pod.get("metadata", {}).get("deletionTimestamp") is None
+    )
+
+
+def _replicas(workload: WorkloadJSON) -> int:
+    return workload.get("spec", {}).get("replicas", 1)
+
+
+def _find_workload(
+    objects: ClusterObjects, namespace: str, name: str, kind: str | None
+) -> tuple[str, WorkloadJSON]:
+    wanted = kind.lower() if kind else None
+    if wanted in (None, "deployment", "deployments", "deploy"):
+        found = objects.deployments.get((namespace, name))
+        if found is not None:
+            return "Deployment", found
+    if wanted in (None, "replicaset", "replicasets", "rs"):
+        found = objects.replicasets.get((namespace, name))
+        if found is not None:
+            return "ReplicaSet", found
+    if wanted not in (
+        None,
+        "deployment",
+        "deployments",
+        "deploy",
+        "replicaset",
+        "replicasets",
+        "rs",
+    ):
+        raise UnknownWorkload(f"unsupported workload kind {kind!r} (Deployment or ReplicaSet)")
+    what = kind or "Deployment or ReplicaSet"
+    raise UnknownWorkload(f"no {what} {namespace}/{name} in the objects given")
+
+
+def snapshot_for_workload(
+    objects: ClusterObjects | Mapping[str, Any] | Iterable[Mapping[str, Any]],
+    namespace: str,
+    name: str,
+    kind: str | None = None,
+    cluster: str = "local",
+    *,
+    include_inactive: bool = False,
+) -> Snapshot:
+    """The snapshot of one Deployment or ReplicaSet from a dump (``kind=None``: a Deployment if
+    one has that name, else a ReplicaSet).
+
+    A Deployment's pods are those of every ReplicaSet it controls (found by owner references),
+    also of ReplicaSets scaled to zero. Orphan pods that a ReplicaSet's selector matches count as
+    its own, since its controller adopts them before it scales. Pods that are finished or being
+    deleted are left out unless ``include_inactive``: nothing ranks them and the controller
+    neither deletes nor counts them. Active pods that a ReplicaSet selector matches without the
+    workload owning them become ``bystanders``, which the controller counts in rule 5.
+    """
+    if not isinstance(objects, ClusterObjects):
+        objects = load_objects(objects)
+    kind_found, workload = _find_workload(objects, namespace, name, kind)
+    workload_meta = workload.get("metadata", {})
+
+    if kind_found == "Deployment":
+        replicasets = [
+            rs
+            for (rs_namespace, _), rs in sorted(objects.replicasets.items())
+            if rs_namespace == namespace
+            and _owned_by(rs.get("metadata", {}), "Deployment", workload_meta)
+        ]
+        own = replicasets
+    else:
+        controller = _controller_ref(workload_meta)
+        own = [workload]
+        if controller is None:
+            replicasets = own
+        else:
+            # The ReplicaSet controller's related pods come from every ReplicaSet of the owner.
+            replicasets = [
+                rs
+                for (rs_namespace, _), rs in sorted(objects.replicasets.items())
+                if rs_namespace == namespace
+                and _same_controller(_controller_ref(rs.get("metadata", {})), controller)
+            ]
+            if workload not in replicasets:
+                replicasets.append(workload)
+
+    namespace_pods = [
+        pod
+        for (pod_namespace, _), pod in sorted(objects.pods.items())
+        if pod_namespace == namespace
+    ]
+    pods_of: dict[str, list[Pod]] = {}
+    taken: set[tuple[str, str]] = set()
+    for rs in own:
+        rs_meta = rs.get("metadata", {})
+        selector = rs.get("spec", {}).get("selector")
+        for raw in namespace_pods:
+            meta = raw.get("metadata", {})
+            key = (namespace, meta.get("name", ""))
+            if key in taken:
+                continue
+            labels = meta.get("labels", {})
+            # claimPods releases an owned pod whose labels left the selector (a common way to
+            # take a pod out of service for debugging): it is no longer the ReplicaSet's.
+            owned = _owned_by(meta, "ReplicaSet", rs_meta) and (
+                selector is None or selector_matches(selector, labels)
+            )
+            adoptable = (
+                _controller_ref(meta) is None
+                and _is_active(raw)
+                and rs_meta.get("deletionTimestamp") is None
+                and selector_matches(selector, labels)
+            )
+            if not (owned or adoptable):
+                continue
+            if not include_inactive and not _is_active(raw):
+                continue
+            taken.add(key)
+            pod = pod_from_json(raw)
+            if adoptable:
+                pod = _adopted(pod, rs_meta)
+            pods_of.setdefault(rs_meta.get("name", ""), []).append(pod)
+
+    bystanders: list[Pod] = []
+    for raw in namespace_pods:
+        meta = raw.get("metadata", {})
+        if (namespace, meta.get("name", "")) in taken or not _is_active(raw):
+            continue
+        labels = meta.get("labels", {})
+        if any(selector_matches(rs.get("spec", {}).get("selector"), labels) for rs in replicasets):
+            bystanders.append(pod_from_json(raw))
+    if kind_found == "ReplicaSet" and _controller_ref(workload_meta) is None:
+        bystanders = []  # without an owner the controller relates no pods at all
+
+    pods = tuple(
+        pod for rs in own for pod in pods_of.get(rs.get("metadata", {}).get("name", ""), [])
+    )
+    return Snapshot(
+        workload=WorkloadRef(
+            cluster=cluster,
+            namespace=namespace,
+            kind=kind_found,
+            name=name,
+            uid=workload_meta.get("uid", ""),
+        ),
+        pods=pods,
+        nodes=_nodes_for(objects, [*pods, *bystanders]),
+        replicas=_replicas(workload),
+        annotations=dict(workload_meta.get("annotations", {})),
+        taken_at=objects.newest or 0.0,
+        replicasets={
+            rs.get("metadata", {}).get("name", ""): _replicaset_info(rs) for rs in replicasets
+        },
+        bystanders=tuple(bystanders),
+    )
+
+
+def _same_controller(ref: OwnerReferenceJSON | None, controller: OwnerReferenceJSON) -> bool:
+    if ref is None or ref.get("kind") != controller.get("kind"):
+        return False
+    if ref.get("uid") and controller.get("uid"):
+        return ref.get("uid") == controller.get("uid")
+    return ref.get("name") == controller.get("name")
+
+
+def _adopted(pod: Pod, rs_meta: ObjectMetaJSON) -> Pod:
+    return replace(pod, replicaset=rs_meta.get("name"), owner_uid=rs_meta.get("uid"))
+
+
+def _replicaset_info(rs: WorkloadJSON) -> ReplicaSetInfo:
+    meta = rs.get("metadata", {})
+    controller = _controller_ref(meta)
+    return ReplicaSetInfo(
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        replicas=_replicas(rs),
+        controller_uid=(controller.get("uid") or controller.get("name", ""))
+        if controller
+        else None,
+        created=parse_time(meta.get("creationTimestamp")),
+    )
+
+
+def _nodes_for(objects: ClusterObjects, pods: Sequence[Pod]) -> dict[str, Node]:
+    """The nodes the pods run on, each with the requests of every active pod on it."""
+    wanted = {pod.node for pod in pods if pod.node is not None}
+    requested: dict[str, list[int]] = {name: [0, 0, 0] for name in wanted}
+    for raw in objects.pods.values():
+        node_name = raw.get("spec", {}).get("nodeName")
+        if node_name in requested and _is_active(raw):
+            amount = pod_requests(raw.get("spec", {}))
+            sums = requested[node_name]
+            sums[0] += amount.cpu_milli
+            sums[1] += amount.memory_bytes
+            sums[2] += amount.pods
+    nodes: dict[str, Node] = {}
+    for name in sorted(wanted):
+        raw_node = objects.nodes.get(name)
+        cpu, memory, count = requested[name]
+        used = Resources(cpu_milli=cpu, memory_bytes=memory, pods=count)
+        nodes[name] = (
+            node_from_json(raw_node, used)
+            if raw_node is not None
+            else Node(name=NodeName(name), requested=used)  # the dump lacks the node
+        )
+    return nodes

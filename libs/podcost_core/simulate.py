@@ -1,0 +1,227 @@
+"""What-if scale-in: "if this workload scales to N, which pods go?", with or without podcost.
+
+Pure: a snapshot in, a ``SimulationResult`` out. ``podcost simulate`` (services/podcost/commands/
+simulate.py) is its caller. With a policy, podcost ranks the workload (``combine.rank``), labels
+the costs it would write (``labels.label_costs``), puts them on the pods, and asks the victim
+model (``victims.scale_in``) what the ReplicaSet controller then deletes. Without one
+(baseline), the pods keep the costs they have: what Kubernetes does today.
+
+Which ReplicaSet scales. A ReplicaSet scales itself. A Deployment with one ReplicaSet holding
+replicas scales that one to N (``FindActiveOrLatest`` in the deployment controller's
+``scale``), exactly. With several (mid-rollout) the deployment controller splits the change
+proportionally and the rollout goes on moving replicas; that is not modelled, and
+``SimulationError`` says so rather than guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from podcost_core.combine import rank
+from podcost_core.labels import current_costs, label_costs
+from podcost_core.model import (
+    DELETION_COST_ANNOTATION,
+    CostOwner,
+    Pod,
+    PodUID,
+    Snapshot,
+)
+from podcost_core.policy import Policy
+from podcost_core.strategies import topology_spread
+from podcost_core.victims import Now, VictimChoice, scale_in, victim_inputs
+
+#: The domain name under which pods without one (unscheduled, node unknown or unlabelled) count.
+NO_DOMAIN = "<none>"
+
+
+class SimulationError(ValueError):
+    """The request cannot be simulated; permanent, the message says what to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationResult:
+    """The outcome of one simulated scale-in."""
+
+    workload: str
+    """``namespace/name``."""
+    replicaset: str | None
+    """The ReplicaSet that scales (``None`` when the workload has none)."""
+    replicas_before: int
+    """Active pods of that ReplicaSet now."""
+    replicas_after: int
+    victims: tuple[Pod, ...]
+    """The deleted pods, first preferred first (one outcome the controller can produce)."""
+    tied: tuple[Pod, ...]
+    """Pods among which the controller's unstable sort picks ``tie_picks`` victims at random."""
+    tie_picks: int
+    costs: Mapping[str, int]
+    """Pod name to the deletion cost the controller reads, after podcost's writes if any."""
+    writes: Mapping[str, int]
+    """Pod name to the cost podcost would write (empty for the baseline)."""
+    topology_key: str
+    domains_before: Mapping[str, int]
+    domains_after: Mapping[str, int]
+    skew_before: int
+    skew_after: int
+    rounds: tuple[VictimChoice, ...] = ()
+    """One choice per controller sync (at most ``BURST_REPLICAS`` deletions each)."""
+    pod_domains: Mapping[str, str] = field(default_factory=dict)
+    """Pod name to its domain (``NO_DOMAIN`` if none), for every active pod."""
+
+    def to_json(self) -> dict[str, object]:
+        """The ``podcost simulate --output json`` document (its contract, plus the tie)."""
+        return {
+            "workload": self.workload,
+            "replicas_before": self.replicas_before,
+            "replicas_after": self.replicas_after,
+            "victims": [pod.name for pod in self.victims],
+            "costs": dict(self.costs),
+            "topology_key": self.topology_key,
+            "domains_before": dict(self.domains_before),
+            "domains_after": dict(self.domains_after),
+            "skew_before": self.skew_before,
+            "skew_after": self.skew_after,
+            "tied": [pod.name for pod in self.tied],
+            "tie_picks": self.tie_picks,
+        }
+
+
+def scaling_replicaset(snapshot: Snapshot) -> str | None:
+    """The ReplicaSet a change of the workload's replicas lands on; ``SimulationError`` when the
+    deployment controller would split it across several."""
+    workload = snapshot.workload
+    if workload.kind == "ReplicaSet":
+        return workload.name
+    holding = sorted(name for name, info in snapshot.replicasets.items() if info.replicas > 0)
+    if len(holding) > 1:
+        raise SimulationError(
+            f"{workload.namespace}/{workload.name} is mid-rollout: ReplicaSets "
+            f"{', '.join(holding)} all hold replicas, and the deployment controller's "
+            "proportional scaling across them is not modelled"
+        )
+    if holding:
+        return holding[0]
+    # No ReplicaSet holds replicas: FindActiveOrLatest picks the newest one.
+    newest = max(
+        snapshot.replicasets.values(),
+        key=lambda info: (info.created or 0.0, info.name),
+        default=None,
+    )
+    return newest.name if newest is not None else None
+
+
+def topology_key_of(policy: Policy | None, annotations: Mapping[str, str]) -> str:
+    """The node label whose domains the result reports: the policy's topology-spread key, else
+    the workload's ``spread-by`` annotation, else the zone."""
+    if policy is not None:
+        for bound in policy.bound:
+            if bound.name == topology_spread.NAME and isinstance(bound.args, topology_spread.Args):
+                return bound.args.topology_key
+    for key in ("podcost.dev/spread-by", "pod-deletion-cost.lablabs.io/spread-by"):
+        if annotations.get(key, "").strip():
+            return annotations[key].strip()
+    return topology_spread.DEFAULT_TOPOLOGY_KEY
+
+
+def _with_cost(pod: Pod, cost: int) -> Pod:
+    return replace(
+        pod,
+        annotations={**pod.annotations, DELETION_COST_ANNOTATION: str(cost)},
+        deletion_cost=cost,
+        deletion_cost_raw=str(cost),
+        cost_owner=CostOwner.PODCOST,
+    )
+
+
+def _domain(snapshot: Snapshot, pod: Pod, key: str) -> str:
+    node = snapshot.node_of(pod)
+    domain = node.labels.get(key) if node is not None else None
+    return domain if domain is not None else NO_DOMAIN
+
+
+def _domains(snapshot: Snapshot, pods: list[Pod], key: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for pod in pods:
+        name = _domain(snapshot, pod, key)
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _skew(counts: Mapping[str, int]) -> int:
+    real = [count for domain, count in counts.items() if domain != NO_DOMAIN]
+    return max(real) - min(real) if real else 0
+
+
+def simulate(
+    snapshot: Snapshot,
+    replicas: int,
+    now: Now,
+    *,
+    policy: Policy | None,
+    topology_key: str | None = None,
+    overwrite_foreign: bool = False,
+) -> SimulationResult:
+    """Scale ``snapshot``'s workload to ``replicas``; ``policy=None`` is the baseline.
+
+    ``now`` is the controller's clock (LogarithmicScaleDown compares ages against it).
+    """
+    workload = snapshot.workload
+    name = f"{workload.namespace}/{workload.name}"
+    replicaset = scaling_replicaset(snapshot)
+    candidates = [p for p in snapshot.pods if p.active and p.replicaset == replicaset]
+    if replicaset is None or not 0 <= replicas <= len(candidates):
+        raise SimulationError(
+            f"--replicas {replicas} is outside 0..{len(candidates)}, the active pods of {name} "
+            "(simulate models scale-in only)"
+        )
+
+    writes: dict[PodUID, int] = {}
+    if policy is not None:
+        combined = rank(snapshot, policy)
+        labelling = label_costs(
+            combined.order,
+            {p.uid: p.replicaset for p in snapshot.pods},
+            current_costs(snapshot.pods),
+            overwrite_foreign=overwrite_foreign,
+        )
+        writes = dict(labelling.writes)
+        snapshot = replace(
+            snapshot,
+            pods=tuple(
+                _with_cost(p, writes[p.uid]) if p.uid in writes else p for p in snapshot.pods
+            ),
+        )
+
+    pods, related = victim_inputs(snapshot, replicaset)
+    rounds = scale_in(pods, related, replicas, now)
+    victims = tuple(pod for choice in rounds for pod in choice.victims)
+    gone = {pod.uid for pod in victims}
+    # Later rounds follow the model's own tie picks (see scale_in); report every round's tie.
+    tied = tuple(pod for choice in rounds for pod in choice.tied)
+    tie_picks = sum(choice.tie_picks for choice in rounds)
+
+    key = topology_key or topology_key_of(policy, snapshot.annotations)
+    active = [p for p in snapshot.pods if p.active]
+    before = _domains(snapshot, active, key)
+    after = _domains(snapshot, [p for p in active if p.uid not in gone], key)
+    after = {domain: after.get(domain, 0) for domain in before}
+    names = {p.uid: p.name for p in snapshot.pods}
+    return SimulationResult(
+        workload=name,
+        replicaset=replicaset,
+        replicas_before=len(candidates),
+        replicas_after=replicas,
+        victims=victims,
+        tied=tied,
+        tie_picks=tie_picks,
+        costs={p.name: p.deletion_cost for p in active},
+        writes={names[uid]: cost for uid, cost in writes.items()},
+        topology_key=key,
+        domains_before=before,
+        domains_after=after,
+        skew_before=_skew(before),
+        skew_after=_skew(after),
+        rounds=rounds,
+        pod_domains={p.name: _domain(snapshot, p, key) for p in active},
+    )
