@@ -1,0 +1,50 @@
+"""The bus adapter: the only package that imports aiokafka and faust.
+
+Services import from here: the ``Bus`` / ``Consumer`` protocols and ``Record``, ``open_bus`` to
+get the bus their settings ask for (``KafkaBus`` when ``PODCOST_KAFKA`` is set, else the
+in-process ``MemoryBus``), and the typed helpers that publish contract messages and dead-letter
+what cannot be decoded.
+"""
+
+from __future__ import annotations
+
+from podcost_bus.kafka import KafkaBus, KafkaConsumer
+from podcost_bus.memory import MemoryBus, MemoryConsumer
+from podcost_bus.messaging import dead_letter, decode_or_dead_letter, publish_message
+from podcost_bus.protocol import (
+    Bus,
+    BusError,
+    Consumer,
+    Delivery,
+    OffsetReset,
+    Record,
+    TopicPartition,
+)
+from podcost_bus.settings import BusSettings
+
+__all__ = [
+    "Bus",
+    "BusError",
+    "BusSettings",
+    "Consumer",
+    "Delivery",
+    "KafkaBus",
+    "KafkaConsumer",
+    "MemoryBus",
+    "MemoryConsumer",
+    "OffsetReset",
+    "Record",
+    "TopicPartition",
+    "dead_letter",
+    "decode_or_dead_letter",
+    "open_bus",
+    "publish_message",
+]
+
+
+def open_bus(settings: BusSettings) -> Bus:
+    """The bus ``settings`` ask for, not started: Kafka if bootstrap servers are set, else an
+    in-process bus (embedded mode: call this once and hand the same bus to every service)."""
+    if settings.bootstrap_servers:
+        return KafkaBus(settings)
+    return MemoryBus(partitions=settings.partitions)

@@ -1,0 +1,110 @@
+"""Typed helpers over any ``Bus``: publish a contract message, decode a record or dead-letter it.
+
+The services' consumer loops call these instead of ``encode``/``decode`` and ``Bus.publish``
+directly, so that every record that cannot be decoded is handled the same way: published to the
+dead-letter topic as a ``DeadLetter`` with its reason, after which the caller commits it and goes
+on with the next record (retrying a malformed record cannot help, and a framework's "ack on
+error" would drop it silently).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Final, TypeVar
+
+from podcost_bus.protocol import Bus, Delivery, Record
+from podcost_contracts.messages import (
+    DeadLetter,
+    DecodeError,
+    Message,
+    decode,
+    encode,
+    trace_context,
+)
+from podcost_contracts.topics import DEFAULT_TOPICS
+
+log = logging.getLogger(__name__)
+
+#: The most of a bad record's value a dead letter keeps, so the dead letter itself always fits
+#: in one Kafka record (base64 grows it by a third; gzip wins some of that back).
+DEAD_LETTER_VALUE_BYTES: Final = 512 * 1024
+
+M = TypeVar("M", bound=Message)
+
+
+async def publish_message(
+    bus: Bus, topic: str, message: Message, *, trace: Mapping[str, str] | None = None
+) -> Delivery:
+    """Encode ``message`` (with the W3C ``trace`` carrier, if any) and publish it under its key.
+
+    Raises ``MessageTooLarge`` if it cannot fit in one record, ``BusError`` if the bus fails.
+    """
+    encoded = encode(message, trace=trace)
+    return await bus.publish(topic, encoded.key, encoded.value, encoded.headers)
+
+
+async def dead_letter(
+    bus: Bus,
+    record: Record,
+    reason: str,
+    error: BaseException | None = None,
+    *,
+    topic: str = DEFAULT_TOPICS.deadletter,
+    group: str = "",
+    clock: Callable[[], float] = time.time,
+) -> Delivery:
+    """Publish ``record`` to the dead-letter ``topic`` with ``reason`` and the ``error`` class.
+
+    The caller then commits ``record`` and continues. The dead letter keeps the record's key and
+    trace context, so it stays in order with the workload's other dead letters and shows up in
+    the trace that carried the record. Raises ``BusError`` if the dead letter itself cannot be
+    published; then do not commit, so the record is read again.
+    """
+    kept = record.value[:DEAD_LETTER_VALUE_BYTES]
+    letter = DeadLetter(
+        topic=record.topic,
+        partition=record.partition,
+        offset=record.offset,
+        key=None if record.key is None else record.key.decode("utf-8", "backslashreplace"),
+        value=kept,
+        value_size=len(record.value),
+        truncated=len(kept) < len(record.value),
+        headers={
+            name: value.decode("utf-8", "backslashreplace")
+            for name, value in record.headers.items()
+        },
+        reason=reason,
+        error=type(error).__name__ if error is not None else "",
+        group=group,
+        failed_at=clock(),
+    )
+    delivery = await publish_message(bus, topic, letter, trace=trace_context(record.headers))
+    log.warning(
+        "dead-lettered %s[%d]@%d (key %r) to %s: %s",
+        record.topic,
+        record.partition,
+        record.offset,
+        letter.key,
+        topic,
+        reason,
+    )
+    return delivery
+
+
+async def decode_or_dead_letter(
+    bus: Bus,
+    record: Record,
+    kind: type[M],
+    *,
+    topic: str = DEFAULT_TOPICS.deadletter,
+    group: str = "",
+) -> M | None:
+    """The ``kind`` message in ``record``; or, if it cannot be decoded, ``None`` once the record
+    is on the dead-letter ``topic`` (commit it and go on)."""
+    try:
+        return decode(kind, record.value, record.headers, key=record.key)
+    except DecodeError as error:
+        await dead_letter(bus, record, error.reason, error, topic=topic, group=group)
+        return None

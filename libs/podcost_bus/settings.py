@@ -1,0 +1,134 @@
+"""Bus settings, declared once: which bus, how to reach Kafka, and the topic names.
+
+Every service's settings embed :class:`BusSettings`; ``podcost_bus.open_bus`` turns them into a
+``KafkaBus`` or, when no bootstrap servers are set, the in-process ``MemoryBus``. Values come
+from the environment (or the constructor, in tests) and are validated at start-up, so a bad
+value stops the service with the variable named.
+
+Environment variables (defaults in brackets):
+
+- ``PODCOST_KAFKA``: bootstrap servers, ``host:port[,host:port...]`` [unset: in-memory bus,
+  i.e. embedded mode]
+- ``PODCOST_KAFKA_CLIENT_ID``: client id shown in broker logs and quotas [podcost]
+- ``PODCOST_KAFKA_SECURITY_PROTOCOL``: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL [PLAINTEXT]
+- ``PODCOST_KAFKA_SSL_CAFILE``: CA bundle that verifies the brokers [the system CAs]
+- ``PODCOST_KAFKA_SSL_CERTFILE``, ``PODCOST_KAFKA_SSL_KEYFILE``, ``PODCOST_KAFKA_SSL_PASSWORD``:
+  client certificate and key (PEM) for mutual TLS, and the key's password [none]
+- ``PODCOST_KAFKA_SASL_MECHANISM``: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 [none]
+- ``PODCOST_KAFKA_SASL_USERNAME``, ``PODCOST_KAFKA_SASL_PASSWORD``: SASL credentials [none]
+- ``PODCOST_KAFKA_COMPRESSION``: producer batch compression, gzip or none [gzip]
+- ``PODCOST_KAFKA_LINGER_MS``: how long the producer waits to fill a batch [5]
+- ``PODCOST_KAFKA_MAX_BATCH_BYTES``: producer batch size per partition [262144]
+- ``PODCOST_KAFKA_MAX_POLL_RECORDS``: most records one consumer poll returns [500]
+- ``PODCOST_KAFKA_SESSION_TIMEOUT_MS``: consumer group session timeout [10000]
+- ``PODCOST_KAFKA_REQUEST_TIMEOUT_MS``: how long one broker request may take [40000]
+- ``PODCOST_KAFKA_PARTITIONS``: partitions of the topics podcost creates; also the in-memory
+  bus's partitions [3]
+- ``PODCOST_KAFKA_REPLICATION_FACTOR``: replicas of the topics podcost creates [1]
+- ``PODCOST_TOPIC_WORKLOADS``, ``PODCOST_TOPIC_RANKS``, ``PODCOST_TOPIC_COSTS``,
+  ``PODCOST_TOPIC_DEADLETTER``: the topic names [podcost.workloads, podcost.ranks,
+  podcost.costs, podcost.deadletter]
+
+Only gzip is offered for batch compression: it is the one codec aiokafka has without extra
+packages (snappy, lz4 and zstd need python-snappy, lz4 and backports.zstd / cramjam).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Self
+
+from pydantic import AliasChoices, Field, FilePath, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from podcost_contracts.topics import DEFAULT_TOPICS, TopicName, Topics
+
+
+def _env(name: str, field_name: str) -> AliasChoices:
+    # The environment variable, and the field name for constructing settings in code.
+    return AliasChoices(name, field_name)
+
+
+class BusSettings(BaseSettings):
+    """How the services reach the bus (see the module docstring for the variables)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PODCOST_KAFKA_", frozen=True, extra="ignore", populate_by_name=True
+    )
+
+    bootstrap_servers: str | None = Field(
+        default=None,
+        validation_alias=_env("PODCOST_KAFKA", "bootstrap_servers"),
+        description="Kafka bootstrap servers; unset means the in-process bus.",
+    )
+    client_id: str = Field(default="podcost", min_length=1)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    ssl_cafile: FilePath | None = None
+    ssl_certfile: FilePath | None = None
+    ssl_keyfile: FilePath | None = None
+    ssl_password: SecretStr | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    compression: Literal["gzip", "none"] = "gzip"
+    linger_ms: int = Field(default=5, ge=0)
+    max_batch_bytes: int = Field(default=256 * 1024, ge=1024)
+    max_poll_records: int = Field(default=500, ge=1)
+    session_timeout_ms: int = Field(default=10_000, ge=1000)
+    request_timeout_ms: int = Field(default=40_000, ge=1000)
+    partitions: int = Field(default=3, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+
+    topic_workloads: TopicName = Field(
+        default=DEFAULT_TOPICS.workloads,
+        validation_alias=_env("PODCOST_TOPIC_WORKLOADS", "topic_workloads"),
+    )
+    topic_ranks: TopicName = Field(
+        default=DEFAULT_TOPICS.ranks, validation_alias=_env("PODCOST_TOPIC_RANKS", "topic_ranks")
+    )
+    topic_costs: TopicName = Field(
+        default=DEFAULT_TOPICS.costs, validation_alias=_env("PODCOST_TOPIC_COSTS", "topic_costs")
+    )
+    topic_deadletter: TopicName = Field(
+        default=DEFAULT_TOPICS.deadletter,
+        validation_alias=_env("PODCOST_TOPIC_DEADLETTER", "topic_deadletter"),
+    )
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Self:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and self.sasl_mechanism is None:
+            raise ValueError(
+                f"PODCOST_KAFKA_SECURITY_PROTOCOL={self.security_protocol} needs "
+                "PODCOST_KAFKA_SASL_MECHANISM"
+            )
+        if self.sasl_mechanism is not None:
+            if not sasl:
+                raise ValueError(
+                    "PODCOST_KAFKA_SASL_MECHANISM is set but PODCOST_KAFKA_SECURITY_PROTOCOL is "
+                    f"{self.security_protocol} (use SASL_SSL or SASL_PLAINTEXT)"
+                )
+            if not self.sasl_username or self.sasl_password is None:
+                raise ValueError(
+                    "PODCOST_KAFKA_SASL_MECHANISM needs PODCOST_KAFKA_SASL_USERNAME and "
+                    "PODCOST_KAFKA_SASL_PASSWORD"
+                )
+        if self.ssl_keyfile is not None and self.ssl_certfile is None:
+            raise ValueError("PODCOST_KAFKA_SSL_KEYFILE is set without PODCOST_KAFKA_SSL_CERTFILE")
+        names = (self.topic_workloads, self.topic_ranks, self.topic_costs, self.topic_deadletter)
+        if len(set(names)) != len(names):
+            raise ValueError(f"PODCOST_TOPIC_* must name four distinct topics, got {names}")
+        return self
+
+    @property
+    def topics(self) -> Topics:
+        """The topic names as the message contracts define them."""
+        return Topics(
+            workloads=self.topic_workloads,
+            ranks=self.topic_ranks,
+            costs=self.topic_costs,
+            deadletter=self.topic_deadletter,
+        )
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")

@@ -1,0 +1,579 @@
+"""The messages podcost's services exchange, defined once: keys, headers, payloads and their codec.
+
+Every producer (watcher, rankers, aggregator, the dead-letter helper) builds a payload model here
+and turns it into bytes with :func:`encode`; every consumer turns bytes back into a model with
+:func:`decode`, which validates and raises :class:`DecodeError` naming exactly what is wrong, so the
+caller can dead-letter the record and move on. The bus adapter (``podcost_bus``) moves the bytes
+and never looks inside. Pure: pydantic and ``podcost_core`` only, no I/O.
+
+Wire format of a record:
+
+- key: ``cluster/namespace/kind/name`` (:class:`WorkloadKey`), UTF-8. One workload's messages
+  share a key, hence a partition, hence an order.
+- value: the payload as compact JSON; gzip-compressed when larger than ``gzip_threshold`` bytes,
+  and then marked with the header ``content-encoding: gzip``.
+- headers: ``podcost-schema: <kind>/<version>`` (e.g. ``workload-snapshot/1``), the W3C trace
+  context (``traceparent``, ``tracestate``) when the producer has one, ``content-encoding``.
+
+Versioning. Each payload carries ``schema_version``; a consumer accepts only the versions its
+model lists and reports any other as unsupported. Adding an optional field does not need a new
+version (unknown fields are ignored, so an older consumer keeps working during a rolling
+upgrade); renaming, removing or re-meaning a field does.
+"""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from abc import abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Final, Literal, Self, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from podcost_core.model import PodUID, Snapshot, WorkloadRef
+from podcost_core.victims import INT32_MAX, INT32_MIN
+
+# --- keys -------------------------------------------------------------------------------------
+
+_KEY_PARTS: Final = ("cluster", "namespace", "kind", "name")
+_MAX_PART = 253  # a DNS subdomain, the longest name Kubernetes allows
+
+
+class InvalidKey(ValueError):
+    """A record key is not ``cluster/namespace/kind/name``. Permanent: dead-letter the record."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadKey:
+    """The bus key of one workload: ``cluster/namespace/kind/name``, e.g.
+    ``prod-eu-1/shop/Deployment/web``. Each part is non-empty, has no ``/`` and no whitespace."""
+
+    cluster: str
+    namespace: str
+    kind: str
+    name: str
+
+    def __post_init__(self) -> None:
+        for part_name in _KEY_PARTS:
+            part = getattr(self, part_name)
+            problem = _part_problem(part)
+            if problem:
+                raise InvalidKey(f"invalid workload key {self.text()!r}: {part_name} {problem}")
+
+    def text(self) -> str:
+        """The key as it travels: ``cluster/namespace/kind/name``."""
+        return f"{self.cluster}/{self.namespace}/{self.kind}/{self.name}"
+
+    def __str__(self) -> str:
+        return self.text()
+
+    def encode(self) -> bytes:
+        """The record key bytes (UTF-8)."""
+        return self.text().encode()
+
+    @classmethod
+    def of(cls, ref: WorkloadRef) -> WorkloadKey:
+        """The key of the workload a snapshot is of."""
+        return cls(ref.cluster, ref.namespace, ref.kind, ref.name)
+
+    @classmethod
+    def parse(cls, key: str | bytes | None) -> WorkloadKey:
+        """Read a record key; :class:`InvalidKey` says what is wrong with it."""
+        if key is None:
+            raise InvalidKey("the record has no key (expected cluster/namespace/kind/name)")
+        if isinstance(key, bytes):
+            try:
+                key = key.decode()
+            except UnicodeDecodeError:
+                raise InvalidKey(f"the record key {key!r} is not UTF-8") from None
+        parts = key.split("/")
+        if len(parts) != len(_KEY_PARTS):
+            raise InvalidKey(
+                f"invalid workload key {key!r}: expected cluster/namespace/kind/name "
+                f"(4 parts separated by '/'), got {len(parts)} part{'s' * (len(parts) != 1)}"
+            )
+        return cls(*parts)
+
+
+def _part_problem(part: str) -> str | None:
+    if not part:
+        return "is empty"
+    if "/" in part:
+        return "contains '/'"
+    if any(char.isspace() or not char.isprintable() for char in part):
+        return "contains whitespace or a control character"
+    if len(part) > _MAX_PART:
+        return f"is longer than {_MAX_PART} characters"
+    return None
+
+
+def _valid_key(text: str) -> str:
+    WorkloadKey.parse(text)
+    return text
+
+
+#: A ``str`` field that must be a valid workload key.
+KeyText = Annotated[str, AfterValidator(_valid_key)]
+
+# --- headers ----------------------------------------------------------------------------------
+
+#: W3C trace context (https://www.w3.org/TR/trace-context/), carried as Kafka headers.
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
+TRACE_HEADERS: Final = (TRACEPARENT, TRACESTATE)
+#: ``<kind>/<schema version>`` of the payload, readable without parsing it.
+SCHEMA_HEADER: Final = "podcost-schema"
+#: ``gzip`` when the value is compressed; absent (or ``identity``) when it is plain JSON.
+CONTENT_ENCODING: Final = "content-encoding"
+GZIP: Final = "gzip"
+IDENTITY: Final = "identity"
+
+
+def trace_context(headers: Mapping[str, bytes]) -> dict[str, str]:
+    """The W3C trace context of a record as a text carrier, for an OpenTelemetry propagator."""
+    return {
+        name: headers[name].decode("ascii", "replace") for name in TRACE_HEADERS if name in headers
+    }
+
+
+# --- size limits ------------------------------------------------------------------------------
+
+#: Values larger than this are gzip-compressed. Below it the producer's batch compression does
+#: as well and a consumer skips a decompression per record.
+DEFAULT_GZIP_THRESHOLD: Final = 8 * 1024
+#: The largest encoded value :func:`encode` lets out: Kafka's default limit on one record
+#: (``message.max.bytes`` = 1 048 588, producer ``max.request.size`` = 1 048 576) less room for
+#: the key, the headers and the batch framing.
+MAX_MESSAGE_BYTES: Final = 1_000_000
+#: The most a compressed value may inflate to on decode (a guard against gzip bombs); a
+#: 10,000-pod snapshot is about 10 MB of JSON.
+MAX_DECODED_BYTES: Final = 128 * 1024 * 1024
+
+# --- payloads ---------------------------------------------------------------------------------
+
+Int32 = Annotated[int, Field(ge=INT32_MIN, le=INT32_MAX)]
+StrategyName = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^\S+$")]
+
+
+def _from_base64(value: object) -> object:
+    if isinstance(value, str):
+        return base64.b64decode(value, validate=True)
+    return value
+
+
+#: Bytes that travel as standard base64 text (no line breaks) in JSON.
+Base64 = Annotated[
+    bytes,
+    BeforeValidator(_from_base64),
+    PlainSerializer(lambda raw: base64.b64encode(raw).decode("ascii"), when_used="json"),
+]
+
+
+#: Validation context of :func:`decode`: the data comes from the bus.
+_WIRE: Final[dict[str, bool]] = {"wire": True}
+
+
+class Message(BaseModel):
+    """What every payload shares: a kind, a schema version and the record key it travels under."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
+    KIND: ClassVar[str]
+    """The name in the ``podcost-schema`` header."""
+    SUPPORTED_VERSIONS: ClassVar[frozenset[int]] = frozenset({1})
+    """The schema versions :func:`decode` accepts for this kind."""
+
+    schema_version: int
+
+    @model_validator(mode="before")
+    @classmethod
+    def _versioned_on_the_wire(cls, data: Any, info: ValidationInfo) -> Any:
+        # A model built in code gets the current version by default; a payload read from the
+        # bus must say which version it is, or it could be silently read as the wrong one.
+        wire = isinstance(info.context, dict) and info.context.get("wire") is True
+        if wire and isinstance(data, dict) and "schema_version" not in data:
+            raise PydanticCustomError("schema_version_missing", "the payload has no schema_version")
+        return data
+
+    @abstractmethod
+    def record_key(self) -> bytes | None:
+        """The key the record travels under."""
+
+
+class WorkloadMessage(Message):
+    """A message about one workload: keyed by it and tied to one snapshot version."""
+
+    key: KeyText
+    """``cluster/namespace/kind/name`` of the workload; also the record key."""
+    version: int = Field(ge=0)
+    """The per-workload snapshot version (of the snapshot itself, or of the one answered)."""
+
+    def record_key(self) -> bytes:
+        return self.key.encode()
+
+    @property
+    def workload(self) -> WorkloadKey:
+        """The key, parsed."""
+        return WorkloadKey.parse(self.key)
+
+
+class WorkloadSnapshotMessage(WorkloadMessage):
+    """The watcher's whole current view of one workload (topic ``workloads``)."""
+
+    KIND: ClassVar[str] = "workload-snapshot"
+
+    schema_version: Literal[1] = 1
+    snapshot: Snapshot
+    """Pods, nodes, policy annotations; ``snapshot.version`` equals ``version``."""
+    emitted_at: float
+    """When the watcher published it (POSIX seconds)."""
+
+    @model_validator(mode="after")
+    def _matches_snapshot(self) -> Self:
+        if self.key != self.snapshot.workload.key:
+            raise ValueError(
+                f"key {self.key!r} is not the snapshot's workload {self.snapshot.workload.key!r}"
+            )
+        if self.version != self.snapshot.version:
+            raise ValueError(
+                f"version {self.version} is not the snapshot's version {self.snapshot.version}"
+            )
+        return self
+
+    @classmethod
+    def of(cls, snapshot: Snapshot, *, emitted_at: float) -> WorkloadSnapshotMessage:
+        """The message for ``snapshot``: key and version taken from it."""
+        return cls(
+            key=snapshot.workload.key,
+            version=snapshot.version,
+            snapshot=snapshot,
+            emitted_at=emitted_at,
+        )
+
+
+class StrategyRanksMessage(WorkloadMessage):
+    """One strategy's raw scores for one snapshot version (topic ``ranks``)."""
+
+    KIND: ClassVar[str] = "strategy-ranks"
+
+    schema_version: Literal[1] = 1
+    strategy: StrategyName
+    """The registered strategy name, e.g. ``capacity-type``."""
+    scores: Mapping[PodUID, float]
+    """Raw score per pod uid (higher = more costly to delete), finite; the aggregator
+    normalizes them."""
+    duration_seconds: float = Field(ge=0)
+    """How long the strategy took on this snapshot."""
+    emitted_at: float
+    """When the ranker published it (POSIX seconds)."""
+
+
+class StrategyTerm(BaseModel):
+    """What one strategy contributed to one pod's cost."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
+    normalized: int = Field(ge=0, le=100)
+    """The strategy's score for the pod after normalization, in [0, 100]."""
+    weight: int = Field(ge=1)
+    """The strategy's weight in the policy."""
+    tier: int = Field(ge=0)
+    """The strategy's tier in the policy (lower dominates)."""
+    raw: float | None = None
+    """The raw score the strategy gave, when known (−level for a spread strategy)."""
+
+
+class PodCost(BaseModel):
+    """The cost one pod should carry, and why."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    uid: PodUID
+    """The pod's uid: a pod recreated under the same name is another pod."""
+    cost: Int32
+    """The desired ``controller.kubernetes.io/pod-deletion-cost``."""
+    previous: Int32 | None
+    """The cost on the pod when the snapshot was taken; ``None`` if it had none (or an invalid
+    one)."""
+    breakdown: Mapping[str, StrategyTerm] = Field(default_factory=dict)
+    """Per strategy that took part: its term of this pod's cost."""
+
+
+class DesiredCostsMessage(WorkloadMessage):
+    """The aggregator's decision for one snapshot version (topic ``costs``)."""
+
+    KIND: ClassVar[str] = "desired-costs"
+
+    schema_version: Literal[1] = 1
+    costs: tuple[PodCost, ...]
+    """One entry per ranked pod; uids are distinct."""
+    complete: bool
+    """Whether every enabled strategy answered; ``False`` when combined after the deadline."""
+    missing: tuple[str, ...] = ()
+    """The enabled strategies that had not answered (empty exactly when ``complete``)."""
+    emitted_at: float
+    """When the aggregator published it (POSIX seconds)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.complete == bool(self.missing):
+            raise ValueError(
+                "complete must be true exactly when no strategy is missing "
+                f"(complete={self.complete}, missing={list(self.missing)})"
+            )
+        seen: set[str] = set()
+        for index, pod in enumerate(self.costs):
+            if pod.uid in seen:
+                raise ValueError(f"costs.{index}: pod uid {pod.uid!r} appears twice")
+            seen.add(pod.uid)
+        return self
+
+
+class DeadLetter(Message):
+    """A record a consumer could not process, kept with the reason (topic ``deadletter``).
+
+    Published under the original record's key, so one workload's dead letters stay in order.
+    """
+
+    KIND: ClassVar[str] = "dead-letter"
+
+    schema_version: Literal[1] = 1
+    topic: str
+    """Where the record was read."""
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0)
+    key: str | None
+    """The record key as text (bytes that are not UTF-8 appear as ``\\xNN`` escapes)."""
+    value: Base64
+    """The record value exactly as read (base64 in JSON); only its first bytes if ``truncated``."""
+    value_size: int = Field(ge=0)
+    """The length of the original value, in bytes."""
+    truncated: bool = False
+    """Whether ``value`` holds only the first bytes of the original (it was too large to keep)."""
+    headers: Mapping[str, str] = Field(default_factory=dict)
+    """The record headers as text (the trace context links the dead letter to its trace)."""
+    reason: str = Field(min_length=1)
+    """What was wrong, e.g. the :class:`DecodeError` reason."""
+    error: str
+    """The class of the error that stopped processing, e.g. ``DecodeError``."""
+    group: str = ""
+    """The consumer group that gave up on the record."""
+    failed_at: float
+    """When (POSIX seconds)."""
+
+    def record_key(self) -> bytes | None:
+        return None if self.key is None else self.key.encode()
+
+
+# --- codec ------------------------------------------------------------------------------------
+
+
+class DecodeError(ValueError):
+    """The bytes are not a valid message of the expected kind. Permanent: retrying cannot help,
+    so dead-letter the record with ``reason`` and go on with the next."""
+
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class MessageTooLarge(ValueError):
+    """Even compressed, the message is larger than one Kafka record may be. Permanent."""
+
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, kind: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"the encoded {kind} message is {size} bytes, more than the limit of {limit}"
+        )
+        self.size = size
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A message ready for the bus: what ``Bus.publish`` takes."""
+
+    key: bytes | None
+    value: bytes
+    headers: Mapping[str, bytes]
+    json_size: int
+    """The size of the JSON before compression (equal to ``len(value)`` when not compressed)."""
+
+    @property
+    def compressed(self) -> bool:
+        return self.headers.get(CONTENT_ENCODING) == GZIP.encode()
+
+
+def schema_header(kind: type[Message], version: int) -> bytes:
+    """The ``podcost-schema`` header value, e.g. ``workload-snapshot/1``."""
+    return f"{kind.KIND}/{version}".encode()
+
+
+def encode(
+    message: Message,
+    *,
+    trace: Mapping[str, str] | None = None,
+    gzip_threshold: int = DEFAULT_GZIP_THRESHOLD,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+) -> Encoded:
+    """The record for ``message``: JSON, gzip-compressed above ``gzip_threshold`` bytes.
+
+    ``trace`` is the W3C carrier a propagator filled (``traceparent``, ``tracestate``); other
+    entries of it are ignored. Raises :class:`MessageTooLarge` when the value exceeds
+    ``max_bytes`` even compressed.
+    """
+    body = message.model_dump_json().encode()
+    headers = {SCHEMA_HEADER: schema_header(type(message), message.schema_version)}
+    for name in TRACE_HEADERS:
+        if trace and name in trace:
+            headers[name] = trace[name].encode("ascii")
+    value = body
+    if len(body) > gzip_threshold:
+        # mtime=0: the same message always encodes to the same bytes.
+        value = _gzip(body)
+        headers[CONTENT_ENCODING] = GZIP.encode()
+    if len(value) > max_bytes:
+        raise MessageTooLarge(type(message).KIND, len(value), max_bytes)
+    return Encoded(key=message.record_key(), value=value, headers=headers, json_size=len(body))
+
+
+def _gzip(body: bytes) -> bytes:
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return compressor.compress(body) + compressor.flush()
+
+
+M = TypeVar("M", bound=Message)
+
+
+def decode(
+    kind: type[M],
+    value: bytes,
+    headers: Mapping[str, bytes] | None = None,
+    *,
+    key: str | bytes | None = None,
+    max_decoded_bytes: int = MAX_DECODED_BYTES,
+) -> M:
+    """The ``kind`` message in a record, validated.
+
+    ``key``, when given, must be the key the payload says it travels under. Raises
+    :class:`DecodeError` whose ``reason`` names the problem: a ``podcost-schema`` header of
+    another kind or an unsupported version, an unknown ``content-encoding``, bad gzip, bad JSON,
+    an unsupported ``schema_version`` in the payload, or the validation errors with their field
+    paths (``snapshot.pods.3.uid: Field required``).
+    """
+    headers = headers or {}
+    _check_schema_header(kind, headers)
+    payload = _inflate(value, headers, max_decoded_bytes)
+    try:
+        message = kind.model_validate_json(payload, context=_WIRE)
+    except ValidationError as error:
+        raise DecodeError(_explain(kind, error)) from error
+    if key is not None:
+        wanted = key.encode() if isinstance(key, str) else key
+        if message.record_key() != wanted:
+            raise DecodeError(
+                f"the record key {wanted!r} is not the payload's key {message.record_key()!r}"
+            )
+    return message
+
+
+def _supported(kind: type[Message]) -> str:
+    return ", ".join(str(version) for version in sorted(kind.SUPPORTED_VERSIONS))
+
+
+def _check_schema_header(kind: type[Message], headers: Mapping[str, bytes]) -> None:
+    # Checked before inflating and parsing: a record of another kind or version is refused
+    # without the cost of reading it (the payload's own schema_version is checked too).
+    raw = headers.get(SCHEMA_HEADER)
+    if raw is None:
+        return
+    text = raw.decode("ascii", "replace")
+    name, _, version_text = text.partition("/")
+    if not version_text.isdigit():
+        raise DecodeError(f"the {SCHEMA_HEADER} header {text!r} is not <kind>/<version>")
+    if name != kind.KIND:
+        raise DecodeError(
+            f"expected a {kind.KIND} message, the {SCHEMA_HEADER} header says {text!r}"
+        )
+    version = int(version_text)
+    if version not in kind.SUPPORTED_VERSIONS:
+        raise DecodeError(
+            f"unsupported schema version {version} for {kind.KIND} (supported: {_supported(kind)})"
+        )
+
+
+def _inflate(value: bytes, headers: Mapping[str, bytes], limit: int) -> bytes:
+    encoding = headers.get(CONTENT_ENCODING, IDENTITY.encode()).decode("ascii", "replace")
+    if encoding == IDENTITY:
+        return value
+    if encoding != GZIP:
+        raise DecodeError(
+            f"unsupported {CONTENT_ENCODING} {encoding!r} (supported: {GZIP}, {IDENTITY})"
+        )
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        payload = inflater.decompress(value, limit + 1)
+    except zlib.error as error:
+        raise DecodeError(f"bad gzip: {error}") from error
+    if len(payload) > limit:
+        raise DecodeError(f"bad gzip: the value inflates to more than {limit} bytes")
+    if not inflater.eof:
+        raise DecodeError("bad gzip: the stream is truncated")
+    if inflater.unused_data:
+        raise DecodeError(f"bad gzip: {len(inflater.unused_data)} stray bytes after the stream")
+    return payload
+
+
+_SHOWN_ERRORS = 5
+
+
+def _explain(kind: type[Message], error: ValidationError) -> str:
+    problems = error.errors(include_url=False, include_context=False)
+    for problem in problems:
+        if problem["type"] == "json_invalid":
+            return f"bad JSON: {problem['msg']}"
+        if problem["type"] == "model_type" and not problem["loc"]:
+            return f"expected a JSON object for {kind.KIND}, got {_json_type(problem['input'])}"
+        if problem["type"] == "schema_version_missing":
+            return f"the {kind.KIND} payload has no schema_version"
+        if problem["loc"] == ("schema_version",):
+            return (
+                f"unsupported schema version {problem['input']!r} for {kind.KIND} "
+                f"(supported: {_supported(kind)})"
+            )
+    shown = "; ".join(
+        f"{'.'.join(str(part) for part in problem['loc']) or '(root)'}: {problem['msg']}"
+        for problem in problems[:_SHOWN_ERRORS]
+    )
+    more = len(problems) - _SHOWN_ERRORS
+    return f"invalid {kind.KIND}: {shown}" + (f" (and {more} more)" if more > 0 else "")
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "null" if value is None else type(value).__name__

@@ -1,0 +1,231 @@
+"""The Kafka bus against the project's real broker: contract messages through real topics,
+at-least-once across a consumer crash, dead-lettering that lets the consumer go on, a 10,000-pod
+snapshot in one record, pause/resume, and errors that say whether to retry."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from tests.support.snapshots import large_snapshot, snapshot
+
+from podcost_bus import (
+    BusError,
+    BusSettings,
+    KafkaBus,
+    KafkaConsumer,
+    Record,
+    TopicPartition,
+    decode_or_dead_letter,
+    publish_message,
+)
+from podcost_contracts.messages import (
+    CONTENT_ENCODING,
+    TRACEPARENT,
+    DeadLetter,
+    WorkloadSnapshotMessage,
+    decode,
+)
+from podcost_contracts.topics import Topics
+
+pytestmark = pytest.mark.integration
+
+TRACE = {TRACEPARENT: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+#: Generous: the first poll of a new group waits for the group to form.
+WAIT_S = 20.0
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str) -> BusSettings:
+    """Settings for fresh topics, so tests never see each other's records."""
+    run = uuid.uuid4().hex[:8]
+    return BusSettings(
+        bootstrap_servers=kafka_bootstrap,
+        client_id=f"podcost-test-{run}",
+        topic_workloads=f"test-{run}.workloads",
+        topic_ranks=f"test-{run}.ranks",
+        topic_costs=f"test-{run}.costs",
+        topic_deadletter=f"test-{run}.deadletter",
+        partitions=2,
+        session_timeout_ms=6000,
+    )
+
+
+@pytest.fixture
+async def bus(settings: BusSettings) -> AsyncIterator[KafkaBus]:
+    async with KafkaBus(settings) as started:
+        await started.ensure_topics(settings.topics.all())
+        yield started
+
+
+def topics(bus: KafkaBus) -> Topics:
+    return bus.settings.topics
+
+
+async def take(consumer: KafkaConsumer, count: int) -> list[Record]:
+    """Exactly ``count`` records, or a failure naming how many came before the deadline."""
+    received: list[Record] = []
+    while len(received) < count:
+        batch = await consumer.poll(max_wait=WAIT_S, max_records=count - len(received))
+        if not batch:
+            raise AssertionError(f"got {len(received)} of {count} records in {WAIT_S}s")
+        received.extend(batch)
+    return received
+
+
+async def joined(consumer: KafkaConsumer) -> None:
+    """Return once the group has given ``consumer`` its partitions (polling is what joins)."""
+    for _ in range(int(WAIT_S / 0.2)):
+        if consumer.assignment():
+            return
+        assert await consumer.poll(max_wait=0.2) == []
+    raise AssertionError(f"no partitions assigned in {WAIT_S}s")
+
+
+async def test_snapshot_messages_go_through_real_topics_in_order_per_workload(
+    bus: KafkaBus,
+) -> None:
+    sent = [
+        WorkloadSnapshotMessage.of(snapshot(name, version=version), emitted_at=float(version))
+        for version in range(1, 4)
+        for name in ("web", "api", "cart")
+    ]
+    for message in sent:
+        await publish_message(bus, topics(bus).workloads, message, trace=TRACE)
+    async with bus.consumer([topics(bus).workloads], group="ranker-age") as consumer:
+        records = await take(consumer, len(sent))
+        assert await consumer.commit() == {
+            tp: max(r.offset for r in records if r.tp == tp) + 1 for tp in {r.tp for r in records}
+        }
+    received = [decode(WorkloadSnapshotMessage, r.value, r.headers, key=r.key) for r in records]
+    assert sorted(received, key=lambda m: (m.key, m.version)) == sorted(
+        sent, key=lambda m: (m.key, m.version)
+    )
+    for name in ("web", "api", "cart"):
+        versions = [m.version for m in received if m.snapshot.workload.name == name]
+        assert versions == [1, 2, 3]
+    assert all(record.headers[TRACEPARENT] == TRACE[TRACEPARENT].encode() for record in records)
+
+
+async def test_a_consumer_that_crashes_before_committing_reads_the_message_again(
+    bus: KafkaBus,
+) -> None:
+    topic = topics(bus).workloads
+    message = WorkloadSnapshotMessage.of(snapshot(version=5), emitted_at=0.0)
+    await publish_message(bus, topic, message)
+
+    async with bus.consumer([topic], group="annotator") as crashing:
+        [first] = await take(crashing, 1)
+    # Left without a commit, as a process killed mid-work would.
+    async with bus.consumer([topic], group="annotator") as restarted:
+        [again] = await take(restarted, 1)
+        await restarted.commit()
+    assert (again.partition, again.offset) == (first.partition, first.offset)
+    assert decode(WorkloadSnapshotMessage, again.value, again.headers) == message
+
+    # Committed now: a third start skips it and gets only what comes next.
+    later = WorkloadSnapshotMessage.of(snapshot(version=6), emitted_at=1.0)
+    await publish_message(bus, topic, later)
+    async with bus.consumer([topic], group="annotator") as third:
+        [next_record] = await take(third, 1)
+    assert decode(WorkloadSnapshotMessage, next_record.value, next_record.headers) == later
+
+
+async def test_an_undecodable_message_is_dead_lettered_and_the_consumer_goes_on(
+    bus: KafkaBus,
+) -> None:
+    workloads, deadletter = topics(bus).workloads, topics(bus).deadletter
+    before = WorkloadSnapshotMessage.of(snapshot(version=1), emitted_at=0.0)
+    after = WorkloadSnapshotMessage.of(snapshot(version=2), emitted_at=1.0)
+    await publish_message(bus, workloads, before)
+    await bus.publish(
+        workloads, before.key, b"\x1f\x8b\x08 not really gzip", {CONTENT_ENCODING: b"gzip"}
+    )
+    await publish_message(bus, workloads, after)
+
+    decoded: list[WorkloadSnapshotMessage] = []
+    async with bus.consumer([workloads], group="ranker-spread") as consumer:
+        for record in await take(consumer, 3):
+            message = await decode_or_dead_letter(
+                bus, record, WorkloadSnapshotMessage, topic=deadletter, group="ranker-spread"
+            )
+            if message is not None:
+                decoded.append(message)
+        await consumer.commit()
+    assert decoded == [before, after]
+
+    async with bus.consumer([deadletter], group="operator") as reader:
+        [dead] = await take(reader, 1)
+    letter = decode(DeadLetter, dead.value, dead.headers)
+    assert letter.reason.startswith("bad gzip: Error -3 while decompressing data")
+    assert letter.error == "DecodeError"
+    assert letter.group == "ranker-spread"
+    assert letter.topic == workloads
+    assert letter.value == b"\x1f\x8b\x08 not really gzip"
+    assert dead.key == before.key.encode()
+
+
+async def test_a_10000_pod_snapshot_goes_through_the_broker_in_one_record(bus: KafkaBus) -> None:
+    message = WorkloadSnapshotMessage.of(large_snapshot(), emitted_at=0.0)
+    delivery = await publish_message(bus, topics(bus).workloads, message)
+    async with bus.consumer([topics(bus).workloads], group="ranker-age") as consumer:
+        [record] = await take(consumer, 1)
+    assert (record.partition, record.offset) == (delivery.partition, delivery.offset)
+    assert record.headers[CONTENT_ENCODING] == b"gzip"
+    assert len(record.value) < 1_048_576
+    decoded = decode(WorkloadSnapshotMessage, record.value, record.headers)
+    assert len(decoded.snapshot.pods) == 10_000
+    assert decoded == message
+
+
+async def test_a_paused_consumer_gets_nothing_until_resumed_and_reports_its_lag(
+    bus: KafkaBus,
+) -> None:
+    topic = topics(bus).costs
+    key = "prod-eu-1/shop/Deployment/web"
+    async with bus.consumer([topic], group="annotator") as consumer:
+        await bus.publish(topic, key, b"first")
+        [first] = await take(consumer, 1)
+        consumer.pause()
+        for value in (b"second", b"third"):
+            await bus.publish(topic, key, value)
+        assert await consumer.poll(max_wait=0.5) == []  # absence takes a wait to show
+        lag = await consumer.lag()
+        consumer.resume()
+        rest = await take(consumer, 2)
+    assert lag[first.tp] == 2
+    assert [record.value for record in rest] == [b"second", b"third"]
+
+
+async def test_creating_topics_that_exist_is_a_no_op_and_uses_the_configured_partitions(
+    bus: KafkaBus,
+) -> None:
+    await bus.ensure_topics(topics(bus).all())
+    async with bus.consumer([topics(bus).ranks], group="aggregator") as consumer:
+        await joined(consumer)
+        assert consumer.assignment() == {
+            TopicPartition(topics(bus).ranks, 0),
+            TopicPartition(topics(bus).ranks, 1),
+        }
+
+
+async def test_a_topic_the_cluster_cannot_hold_is_refused_as_not_retriable(
+    settings: BusSettings,
+) -> None:
+    too_many = settings.model_copy(update={"replication_factor": 3})
+    with pytest.raises(BusError, match="InvalidReplicationFactor") as raised:
+        await KafkaBus(too_many).ensure_topics([f"{settings.topic_costs}-replicated"])
+    assert raised.value.retriable is False
+
+
+async def test_a_broker_that_cannot_be_reached_is_a_retriable_error() -> None:
+    unreachable = BusSettings(bootstrap_servers="127.0.0.1:1", request_timeout_ms=2000)
+    with pytest.raises(BusError, match=r"cannot reach Kafka at 127\.0\.0\.1:1") as raised:
+        await KafkaBus(unreachable).start()
+    assert raised.value.retriable is True
+
+
+async def test_publishing_before_start_is_a_clear_error(settings: BusSettings) -> None:
+    with pytest.raises(BusError, match="not started"):
+        await KafkaBus(settings).publish(settings.topic_costs, None, b"x")
