@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from podcost.commands import simulate
+from podcost.commands import demo, simulate
 
 app = typer.Typer(
     name="podcost",
@@ -28,6 +28,7 @@ def _root() -> None:
 
 
 simulate.register(app)
+demo.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,227 @@
+"""The Kubernetes adapter: the only module of podcost that imports kubernetes-asyncio.
+
+Services and commands call it to reach a cluster; what comes back is the raw JSON the API serves
+(the shapes ``kubectl get -o json`` prints), which ``podcost_core.convert`` turns into the model,
+so no client-library object ever reaches the core. Cluster access follows every Kubernetes tool:
+``$KUBECONFIG`` (or ``~/.kube/config``), else the in-cluster service account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.config.config_exception import ConfigException
+
+from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER
+
+JSON = dict[str, Any]
+
+
+class KubeError(RuntimeError):
+    """The cluster could not be reached or refused a request.
+
+    ``retriable`` says what happens next: a retriable error (409, 429, 5xx, a timeout, an
+    unreachable server) is tried again with backoff by the caller; any other is permanent for
+    this request. ``retry_after`` is the wait in seconds the server asked for (its
+    ``Retry-After`` header, sent with 429 and some 5xx), ``None`` when it asked for none.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retriable: bool = False,
+        retry_after: float | None = None,
+    ):
+        super().__init__(message)
+        self.status = status
+        self.retriable = retriable
+        self.retry_after = retry_after
+
+
+class PodGone(KubeError):
+    """The pod no longer exists (404): skip it, it is nothing to retry."""
+
+
+def _error(error: ApiException, what: str) -> KubeError:
+    status = int(error.status or 0)
+    reason = error.reason or "error"
+    if status == 404:
+        return PodGone(f"{what}: not found", status=status)
+    retriable = status in (409, 429) or status >= 500 or status == 0
+    return KubeError(
+        f"{what}: HTTP {status} {reason}",
+        status=status,
+        retriable=retriable,
+        retry_after=_retry_after(error),
+    )
+
+
+def _retry_after(error: ApiException) -> float | None:
+    # Only the delay-seconds form: the API server never sends an HTTP date here.
+    headers = getattr(error, "headers", None)
+    raw = headers.get("Retry-After") if headers else None
+    try:
+        seconds = float(raw) if raw is not None else math.nan
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _unreachable(error: BaseException, what: str) -> KubeError:
+    # No answer at all (connection refused or reset, the client's timeout): worth another try.
+    return KubeError(f"{what}: {type(error).__name__}: {error}", retriable=True)
+
+
+@dataclass(frozen=True)
+class Kube:
+    """A connected API client; build one with ``connect``."""
+
+    api: client.ApiClient
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        return client.CoreV1Api(self.api)
+
+    @property
+    def apps(self) -> client.AppsV1Api:
+        return client.AppsV1Api(self.api)
+
+    def to_json(self, obj: Any) -> JSON:
+        """A client-library object as the API's JSON."""
+        raw: JSON = self.api.sanitize_for_serialization(obj)
+        return raw
+
+    async def dump(self, namespace: str | None = None) -> JSON:
+        """Pods, nodes, ReplicaSets and Deployments as one ``List``, like
+        ``kubectl get pods,nodes,replicasets,deployments -A -o json``."""
+        core, apps = self.core, self.apps
+        try:
+            if namespace:
+                listed = await asyncio.gather(
+                    core.list_namespaced_pod(namespace),
+                    core.list_node(),
+                    apps.list_namespaced_replica_set(namespace),
+                    apps.list_namespaced_deployment(namespace),
+                )
+            else:
+                listed = await asyncio.gather(
+                    core.list_pod_for_all_namespaces(),
+                    core.list_node(),
+                    apps.list_replica_set_for_all_namespaces(),
+                    apps.list_deployment_for_all_namespaces(),
+                )
+        except ApiException as error:
+            raise _error(error, "listing the cluster's objects") from error
+        kinds = ("Pod", "Node", "ReplicaSet", "Deployment")
+        items: list[JSON] = []
+        for kind, result in zip(kinds, listed, strict=True):
+            api_version = "apps/v1" if kind in ("ReplicaSet", "Deployment") else "v1"
+            for item in self.to_json(result)["items"]:
+                items.append({"apiVersion": api_version, "kind": kind, **item})
+        return {"apiVersion": "v1", "kind": "List", "items": items}
+
+    async def read_pod(self, namespace: str, name: str) -> JSON:
+        """One pod as the API holds it now, with its annotations and managed fields.
+
+        ``PodGone`` if there is no such pod. The annotator reads a pod before it writes its
+        cost, to see the value, its owner and the ``resourceVersion`` the write is tied to.
+        """
+        what = f"reading pod {namespace}/{name}"
+        try:
+            pod = await self.core.read_namespaced_pod(name, namespace)
+        except ApiException as error:
+            raise _error(error, what) from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _unreachable(error, what) from error
+        return self.to_json(pod)
+
+    async def patch_deletion_cost(
+        self, namespace: str, pod: str, cost: int | None, *, resource_version: str | None = None
+    ) -> JSON:
+        """Set (or with ``None`` remove) the deletion cost of one pod, as podcost's field manager.
+
+        One annotation per request, as a patch of that one key, so that the managed fields show
+        which manager owns the value and nothing else on the pod is touched. With
+        ``resource_version`` the write is conditional: if the pod changed since that version
+        (or was deleted and recreated under its name) the API answers 409 and writes nothing.
+        """
+        metadata: JSON = {"annotations": {DELETION_COST_ANNOTATION: _cost_value(cost)}}
+        if resource_version is not None:
+            metadata["resourceVersion"] = resource_version
+        what = f"patching {namespace}/{pod}"
+        try:
+            patched = await self.core.patch_namespaced_pod(
+                pod,
+                namespace,
+                {"metadata": metadata},
+                field_manager=FIELD_MANAGER,
+            )
+        except ApiException as error:
+            raise _error(error, what) from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _unreachable(error, what) from error
+        return self.to_json(patched)
+
+    async def scale(self, namespace: str, kind: str, name: str, replicas: int) -> None:
+        """Set ``spec.replicas`` of a Deployment or ReplicaSet through its scale subresource."""
+        body = {"spec": {"replicas": replicas}}
+        try:
+            if kind == "Deployment":
+                await self.apps.patch_namespaced_deployment_scale(name, namespace, body)
+            else:
+                await self.apps.patch_namespaced_replica_set_scale(name, namespace, body)
+        except ApiException as error:
+            raise _error(error, f"scaling {kind} {namespace}/{name}") from error
+
+    async def create(self, objects: Sequence[Mapping[str, Any]]) -> None:
+        """Create nodes, namespaces and Deployments (what the demo sets up); existing ones stay."""
+        for obj in objects:
+            kind, meta = obj["kind"], obj["metadata"]
+            body: Any = dict(obj)  # the client accepts plain JSON bodies
+            try:
+                if kind == "Node":
+                    await self.core.create_node(body)
+                elif kind == "Namespace":
+                    await self.core.create_namespace(body)
+                elif kind == "Deployment":
+                    await self.apps.create_namespaced_deployment(meta["namespace"], body)
+                else:
+                    raise KubeError(f"cannot create a {kind}")
+            except ApiException as error:
+                if error.status != 409:
+                    raise _error(error, f"creating {kind} {meta['name']}") from error
+
+
+_DEFAULT_KUBECONFIG = Path.home() / ".kube" / "config"
+
+
+def _cost_value(cost: int | None) -> str | None:
+    return None if cost is None else str(cost)
+
+
+@asynccontextmanager
+async def connect(kubeconfig: str | None = None) -> AsyncIterator[Kube]:
+    """Connect with ``kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config`` or in-cluster config."""
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    try:
+        if path or _DEFAULT_KUBECONFIG.exists():
+            api = await config.new_client_from_config(config_file=path)
+        else:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            api = client.ApiClient()
+    except (ConfigException, OSError) as error:
+        raise KubeError(f"no cluster access: {error}") from error
+    async with api:
+        yield Kube(api)
