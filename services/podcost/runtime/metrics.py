@@ -1,0 +1,67 @@
+"""Prometheus metrics, declared once: every name a service exports and what it means.
+
+Each service instance gets its own ``Metrics`` (its own registry), so the services of embedded
+mode and of tests never collide; the framework code (ranker, aggregator, annotator loops)
+records them, strategies never do. ``/metrics`` serves ``render(metrics)``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """The metrics of one service process (or one embedded service)."""
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.consumed = Counter(
+            "podcost_messages_consumed",
+            "Records consumed, by topic and outcome (ok, dead_letter).",
+            ["topic", "outcome"], registry=r,
+        )  # fmt: skip
+        self.produced = Counter(
+            "podcost_messages_produced", "Records published, by topic.", ["topic"], registry=r
+        )
+        self.consumer_lag = Gauge(
+            "podcost_consumer_lag", "Records behind the end of the topic, by topic.",
+            ["topic"], registry=r,
+        )  # fmt: skip
+        self.snapshots_published = Counter(
+            "podcost_snapshots_published", "Workload snapshots the watcher published.", registry=r
+        )
+        self.snapshots_ranked = Counter(
+            "podcost_snapshots_ranked", "Snapshots ranked, by strategy.", ["strategy"], registry=r
+        )
+        self.strategy_duration = Histogram(
+            "podcost_strategy_duration_seconds", "Time one strategy took on one snapshot.",
+            ["strategy"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.combined = Counter(
+            "podcost_combinations", "Cost decisions the aggregator made, by completeness "
+            "(complete, deadline).", ["completeness"], registry=r,
+        )  # fmt: skip
+        self.patches = Counter(
+            "podcost_patches", "Annotation writes, by result (ok, gone, conflict, "
+            "throttled, error, dry_run, skipped_foreign).", ["result"], registry=r,
+        )  # fmt: skip
+        self.rate_limit_waits = Counter(
+            "podcost_rate_limit_wait_seconds", "Time writes waited for the QPS budget.", registry=r
+        )
+        self.queue_depth = Gauge(
+            "podcost_queue_depth", "Pod writes queued in the annotator.", registry=r
+        )
+        self.event_to_annotation = Histogram(
+            "podcost_event_to_annotation_seconds",
+            "From the change that caused a snapshot to the patch that wrote its cost.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+
+
+def render(metrics: Metrics) -> bytes:
+    """The text exposition format of ``metrics``."""
+    return generate_latest(metrics.registry)

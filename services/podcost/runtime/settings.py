@@ -1,0 +1,37 @@
+"""Settings every service reads, declared once with their environment variable and meaning.
+
+Each service's composition root (``bootstrap``) takes a ``ServiceSettings`` (and the bus
+settings from ``podcost_bus.BusSettings``); values are validated at start, so a bad value stops
+the service with the variable named. Variables (defaults in brackets):
+
+- ``PODCOST_CLUSTER``: the cluster name in workload keys ``cluster/namespace/kind/name`` [local]
+- ``PODCOST_HTTP_HOST`` / ``PODCOST_HTTP_PORT``: where ``/healthz``, ``/readyz`` and
+  ``/metrics`` are served [0.0.0.0 / 8080; port 0 disables the server]
+- ``PODCOST_LOG_LEVEL``: DEBUG, INFO, WARNING or ERROR [INFO]
+- ``PODCOST_LOG_FORMAT``: json (one object per line) or text [json]
+- ``PODCOST_DRY_RUN``: decide and log everything, write nothing to the cluster [false]
+- ``PODCOST_POLICY_FILE``: a policy file (YAML or JSON) used as the cluster default [the
+  built-in default policy]
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServiceSettings(BaseSettings):
+    """Settings shared by every service (see the module docstring for the variables)."""
+
+    model_config = SettingsConfigDict(env_prefix="PODCOST_", frozen=True, extra="ignore")
+
+    cluster: str = Field(default="local", min_length=1, pattern=r"^[^/]+$")
+    http_host: str = "0.0.0.0"
+    http_port: int = Field(default=8080, ge=0, le=65535)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["json", "text"] = "json"
+    dry_run: bool = False
+    policy_file: Path | None = None
