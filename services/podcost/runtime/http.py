@@ -11,9 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from podcost.runtime.metrics import Metrics, render
 
 
-def make_app(
-    name: str, ready: Callable[[], bool], metrics: Sequence[Metrics]
-) -> FastAPI:
+def make_app(name: str, ready: Callable[[], bool], metrics: Sequence[Metrics]) -> FastAPI:
     """A FastAPI app for one process; ``metrics`` of every service it runs are exported."""
     app = FastAPI(title=f"podcost {name}", docs_url=None, redoc_url=None)
 
