@@ -1,0 +1,155 @@
+"""Per-workload debouncing: a burst of changes to one workload becomes one emission.
+
+The watcher's informer handler calls :meth:`Debouncer.touch` for every workload a change
+touches (``podcost_kube.workloads.touched_by``); the watcher's publishing loop iterates the
+debouncer and, for each :class:`Emission`, builds that workload's snapshot from the cache as it
+is *then* and publishes it with the emission's version. Because the consumer pulls, a slow
+consumer is its own backpressure: touches that arrive meanwhile coalesce into the next emission.
+
+Timing, per key: an emission is due ``window`` seconds after the last touch (the burst has gone
+quiet), and never later than ``max_delay`` after the first touch of the burst (a workload under
+constant churn is still published). Versions start after the ones given (so a restarted watcher
+can continue them) and grow by one per emission of that key.
+
+Time comes from an injectable :class:`Clock`, so tests run on a fake clock without sleeping.
+Uses no task of its own: stopping means cancelling the task that iterates it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Clock(Protocol):
+    """Monotonic time in seconds, and a way to wait for it to pass."""
+
+    def now(self) -> float: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class LoopClock:
+    """The running event loop's monotonic clock: the production :class:`Clock`."""
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class Emission(Generic[K]):
+    """One debounced change of one key."""
+
+    key: K
+    version: int
+    """1 + the key's previous version: one more per emission of this key."""
+    touches: int
+    """How many touches this emission stands for."""
+    first_touch: float
+    """Clock time of the first touch of the burst (for event-to-publish latency)."""
+    last_touch: float
+
+
+@dataclass(slots=True)
+class _Burst:
+    first: float
+    last: float
+    touches: int
+
+
+class Debouncer(Generic[K]):
+    """Coalesces touches per key; iterate it (``async for emission in debouncer``) to get them.
+
+    Meant for one consumer; several would share the emissions between them.
+    """
+
+    def __init__(
+        self,
+        *,
+        window: float,
+        max_delay: float,
+        clock: Clock | None = None,
+        versions: Mapping[K, int] | None = None,
+    ) -> None:
+        if window <= 0:
+            raise ValueError(f"window must be positive, got {window}")
+        if max_delay < window:
+            raise ValueError(f"max_delay ({max_delay}) must be at least the window ({window})")
+        self.window = window
+        self.max_delay = max_delay
+        self._clock: Clock = clock or LoopClock()
+        self._versions: dict[K, int] = dict(versions or {})
+        self._bursts: dict[K, _Burst] = {}
+        # One entry per pending key: (when it was last known to be due, tie-breaker, key).
+        self._due: list[tuple[float, int, K]] = []
+        self._order = itertools.count()
+        self._touched = asyncio.Event()
+
+    @property
+    def pending(self) -> int:
+        """How many keys wait for an emission."""
+        return len(self._bursts)
+
+    def version(self, key: K) -> int:
+        """The version of ``key``'s last emission (0 before the first)."""
+        return self._versions.get(key, 0)
+
+    def touch(self, key: K) -> None:
+        """Note one change of ``key``."""
+        now = self._clock.now()
+        burst = self._bursts.get(key)
+        if burst is not None:
+            burst.last = now
+            burst.touches += 1
+            return
+        self._bursts[key] = _Burst(now, now, 1)
+        # A new burst is never due before the earliest pending one (same window, later start),
+        # so a consumer sleeping until that one needs no wake-up; one waiting for any touch does.
+        heapq.heappush(self._due, (now + self.window, next(self._order), key))
+        self._touched.set()
+
+    def touch_all(self, keys: Iterable[K]) -> None:
+        """Note one change of each of ``keys``."""
+        for key in keys:
+            self.touch(key)
+
+    def _deadline(self, burst: _Burst) -> float:
+        return min(burst.last + self.window, burst.first + self.max_delay)
+
+    async def next(self) -> Emission[K]:
+        """Wait for the next due key and emit it."""
+        while True:
+            if not self._due:
+                self._touched.clear()
+                await self._touched.wait()
+                continue
+            noted, _, key = self._due[0]
+            burst = self._bursts[key]
+            due = self._deadline(burst)
+            if due > noted:  # touched since it was queued: it is due later now
+                heapq.heapreplace(self._due, (due, next(self._order), key))
+                continue
+            now = self._clock.now()
+            if due > now:
+                await self._clock.sleep(due - now)
+                continue
+            heapq.heappop(self._due)
+            del self._bursts[key]
+            version = self._versions.get(key, 0) + 1
+            self._versions[key] = version
+            return Emission(key, version, burst.touches, burst.first, burst.last)
+
+    def __aiter__(self) -> Debouncer[K]:
+        return self
+
+    async def __anext__(self) -> Emission[K]:
+        return await self.next()

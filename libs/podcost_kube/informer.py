@@ -1,0 +1,547 @@
+"""List and watch Kubernetes objects into a :class:`~podcost_kube.store.Store`: the informer.
+
+The watcher service runs one :class:`Informer` over pods, nodes, ReplicaSets and Deployments
+(optionally namespaces, or any other resource, e.g. a CRD) and subscribes a handler that turns
+each :class:`~podcost_kube.store.Change` into the workloads it touches (``podcost_kube.workloads``).
+
+What it does, per resource, as client-go's reflector does:
+
+- list (paged, most recent state) into the store, then watch from the list's resourceVersion
+  with ``allowWatchBookmarks``; every event moves the resourceVersion on, a BOOKMARK only moves
+  the resourceVersion (it never reaches the store or the handlers);
+- when the server ends a watch (its ``timeoutSeconds``), watch again from the last version;
+- on 410 Gone (the version was compacted away) relist at once; the relist replaces the store's
+  content and reports only what changed meanwhile, so no object is lost or spuriously deleted;
+- on any other watch or list error, back off (exponentially, jittered, capped, and at least
+  as long as the server's ``retryAfterSeconds``) and relist; after
+  ``Backoff.max_failures`` failures in a row, or at once on a permanent error (401, 403, 404), the
+  informer fails: :meth:`Informer.wait_synced` and :meth:`Informer.join` raise
+  :class:`InformerFailed` naming the resource.
+
+Objects stay raw JSON from the socket to the store: responses are read with
+``_preload_content=False`` and parsed with ``json.loads``, never deserialised into client-library
+models (``tests/bench/bench_informer.py`` measures why). Handlers run synchronously in the
+informer's task, after the store has been updated, and must be quick; a handler that raises
+fails the informer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from podcost_kube.client import Kube, KubeError
+from podcost_kube.store import Change, ChangeType, RawObject, Store, resource_version
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Change], None]
+"""Called with every change of the store, after it is applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A kind of object the informer lists and watches."""
+
+    kind: str
+    """The object kind, e.g. ``Pod``; the store's first key."""
+    api_version: str
+    """``v1`` for the core group, else ``group/version``."""
+    plural: str
+    """The resource name in URLs, e.g. ``pods``."""
+    namespaced: bool = True
+
+    def path(self, namespace: str | None = None) -> str:
+        """The collection URL, in one namespace when given (and the kind is namespaced)."""
+        base = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced and namespace:
+            return f"{base}/namespaces/{namespace}/{self.plural}"
+        return f"{base}/{self.plural}"
+
+
+POD = Resource("Pod", "v1", "pods")
+NODE = Resource("Node", "v1", "nodes", namespaced=False)
+REPLICASET = Resource("ReplicaSet", "apps/v1", "replicasets")
+DEPLOYMENT = Resource("Deployment", "apps/v1", "deployments")
+NAMESPACE = Resource("Namespace", "v1", "namespaces", namespaced=False)
+#: What the watcher needs to build workload snapshots.
+WORKLOAD_RESOURCES: tuple[Resource, ...] = (POD, NODE, REPLICASET, DEPLOYMENT)
+
+
+# --- errors, named by what happens next ------------------------------------------------------
+
+
+class ResourceExpired(KubeError):
+    """410 Gone: the resourceVersion is too old to watch from. Relist now."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, status=410, retriable=True)
+
+
+class InformerFailed(RuntimeError):
+    """The informer stopped for good: a permanent error, too many failures in a row, or a handler
+    that raised. ``kind`` names the resource it happened on."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+
+
+def _status_error(status: Mapping[str, Any], what: str) -> KubeError:
+    """The error a ``Status`` object (an error response or an ERROR watch event) stands for."""
+    code = int(status.get("code") or 0)
+    message = f"{what}: HTTP {code} {status.get('reason', '')}: {status.get('message', '')}"
+    if code == 410:
+        return ResourceExpired(message)
+    # 401, 403, 404, 400, 422: asking again will not help.
+    permanent = code in (400, 401, 403, 404, 405, 406, 422)
+    details = status.get("details")
+    retry_after = details.get("retryAfterSeconds") if isinstance(details, Mapping) else None
+    return KubeError(
+        message,
+        status=code,
+        retriable=not permanent,
+        retry_after=float(retry_after) if isinstance(retry_after, int | float) else None,
+    )
+
+
+# --- watch events ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    """One decoded line of a watch stream: ADDED, MODIFIED, DELETED or BOOKMARK."""
+
+    type: str
+    obj: RawObject
+
+    @property
+    def resource_version(self) -> str:
+        return resource_version(self.obj)
+
+
+def decode_event(line: bytes | str, what: str = "watch") -> WatchEvent:
+    """Decode one watch line; an ERROR event raises the error it carries
+    (:class:`ResourceExpired` for 410), a malformed line a retriable :class:`KubeError`."""
+    try:
+        event = json.loads(line)
+    except ValueError as error:
+        raise KubeError(f"{what}: undecodable watch line: {error}", retriable=True) from None
+    if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+        raise KubeError(f"{what}: watch line without an object: {str(line)[:200]}", retriable=True)
+    event_type = event.get("type")
+    obj: RawObject = event["object"]
+    if event_type == "ERROR":
+        raise _status_error(obj, what)
+    if event_type not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+        raise KubeError(f"{what}: unknown watch event type {event_type!r}", retriable=True)
+    if not resource_version(obj):
+        raise KubeError(f"{what}: {event_type} event without a resourceVersion", retriable=True)
+    return WatchEvent(event_type, obj)
+
+
+# --- backoff -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """How long to wait before relisting after the n-th failure in a row, and when to give up."""
+
+    initial: float = 0.5
+    """Seconds before the first retry."""
+    factor: float = 2.0
+    maximum: float = 30.0
+    """No wait is longer than this."""
+    jitter: float = 0.2
+    """Each wait is scaled by a random factor in ``[1 - jitter, 1 + jitter]``."""
+    max_failures: int | None = 10
+    """Failures in a row after which the informer fails; ``None``: retry forever."""
+
+    def __post_init__(self) -> None:
+        if self.initial <= 0 or self.factor < 1 or self.maximum < self.initial:
+            raise ValueError("Backoff needs 0 < initial <= maximum and factor >= 1")
+        if not 0 <= self.jitter < 1:
+            raise ValueError("Backoff.jitter must be in [0, 1)")
+        if self.max_failures is not None and self.max_failures < 1:
+            raise ValueError("Backoff.max_failures must be >= 1 or None")
+
+    def delay(self, failures: int, rng: Callable[[], float] = random.random) -> float:
+        """The wait after ``failures`` (>= 1) failures in a row."""
+        base = min(self.maximum, self.initial * self.factor ** max(0, failures - 1))
+        return base * (1 + self.jitter * (2 * rng() - 1))
+
+    def exhausted(self, failures: int) -> bool:
+        """Whether ``failures`` in a row is too many."""
+        return self.max_failures is not None and failures >= self.max_failures
+
+
+# --- the informer ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ResourceStats:
+    """Counters of one resource's list/watch loop (for metrics and tests)."""
+
+    lists: int = 0
+    """Complete lists, the first one included."""
+    pages: int = 0
+    watches: int = 0
+    """Watch requests made."""
+    events: int = 0
+    """ADDED/MODIFIED/DELETED events received (duplicates included)."""
+    bookmarks: int = 0
+    expired: int = 0
+    """410 Gone answers."""
+    errors: int = 0
+    """Other failures (each followed by a backoff and a relist)."""
+    last_error: str = ""
+
+
+@dataclass(slots=True)
+class _State:
+    resource: Resource
+    stats: ResourceStats = field(default_factory=ResourceStats)
+    resource_version: str | None = None
+    """Where the next watch starts; ``None``: list first."""
+    synced: bool = False
+    failures: int = 0
+    rewatch_from: str | None = None
+    response: aiohttp.ClientResponse | None = None
+
+
+class Informer:
+    """Lists and watches ``resources`` into :attr:`store`; calls handlers with every change.
+
+    Use as ``async with Informer(kube) as informer: await informer.wait_synced()``; leaving the
+    block stops every task and closes every connection. ``namespace`` and ``label_selector``
+    restrict the namespaced resources; cluster-scoped ones (nodes, namespaces) are always whole.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        resources: Sequence[Resource] = WORKLOAD_RESOURCES,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        store: Store | None = None,
+        handlers: Iterable[Handler] = (),
+        page_size: int = 500,
+        watch_timeout: float = 300.0,
+        request_timeout: float = 60.0,
+        backoff: Backoff | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        kinds = [resource.kind for resource in resources]
+        if not kinds or len(set(kinds)) != len(kinds):
+            raise ValueError(f"an informer needs distinct resources, got {kinds}")
+        if watch_timeout < 1:
+            raise ValueError("watch_timeout must be at least one second")
+        self.kube = kube
+        self.store = store if store is not None else Store()
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.page_size = page_size
+        self.watch_timeout = watch_timeout
+        self.request_timeout = request_timeout
+        self.backoff = backoff or Backoff()
+        self._sleep = sleep
+        self._rng = rng
+        self._handlers: list[Handler] = list(handlers)
+        self._states = {resource.kind: _State(resource) for resource in resources}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._progress = asyncio.Event()
+        self._error: InformerFailed | None = None
+        self._stopping = False
+
+    # --- public -------------------------------------------------------------------------------
+
+    def add_handler(self, handler: Handler) -> None:
+        """Call ``handler`` with every later change."""
+        self._handlers.append(handler)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self._states)
+
+    @property
+    def synced(self) -> bool:
+        """Every resource has been listed at least once."""
+        return all(state.synced for state in self._states.values())
+
+    @property
+    def error(self) -> InformerFailed | None:
+        """Why the informer failed, if it did."""
+        return self._error
+
+    def stats(self, kind: str) -> ResourceStats:
+        return self._states[kind].stats
+
+    def resource_version(self, kind: str) -> str | None:
+        """The version the watch of ``kind`` resumes from (``None`` until listed)."""
+        return self._states[kind].resource_version
+
+    async def start(self) -> None:
+        """Start one list/watch task per resource."""
+        if self._tasks:
+            raise RuntimeError("the informer is already started")
+        self._stopping = False
+        self._error = None
+        for state in self._states.values():
+            name = f"informer:{state.resource.kind}"
+            self._tasks.append(asyncio.create_task(self._guard(state), name=name))
+
+    async def stop(self) -> None:
+        """Stop every task and close every connection; idempotent."""
+        self._stopping = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    async def __aenter__(self) -> Informer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def wait_synced(self) -> None:
+        """Return once every resource is listed; raise :class:`InformerFailed` if it failed."""
+        await self._wait_until(lambda: self.synced)
+
+    async def join(self) -> None:
+        """Wait until the informer fails (raising why) or is stopped."""
+        await self._wait_until(lambda: self._stopping or not self._tasks)
+
+    def rewatch(self, kind: str, resource_version: str) -> None:
+        """Drop the current watch of ``kind`` and watch again from ``resource_version``.
+
+        An operator's and a test's lever: a version the server no longer holds answers 410
+        Gone, which the informer must survive by relisting.
+        """
+        state = self._states[kind]
+        state.rewatch_from = resource_version
+        if state.response is not None:
+            state.response.close()
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    async def _wait_until(self, done: Callable[[], bool]) -> None:
+        while True:
+            # Cleared before checking, in the same step: a wake-up cannot be lost.
+            self._progress.clear()
+            if self._error is not None:
+                raise self._error
+            if done():
+                return
+            if self._stopping or not self._tasks:
+                raise RuntimeError("the informer is not running")
+            await self._progress.wait()
+
+    def _fail(self, error: InformerFailed) -> None:
+        if self._error is None:
+            self._error = error
+            log.error("informer failed: %s", error)
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        self._progress.set()
+
+    async def _guard(self, state: _State) -> None:
+        try:
+            await self._run(state)
+        except InformerFailed as error:
+            self._fail(error)
+        except Exception as error:  # a bug: stop loudly rather than leave a dead resource
+            failed = InformerFailed(state.resource.kind, f"unexpected error: {error!r}")
+            failed.__cause__ = error
+            self._fail(failed)
+        finally:
+            self._progress.set()
+
+    async def _run(self, state: _State) -> None:
+        kind = state.resource.kind
+        while True:
+            try:
+                if state.rewatch_from is not None:
+                    state.resource_version, state.rewatch_from = state.rewatch_from, None
+                if state.resource_version is None:
+                    await self._relist(state)
+                    if state.rewatch_from is not None:
+                        continue  # asked for during the relist
+                await self._watch(state)
+            except KubeError as error:
+                if state.rewatch_from is not None:
+                    continue  # the error is the closing of the dropped watch
+                await self._after_failure(state, error)
+            except (aiohttp.ClientError, TimeoutError) as error:
+                if state.rewatch_from is not None:
+                    continue
+                wrapped = KubeError(f"{kind}: {type(error).__name__}: {error}", retriable=True)
+                await self._after_failure(state, wrapped)
+
+    async def _after_failure(self, state: _State, error: KubeError) -> None:
+        kind = state.resource.kind
+        state.resource_version = None  # whatever went wrong, relist
+        state.failures += 1
+        state.stats.last_error = str(error)
+        if isinstance(error, ResourceExpired):
+            state.stats.expired += 1
+            log.info("%s; relisting", error)
+        else:
+            state.stats.errors += 1
+            log.warning("%s; relisting after a backoff", error)
+        if not error.retriable:
+            raise InformerFailed(kind, str(error)) from error
+        if self.backoff.exhausted(state.failures):
+            raise InformerFailed(
+                kind, f"{state.failures} failures in a row, the last: {error}"
+            ) from error
+        # The first 410 after a healthy watch relists at once, as client-go does.
+        if not (isinstance(error, ResourceExpired) and state.failures == 1):
+            delay = self.backoff.delay(state.failures, self._rng)
+            await self._sleep(max(delay, error.retry_after or 0.0))
+
+    async def _request(
+        self, state: _State, query: list[tuple[str, str]], limits: aiohttp.ClientTimeout
+    ) -> aiohttp.ClientResponse:
+        """A GET on the resource's collection, answered with the raw response (status 200)."""
+        response: aiohttp.ClientResponse = await self.kube.api.call_api(
+            state.resource.path(self.namespace),
+            "GET",
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _request_timeout=limits,
+        )
+        if response.status != 200:
+            try:
+                body = await response.read()
+            finally:
+                response.release()
+            try:
+                status = json.loads(body)
+            except ValueError:
+                status = {"code": response.status, "message": body[:200].decode(errors="replace")}
+            if not isinstance(status, dict):
+                status = {"code": response.status}
+            status.setdefault("code", response.status)
+            raise _status_error(status, f"{state.resource.kind}: GET")
+        return response
+
+    def _selectors(self, state: _State) -> list[tuple[str, str]]:
+        if state.resource.namespaced and self.label_selector:
+            return [("labelSelector", self.label_selector)]
+        return []
+
+    async def _relist(self, state: _State) -> None:
+        """A complete, paged list of the current state into the store."""
+        resource = state.resource
+        items: list[RawObject] = []
+        token = ""
+        version = ""
+        while True:
+            query = [*self._selectors(state), ("limit", str(self.page_size))]
+            if token:
+                query.append(("continue", token))
+            response = await self._request(
+                state, query, aiohttp.ClientTimeout(total=self.request_timeout)
+            )
+            try:
+                page = json.loads(await response.read())
+            except ValueError as error:
+                raise KubeError(
+                    f"{resource.kind}: undecodable list: {error}", retriable=True
+                ) from error
+            finally:
+                response.release()
+            state.stats.pages += 1
+            for item in page.get("items") or []:
+                # List items come without their kind; the store keeps them as kubectl prints them.
+                item.setdefault("apiVersion", resource.api_version)
+                item.setdefault("kind", resource.kind)
+                items.append(item)
+            meta = page.get("metadata") or {}
+            version = str(meta.get("resourceVersion", ""))
+            token = str(meta.get("continue") or "")
+            if not token:
+                break
+        if not version:
+            raise KubeError(f"{resource.kind}: list without a resourceVersion", retriable=True)
+        changes = self.store.replace(resource.kind, items)
+        state.resource_version = version
+        state.stats.lists += 1
+        log.debug("%s: listed %d objects at %s", resource.kind, len(items), version)
+        self._dispatch(state, changes)
+        if not state.synced:
+            state.synced = True
+            self._progress.set()
+
+    async def _watch(self, state: _State) -> None:
+        """One watch request, until the server ends it; raises on errors."""
+        resource = state.resource
+        assert state.resource_version is not None
+        server_timeout = int(self.watch_timeout * (1 + self._rng()))
+        query = [
+            *self._selectors(state),
+            ("watch", "true"),
+            ("resourceVersion", state.resource_version),
+            ("allowWatchBookmarks", "true"),
+            ("timeoutSeconds", str(server_timeout)),
+        ]
+        # No total timeout; a read that stalls past the server's own timeout is a dead stream.
+        limits = aiohttp.ClientTimeout(
+            sock_connect=self.request_timeout, sock_read=server_timeout + 30
+        )
+        response = await self._request(state, query, limits)
+        state.response = response
+        state.stats.watches += 1
+        what = f"{resource.kind}: watch"
+        started = asyncio.get_running_loop().time()
+        lines = 0
+        try:
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                lines += 1
+                event = decode_event(line, what)
+                state.failures = 0  # the stream works
+                state.resource_version = event.resource_version
+                if event.type == "BOOKMARK":
+                    state.stats.bookmarks += 1
+                    continue
+                state.stats.events += 1
+                change = self.store.apply(resource.kind, ChangeType(event.type), event.obj)
+                if change is not None:
+                    self._dispatch(state, [change])
+        finally:
+            state.response = None
+            response.close()
+        lasted = asyncio.get_running_loop().time() - started
+        if not lines and lasted < 1 and state.rewatch_from is None:
+            # A server that ends every watch at once would otherwise be asked again in a loop.
+            raise KubeError(f"{what} ended at once, without an event", retriable=True)
+
+    def _dispatch(self, state: _State, changes: Iterable[Change]) -> None:
+        for change in changes:
+            for handler in self._handlers:
+                try:
+                    handler(change)
+                except Exception as error:
+                    key = change.key
+                    raise InformerFailed(
+                        state.resource.kind,
+                        f"handler {getattr(handler, '__qualname__', handler)!r} raised on "
+                        f"{change.type} {key.namespace}/{key.name}: {error!r}",
+                    ) from error

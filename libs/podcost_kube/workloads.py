@@ -1,0 +1,503 @@
+"""The watcher's decisions over the informer cache: which workloads a change touches, whether a
+change matters at all (podcost's own cost writes do not: no feedback loop), whether a workload
+is opted in and with what policy, and its snapshot.
+
+Pure functions over raw Kubernetes JSON and a :class:`~podcost_kube.store.Store`: no I/O, no
+client library, no clock (the caller passes "now"). The watcher service calls
+:func:`touched_by` from its informer handler and feeds the keys to its debouncer; for every
+emission it calls :func:`workload_policy` and :func:`workload_snapshot`. The raw JSON becomes the
+model only through ``podcost_core.convert``.
+
+A workload is a Deployment, or a ReplicaSet that no Deployment controls (a ReplicaSet controlled
+by a Deployment carries the Deployment's annotations, but the Deployment is the workload).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, cast
+
+from podcost_core.convert import (
+    ClusterObjects,
+    ConversionError,
+    LabelSelectorJSON,
+    NodeJSON,
+    ObjectMetaJSON,
+    PodJSON,
+    UnknownWorkload,
+    WorkloadJSON,
+    cost_owner,
+    node_from_json,
+    pod_from_json,
+    selector_matches,
+    snapshot_for_workload,
+)
+from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, Snapshot, WorkloadRef
+from podcost_core.policy import (
+    ENABLED,
+    LABLABS_ENABLED,
+    Policy,
+    PolicyError,
+    policy_from_annotations,
+)
+from podcost_kube.store import Change, ChangeType, RawObject, Store
+
+DEPLOYMENT = "Deployment"
+REPLICASET = "ReplicaSet"
+
+#: Metadata that changes with every write and says nothing about the object.
+NOISE_FIELDS = ("resourceVersion", "managedFields", "generation")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class WorkloadKey:
+    """Which workload: the debouncer's key and, with a cluster name, the bus key."""
+
+    namespace: str
+    kind: str
+    """``Deployment`` or ``ReplicaSet``."""
+    name: str
+
+    def bus_key(self, cluster: str) -> str:
+        """``cluster/namespace/kind/name``, as ``WorkloadRef.key``."""
+        return f"{cluster}/{self.namespace}/{self.kind}/{self.name}"
+
+    def ref(self, cluster: str, uid: str = "") -> WorkloadRef:
+        return WorkloadRef(cluster, self.namespace, self.kind, self.name, uid)
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    annotations = _meta(obj).get("annotations")
+    return annotations if isinstance(annotations, Mapping) else {}
+
+
+def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference with ``controller: true``, if any."""
+    for ref in _meta(obj).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return ref
+    return None
+
+
+# --- which workloads ---------------------------------------------------------------------------
+
+
+def workload_of_replicaset(replicaset: Mapping[str, Any]) -> WorkloadKey:
+    """The Deployment that controls ``replicaset``, else the ReplicaSet itself."""
+    meta = _meta(replicaset)
+    namespace = str(meta.get("namespace", ""))
+    ref = controller_of(replicaset)
+    if ref is not None and ref.get("kind") == DEPLOYMENT:
+        return WorkloadKey(namespace, DEPLOYMENT, str(ref.get("name", "")))
+    return WorkloadKey(namespace, REPLICASET, str(meta.get("name", "")))
+
+
+def _same_object(ref: Mapping[str, Any], obj: Mapping[str, Any]) -> bool:
+    uid, ref_uid = _meta(obj).get("uid"), ref.get("uid")
+    return not (uid and ref_uid) or uid == ref_uid
+
+
+def workloads_of_pod(store: Store, pod: Mapping[str, Any]) -> set[WorkloadKey]:
+    """The workloads whose snapshot shows ``pod``.
+
+    A pod a ReplicaSet controls belongs to that ReplicaSet's workload (nothing, while the
+    ReplicaSet is not in the store: its own arrival touches the workload). A pod no ReplicaSet
+    controls (an orphan the ReplicaSet controller may adopt, or a bystander it counts) concerns
+    every workload with a live ReplicaSet in the namespace whose selector matches its labels.
+    """
+    meta = _meta(pod)
+    namespace = str(meta.get("namespace", ""))
+    ref = controller_of(pod)
+    if ref is not None and ref.get("kind") == REPLICASET:
+        replicaset = store.get(REPLICASET, namespace, str(ref.get("name", "")))
+        if replicaset is None or not _same_object(ref, replicaset):
+            return set()
+        return {workload_of_replicaset(replicaset)}
+    labels = meta.get("labels") or {}
+    return {
+        workload_of_replicaset(replicaset)
+        for replicaset in store.objects(REPLICASET, namespace)
+        if _meta(replicaset).get("deletionTimestamp") is None
+        and selector_matches(_selector(replicaset), labels)
+    }
+
+
+def _selector(workload: Mapping[str, Any]) -> LabelSelectorJSON | None:
+    selector = workload.get("spec", {}).get("selector")
+    return cast(LabelSelectorJSON, selector) if isinstance(selector, Mapping) else None
+
+
+def workloads_on_node(store: Store, node: str) -> set[WorkloadKey]:
+    """Every workload with a pod bound to ``node``."""
+    found: set[WorkloadKey] = set()
+    for pod in store.pods_on_node(node):
+        found |= workloads_of_pod(store, pod)
+    return found
+
+
+def workloads_in_namespace(store: Store, namespace: str) -> set[WorkloadKey]:
+    """Every workload of ``namespace``: its Deployments and the ReplicaSets no Deployment owns."""
+    found = {
+        WorkloadKey(namespace, DEPLOYMENT, str(_meta(deployment).get("name", "")))
+        for deployment in store.objects(DEPLOYMENT, namespace)
+    }
+    found |= {workload_of_replicaset(rs) for rs in store.objects(REPLICASET, namespace)}
+    return found
+
+
+# --- whether a change matters ------------------------------------------------------------------
+
+
+def _without_noise(obj: Mapping[str, Any], *, drop_cost: bool = False) -> dict[str, Any]:
+    """``obj`` without ``NOISE_FIELDS`` in its metadata (and without the cost annotation)."""
+    meta = {key: value for key, value in _meta(obj).items() if key not in NOISE_FIELDS}
+    if drop_cost and DELETION_COST_ANNOTATION in meta.get("annotations", {}):
+        annotations = dict(meta["annotations"])
+        del annotations[DELETION_COST_ANNOTATION]
+        if annotations:
+            meta["annotations"] = annotations
+        else:
+            del meta["annotations"]
+    return {**obj, "metadata": meta}
+
+
+def _cost_owner(obj: Mapping[str, Any]) -> CostOwner:
+    return cost_owner(cast(ObjectMetaJSON, _meta(obj)))
+
+
+def is_own_cost_write(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    """Whether a pod update is only podcost's own deletion-cost write.
+
+    True when the cost annotation is the one thing that differs (besides ``NOISE_FIELDS``) and
+    podcost's field manager owns the new value, or, for a removal, owned the old one. The
+    watcher ignores such an update; otherwise every write would re-trigger a ranking.
+    """
+    if old is None or new is None:
+        return False
+    old_cost = _annotations(old).get(DELETION_COST_ANNOTATION)
+    new_cost = _annotations(new).get(DELETION_COST_ANNOTATION)
+    if old_cost == new_cost:
+        return False
+    if _without_noise(old, drop_cost=True) != _without_noise(new, drop_cost=True):
+        return False
+    owner_of = new if new_cost is not None else old
+    return _cost_owner(owner_of) is CostOwner.PODCOST
+
+
+def _status_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether ``old`` and ``new`` differ in their status and noise only (both without noise)."""
+    return {k: v for k, v in old.items() if k != "status"} == {
+        k: v for k, v in new.items() if k != "status"
+    }
+
+
+def _pod_status_view(pod: Mapping[str, Any]) -> tuple[object, ...]:
+    """The part of a pod's status that ``pod_from_json`` reads: phase, QoS class, the Ready
+    condition, and restart counts. Kept in step with ``convert`` by a unit test."""
+    status = pod.get("status") or {}
+    ready: Mapping[str, Any] = next(
+        (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {}
+    )
+    return (
+        status.get("phase"),
+        status.get("qosClass"),
+        ready.get("status"),
+        ready.get("lastTransitionTime"),
+        tuple(c.get("restartCount", 0) for c in status.get("containerStatuses") or []),
+        tuple(
+            (c.get("name"), c.get("restartCount", 0))
+            for c in status.get("initContainerStatuses") or []
+        ),
+    )
+
+
+def pod_change_matters(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    """Whether a pod update changes anything a snapshot shows of the pod.
+
+    Adds and deletes always matter. An update matters when the pod as ``pod_from_json`` reads it
+    differs (a status heartbeat, an IP or a container state that nothing ranks on does not).
+    Status-only updates, the most frequent kind, are decided on the few status fields the
+    converter reads, without converting.
+    """
+    if old is None or new is None:
+        return True
+    quiet_old, quiet_new = _without_noise(old), _without_noise(new)
+    if quiet_old == quiet_new:
+        # Only the noise differs; managedFields still say who owns the cost.
+        return _cost_owner(old) is not _cost_owner(new)
+    if _status_only(quiet_old, quiet_new):
+        return _pod_status_view(old) != _pod_status_view(new)
+    try:
+        return pod_from_json(old) != pod_from_json(new)
+    except ConversionError:
+        return True  # let the snapshot report the broken object
+
+
+def node_change_matters(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    """Whether a node update changes what a snapshot shows of it (labels, annotations, taints,
+    allocatable, unschedulable); kwok's and the kubelet's heartbeats do not."""
+    if old is None or new is None:
+        return True
+    quiet_old, quiet_new = _without_noise(old), _without_noise(new)
+    if _status_only(quiet_old, quiet_new):
+        # Of a node's status, a snapshot shows the allocatable resources only.
+        allocatable = (old.get("status") or {}).get("allocatable")
+        return bool(allocatable != (new.get("status") or {}).get("allocatable"))
+    try:
+        return node_from_json(old) != node_from_json(new)
+    except ConversionError:
+        return True
+
+
+def workload_change_matters(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    """Whether a Deployment or ReplicaSet update changes its metadata or spec (its status, which
+    its controller rewrites on every pod change, shows in no snapshot)."""
+    if old is None or new is None:
+        return True
+    return (_without_noise(old)["metadata"], old.get("spec")) != (
+        _without_noise(new)["metadata"],
+        new.get("spec"),
+    )
+
+
+def touched_by(change: Change, store: Store) -> frozenset[WorkloadKey]:
+    """The workloads whose snapshot ``change`` alters; empty for changes that alter none.
+
+    ``store`` must already hold the change (the informer applies it before calling handlers).
+    A pod touches its workload (before and after, if its owner or labels moved it); a ReplicaSet
+    its Deployment, or itself; a node every workload with pods on it; a namespace's labels
+    (the namespace selector's input) every workload in it. Node requests are not propagated: a
+    pod added to a node does not re-publish the other workloads on that node; their snapshots
+    show the new sum the next time they change themselves.
+    """
+    old, new = change.old, change.new
+    match change.kind:
+        case "Pod":
+            if change.type is ChangeType.MODIFIED and (
+                is_own_cost_write(old, new) or not pod_change_matters(old, new)
+            ):
+                return frozenset()
+            found: set[WorkloadKey] = set()
+            for pod in (old, new):
+                if pod is not None:
+                    found |= workloads_of_pod(store, pod)
+            return frozenset(found)
+        case "ReplicaSet":
+            if not workload_change_matters(old, new):
+                return frozenset()
+            return frozenset(workload_of_replicaset(rs) for rs in (old, new) if rs is not None)
+        case "Deployment":
+            if not workload_change_matters(old, new):
+                return frozenset()
+            key = change.key
+            return frozenset({WorkloadKey(key.namespace, DEPLOYMENT, key.name)})
+        case "Node":
+            if not node_change_matters(old, new):
+                return frozenset()
+            return frozenset(workloads_on_node(store, change.key.name))
+        case "Namespace":
+            old_labels = _meta(old).get("labels") if old is not None else None
+            new_labels = _meta(new).get("labels") if new is not None else None
+            if change.type is ChangeType.MODIFIED and old_labels == new_labels:
+                return frozenset()
+            return frozenset(workloads_in_namespace(store, change.key.name))
+        case _:
+            return frozenset()
+
+
+# --- opt-in and policy -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OptInRules:
+    """The cluster's opt-in rules, beyond a workload's own annotations."""
+
+    namespace_selector: LabelSelectorJSON | None = None
+    """Workloads in namespaces whose labels match are opted in (``None``: no namespace is)."""
+    default_enabled: bool = False
+    """Whether a workload that says nothing, in a namespace not selected, is opted in."""
+    default_policy: Policy | None = None
+    """The policy of a workload without ``podcost.dev/strategies`` (``None``: the built-in
+    ``DEFAULT_POLICY``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadPolicy:
+    """Whether a workload is ranked, why, and with which policy."""
+
+    enabled: bool
+    source: str
+    """What decided: the annotation's name, ``namespace selector`` or ``cluster default``."""
+    policy: Policy | None = None
+    """The policy to rank with; ``None`` when disabled or invalid."""
+    error: PolicyError | None = None
+    """Why the annotations are invalid (to report; the workload is then not ranked)."""
+
+
+def _explicit_enabled(
+    annotations: Mapping[str, str],
+) -> tuple[bool, str] | PolicyError | None:
+    # podcost's own annotation wins over the lablabs alias, as for every other setting.
+    for key in (ENABLED, LABLABS_ENABLED):
+        if key in annotations:
+            value = str(annotations[key]).strip().lower()
+            if value in ("true", "false"):
+                return value == "true", key
+            return PolicyError(key, f'must be "true" or "false", got {annotations[key]!r}')
+    return None
+
+
+def resolve_policy(
+    annotations: Mapping[str, str],
+    namespace_labels: Mapping[str, str] | None,
+    rules: OptInRules = OptInRules(),
+) -> WorkloadPolicy:
+    """Opt-in and policy of a workload with ``annotations`` in a namespace with
+    ``namespace_labels`` (``None``: unknown).
+
+    An explicit ``podcost.dev/enabled`` (or lablabs') ``"true"``/``"false"`` decides; without one
+    the namespace selector opts in, else the cluster default decides. An opted-in workload gets
+    ``policy_from_annotations`` over the cluster's default policy; an invalid annotation
+    disables it and says why.
+    """
+    explicit = _explicit_enabled(annotations)
+    if isinstance(explicit, PolicyError):
+        return WorkloadPolicy(False, explicit.culprit, error=explicit)
+    if explicit is not None:
+        enabled, source = explicit
+    elif (
+        rules.namespace_selector is not None
+        and namespace_labels is not None
+        and selector_matches(rules.namespace_selector, namespace_labels)
+    ):
+        enabled, source = True, "namespace selector"
+    else:
+        enabled, source = rules.default_enabled, "cluster default"
+    if not enabled:
+        return WorkloadPolicy(False, source)
+    try:
+        policy = policy_from_annotations(annotations, default=rules.default_policy)
+    except PolicyError as error:
+        return WorkloadPolicy(False, source, error=error)
+    return WorkloadPolicy(True, source, policy)
+
+
+def workload_policy(
+    store: Store, key: WorkloadKey, rules: OptInRules = OptInRules()
+) -> WorkloadPolicy:
+    """:func:`resolve_policy` for a workload in the store (disabled when it is not there).
+
+    Namespace labels come from the store's ``Namespace`` objects when the informer watches
+    them; otherwise the namespace selector cannot match.
+    """
+    workload = store.get(key.kind, key.namespace, key.name)
+    if workload is None:
+        return WorkloadPolicy(False, "workload not found")
+    namespace = store.get("Namespace", "", key.namespace)
+    labels = (_meta(namespace).get("labels") or {}) if namespace is not None else None
+    return resolve_policy(_annotations(workload), labels, rules)
+
+
+# --- snapshots ---------------------------------------------------------------------------------
+
+
+def workload_objects(store: Store, key: WorkloadKey) -> ClusterObjects:
+    """The objects the snapshot of ``key`` is built from, and no others.
+
+    The workload; the ReplicaSets of its namespace; the pods its ReplicaSets control or whose
+    labels one of their selectors matches (adoptable orphans and bystanders); the nodes of those
+    pods and every pod on those nodes (for ``Node.requested``). Objects come from the API, so
+    they are taken as they are; ``pod_from_json`` validates every pod it converts.
+    """
+    workload = store.get(key.kind, key.namespace, key.name)
+    if workload is None:
+        raise UnknownWorkload(f"no {key.kind} {key.namespace}/{key.name} in the cache")
+    objects = ClusterObjects()
+    replicasets = store.objects(REPLICASET, key.namespace)
+    for rs in replicasets:
+        objects.replicasets[(key.namespace, _name(rs))] = cast(WorkloadJSON, rs)
+    # The ReplicaSets whose pods the workload owns, and those whose selectors count (for a
+    # ReplicaSet, every ReplicaSet of its controller: the ReplicaSet controller relates them).
+    if key.kind == DEPLOYMENT:
+        objects.deployments[(key.namespace, key.name)] = cast(WorkloadJSON, workload)
+        mine = [rs for rs in replicasets if _controlled_by(rs, DEPLOYMENT, workload)]
+        related = mine
+    else:
+        mine = [workload]
+        owner = controller_of(workload)
+        related = [
+            rs
+            for rs in replicasets
+            if owner is not None
+            and (ref := controller_of(rs)) is not None
+            and _same_ref(ref, owner)
+        ] or mine
+    uids = {_meta(rs).get("uid") for rs in mine}
+    selectors = [_selector(rs) for rs in related]
+    nodes: set[str] = set()
+    for pod in store.objects("Pod", key.namespace):
+        ref = controller_of(pod)
+        labels = _meta(pod).get("labels") or {}
+        if (ref is not None and ref.get("kind") == REPLICASET and ref.get("uid") in uids) or any(
+            selector_matches(selector, labels) for selector in selectors
+        ):
+            objects.pods[(key.namespace, _name(pod))] = cast(PodJSON, pod)
+            node = pod.get("spec", {}).get("nodeName")
+            if node:
+                nodes.add(node)
+    for node in sorted(nodes):
+        raw_node = store.get("Node", "", node)
+        if raw_node is not None:
+            objects.nodes[node] = cast(NodeJSON, raw_node)
+        for pod in store.pods_on_node(node):
+            objects.pods.setdefault(
+                (str(_meta(pod).get("namespace", "")), _name(pod)), cast(PodJSON, pod)
+            )
+    return objects
+
+
+def _controlled_by(obj: Mapping[str, Any], kind: str, owner: Mapping[str, Any]) -> bool:
+    ref = controller_of(obj)
+    return (
+        ref is not None
+        and ref.get("kind") == kind
+        and ref.get("name") == _meta(owner).get("name")
+        and _same_object(ref, owner)
+    )
+
+
+def _same_ref(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    if a.get("kind") != b.get("kind"):
+        return False
+    if a.get("uid") and b.get("uid"):
+        return bool(a.get("uid") == b.get("uid"))
+    return bool(a.get("name") == b.get("name"))
+
+
+def _name(obj: RawObject) -> str:
+    return str(_meta(obj).get("name", ""))
+
+
+def workload_snapshot(
+    store: Store,
+    key: WorkloadKey,
+    *,
+    cluster: str = "local",
+    version: int = 0,
+    taken_at: float = 0.0,
+) -> Snapshot:
+    """The whole current view of workload ``key``, as ``snapshot_for_workload`` builds it, with
+    the per-workload ``version`` and ``taken_at`` ("now") the caller gives.
+
+    Raises ``UnknownWorkload`` when the workload is not in the store, ``ConversionError`` when
+    an object cannot be read.
+    """
+    objects = workload_objects(store, key)
+    snapshot = snapshot_for_workload(objects, key.namespace, key.name, key.kind, cluster)
+    return replace(snapshot, version=version, taken_at=taken_at)

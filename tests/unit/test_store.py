@@ -1,0 +1,147 @@
+"""The informer's pure parts: the cache's writes and the changes they report, watch-line
+decoding (bookmarks, 410 Gone), and the relist backoff."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from podcost_kube.client import KubeError
+from podcost_kube.informer import Backoff, ResourceExpired, decode_event
+from podcost_kube.store import ChangeType, Store
+
+
+def pod(name: str, version: str, node: str | None = "n1", **labels: str) -> dict[str, Any]:
+    spec = {"nodeName": node} if node else {}
+    meta = {"name": name, "namespace": "ns", "resourceVersion": version, "labels": labels}
+    return {"kind": "Pod", "metadata": meta, "spec": spec}
+
+
+# --- the store --------------------------------------------------------------------------------
+
+
+def test_an_event_for_an_unknown_object_adds_it_whatever_the_watch_called_it() -> None:
+    store = Store()
+    change = store.apply("Pod", ChangeType.MODIFIED, pod("a", "1"))
+    assert change is not None
+    assert (change.type, change.old) == (ChangeType.ADDED, None)
+    assert store.get("Pod", "ns", "a") == pod("a", "1")
+
+
+def test_an_update_reports_the_object_before_and_after() -> None:
+    store = Store()
+    store.apply("Pod", ChangeType.ADDED, pod("a", "1"))
+    change = store.apply("Pod", ChangeType.MODIFIED, pod("a", "2", tier="x"))
+    assert change is not None
+    assert change.type is ChangeType.MODIFIED
+    assert (change.old, change.new) == (pod("a", "1"), pod("a", "2", tier="x"))
+
+
+def test_an_event_with_the_stored_resource_version_is_a_duplicate() -> None:
+    store = Store()
+    store.apply("Pod", ChangeType.ADDED, pod("a", "1"))
+    assert store.apply("Pod", ChangeType.MODIFIED, pod("a", "1")) is None
+
+
+def test_deleting_an_unknown_object_changes_nothing() -> None:
+    assert Store().apply("Pod", ChangeType.DELETED, pod("a", "1")) is None
+
+
+def test_pods_are_indexed_by_the_node_they_are_bound_to() -> None:
+    store = Store()
+    store.apply("Pod", ChangeType.ADDED, pod("a", "1", node=None))
+    store.apply("Pod", ChangeType.ADDED, pod("b", "1", node="n1"))
+    assert [p["metadata"]["name"] for p in store.pods_on_node("n1")] == ["b"]
+    store.apply("Pod", ChangeType.MODIFIED, pod("a", "2", node="n1"))  # bound by the scheduler
+    store.apply("Pod", ChangeType.DELETED, pod("b", "2"))
+    assert [p["metadata"]["name"] for p in store.pods_on_node("n1")] == ["a"]
+
+
+def test_a_relist_reports_only_what_changed_while_the_watch_was_down() -> None:
+    store = Store()
+    for name in ("gone", "same", "changed"):
+        store.apply("Pod", ChangeType.ADDED, pod(name, "1"))
+    changes = store.replace("Pod", [pod("same", "1"), pod("changed", "5"), pod("new", "6")])
+    assert [(c.type, c.key.name) for c in changes] == [
+        (ChangeType.DELETED, "gone"),
+        (ChangeType.MODIFIED, "changed"),
+        (ChangeType.ADDED, "new"),
+    ]
+    assert sorted(p["metadata"]["name"] for p in store.objects("Pod")) == ["changed", "new", "same"]
+    assert [p["metadata"]["name"] for p in store.pods_on_node("n1")] == ["changed", "new", "same"]
+
+
+# --- watch lines ------------------------------------------------------------------------------
+
+
+def line(event_type: str, obj: dict[str, Any]) -> bytes:
+    return json.dumps({"type": event_type, "object": obj}).encode() + b"\n"
+
+
+def test_a_bookmark_carries_only_a_resource_version() -> None:
+    bookmark = {"kind": "Pod", "metadata": {"resourceVersion": "77"}}
+    event = decode_event(line("BOOKMARK", bookmark))
+    assert (event.type, event.resource_version) == ("BOOKMARK", "77")
+
+
+def test_an_expired_version_raises_resource_expired() -> None:
+    status = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old: 1 (99)"}
+    with pytest.raises(ResourceExpired, match="too old") as raised:
+        decode_event(line("ERROR", status))
+    assert raised.value.retriable
+
+
+@pytest.mark.parametrize(
+    ("text", "retriable"),
+    [
+        (line("ERROR", {"kind": "Status", "code": 500, "message": "boom"}), True),
+        (line("ERROR", {"kind": "Status", "code": 403, "message": "forbidden"}), False),
+        (b"{not json", True),
+        (line("SURPRISE", pod("a", "1")), True),
+        (line("ADDED", {"kind": "Pod", "metadata": {"name": "a"}}), True),
+    ],
+    ids=[
+        "a server error is retriable",
+        "a refusal is permanent",
+        "a line that is not JSON is retriable",
+        "an unknown event type is retriable",
+        "an object without a resourceVersion is retriable",
+    ],
+)
+def test_a_bad_watch_line_raises_an_error_that_says_what_happens_next(
+    text: bytes, retriable: bool
+) -> None:
+    with pytest.raises(KubeError) as raised:
+        decode_event(text)
+    assert raised.value.retriable is retriable
+
+
+# --- backoff ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("failures", "delay"), [(1, 0.5), (2, 1.0), (3, 2.0), (6, 16.0), (7, 30.0), (50, 30.0)]
+)
+def test_the_backoff_doubles_up_to_its_maximum(failures: int, delay: float) -> None:
+    assert Backoff(jitter=0).delay(failures) == delay
+
+
+def test_the_jitter_stays_within_its_bounds() -> None:
+    backoff = Backoff(initial=1, jitter=0.2)
+    assert (backoff.delay(1, lambda: 0.0), backoff.delay(1, lambda: 1.0)) == (0.8, 1.2)
+
+
+def test_the_backoff_gives_up_after_max_failures_unless_told_never_to() -> None:
+    assert not Backoff(max_failures=3).exhausted(2)
+    assert Backoff(max_failures=3).exhausted(3)
+    assert not Backoff(max_failures=None).exhausted(10_000)
+
+
+def test_a_throttled_answer_says_how_long_to_wait() -> None:
+    status = {"kind": "Status", "code": 429, "message": "storage is (re)initializing",
+              "details": {"retryAfterSeconds": 1}}  # fmt: skip
+    with pytest.raises(KubeError) as raised:
+        decode_event(line("ERROR", status))
+    assert (raised.value.retriable, raised.value.retry_after) == (True, 1.0)

@@ -1,0 +1,787 @@
+"""The watcher's decisions over the cache: which workloads a change touches, that podcost's own
+cost writes touch none, opt-in and policy, and snapshots built from the cache."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from podcost_core.convert import (
+    UnknownWorkload,
+    load_objects,
+    node_from_json,
+    pod_from_json,
+    snapshot_for_workload,
+)
+from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, Resources
+from podcost_core.policy import DEFAULT_POLICY, Policy, StrategySpec
+from podcost_kube.store import Change, ChangeType, Store
+from podcost_kube.workloads import (
+    DEPLOYMENT,
+    REPLICASET,
+    OptInRules,
+    WorkloadKey,
+    is_own_cost_write,
+    node_change_matters,
+    pod_change_matters,
+    resolve_policy,
+    touched_by,
+    workload_policy,
+    workload_snapshot,
+)
+
+DATA = Path(__file__).parent / "data"
+NS = "shop"
+WEB = WorkloadKey(NS, DEPLOYMENT, "web")
+API = WorkloadKey(NS, DEPLOYMENT, "api")
+BATCH = WorkloadKey(NS, REPLICASET, "batch")
+T = "2024-05-01T12:00:00Z"
+
+# --- raw objects, as the API serves them ----------------------------------------------------
+
+
+def managed(manager: str, *annotations: str) -> dict[str, Any]:
+    """A managedFields entry: ``manager`` owns these annotations."""
+    fields: dict[str, Any] = {f"f:{key}": {} for key in annotations}
+    return {
+        "manager": manager,
+        "operation": "Update",
+        "apiVersion": "v1",
+        "time": T,
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:metadata": {"f:annotations": fields}},
+    }
+
+
+def owner(kind: str, name: str) -> list[dict[str, Any]]:
+    api_version = "v1" if kind == "Node" else "apps/v1"
+    return [
+        {"apiVersion": api_version, "kind": kind, "name": name, "uid": f"uid-{name}",
+         "controller": True}
+    ]  # fmt: skip
+
+
+def raw_pod(
+    name: str,
+    *,
+    rs: str | None,
+    app: str,
+    node: str | None,
+    namespace: str = NS,
+    cpu: str = "100m",
+    phase: str = "Running",
+    controller_kind: str = REPLICASET,
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "uid": f"uid-{name}",
+        "resourceVersion": "1",
+        "creationTimestamp": T,
+        "labels": {"app": app},
+        "managedFields": [managed("kube-controller-manager")],
+    }
+    if rs is not None:
+        meta["ownerReferences"] = owner(controller_kind, rs)
+    spec: dict[str, Any] = {
+        "containers": [{"name": "app", "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}]
+    }
+    if node is not None:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": spec,
+        "status": {
+            "phase": phase,
+            "podIP": "10.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": T}],
+        },
+    }
+
+
+def raw_replicaset(
+    name: str, app: str, deployment: str | None, replicas: int = 2
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": NS,
+        "uid": f"uid-{name}",
+        "resourceVersion": "1",
+        "creationTimestamp": T,
+    }
+    if deployment is not None:
+        meta["ownerReferences"] = owner(DEPLOYMENT, deployment)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": meta,
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": app}}},
+        "status": {"replicas": replicas},
+    }
+
+
+def raw_deployment(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "generation": 1,
+            "annotations": annotations or {},
+        },
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": name}}},
+        "status": {"observedGeneration": 1},
+    }
+
+
+def raw_node(name: str, zone: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "labels": {"topology.kubernetes.io/zone": zone},
+        },
+        "spec": {},
+        "status": {
+            "allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": T}],
+        },
+    }
+
+
+def raw_namespace(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    meta = {"name": name, "uid": f"uid-ns-{name}", "resourceVersion": "1", "labels": labels}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
+
+
+def shop() -> Store:
+    """Deployment web (two ReplicaSets), Deployment api, ReplicaSet batch without a Deployment,
+    an orphan pod labelled like web, a StatefulSet pod, all on nodes n1..n3."""
+    store = Store()
+    objects = [
+        ("Namespace", raw_namespace(NS, {"team": "shop"})),
+        ("Node", raw_node("n1", "a")),
+        ("Node", raw_node("n2", "b")),
+        ("Node", raw_node("n3", "c")),
+        ("Deployment", raw_deployment("web", {"podcost.dev/enabled": "true"})),
+        ("ReplicaSet", raw_replicaset("web-1", "web", "web")),
+        ("ReplicaSet", raw_replicaset("web-0", "web", "web", replicas=0)),
+        ("Deployment", raw_deployment("api")),
+        ("ReplicaSet", raw_replicaset("api-1", "api", "api")),
+        ("ReplicaSet", raw_replicaset("batch", "batch", None)),
+        ("Pod", raw_pod("web-1-a", rs="web-1", app="web", node="n1")),
+        ("Pod", raw_pod("web-1-b", rs="web-1", app="web", node="n2")),
+        ("Pod", raw_pod("api-1-a", rs="api-1", app="api", node="n2")),
+        ("Pod", raw_pod("batch-a", rs="batch", app="batch", node="n1")),
+        ("Pod", raw_pod("stray", rs=None, app="web", node="n3")),
+        ("Pod", raw_pod("db-0", rs="db", app="db", node="n1", controller_kind="StatefulSet")),
+        ("Pod", raw_pod("other", rs=None, app="x", node="n1", namespace="elsewhere", cpu="1")),
+    ]
+    for kind, obj in objects:
+        store.apply(kind, ChangeType.ADDED, obj)
+    return store
+
+
+# --- changes ----------------------------------------------------------------------------------
+
+
+def bumped(obj: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``obj`` as the next write returns it: a new resourceVersion, managedFields."""
+    new = copy.deepcopy(obj)
+    new["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+    return new
+
+
+def modify(kind: str, namespace: str, name: str, edit: Callable[[dict[str, Any]], None]):  # type: ignore[no-untyped-def]
+    def change(store: Store) -> Change | None:
+        old = store.get(kind, namespace, name)
+        assert old is not None
+        new = bumped(old)
+        edit(new)
+        return store.apply(kind, ChangeType.MODIFIED, new)
+
+    return change
+
+
+def add(kind: str, obj: dict[str, Any]):  # type: ignore[no-untyped-def]
+    return lambda store: store.apply(kind, ChangeType.ADDED, obj)
+
+
+def delete(kind: str, namespace: str, name: str):  # type: ignore[no-untyped-def]
+    def change(store: Store) -> Change | None:
+        old = store.get(kind, namespace, name)
+        assert old is not None
+        return store.apply(kind, ChangeType.DELETED, old)
+
+    return change
+
+
+def set_cost(value: str | None, manager: str) -> Callable[[dict[str, Any]], None]:
+    """``manager`` writes (or with ``None`` removes) the cost; as with an Update, the field
+    leaves every other manager's set, and the API omits an empty annotations map."""
+
+    def edit(pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        annotations = meta.setdefault("annotations", {})
+        entries = [e for e in meta["managedFields"] if not owns_cost(e)]
+        if value is None:
+            annotations.pop(DELETION_COST_ANNOTATION, None)
+        else:
+            annotations[DELETION_COST_ANNOTATION] = value
+            entries.append(managed(manager, DELETION_COST_ANNOTATION))
+        meta["managedFields"] = entries
+        if not annotations:
+            del meta["annotations"]
+
+    return edit
+
+
+def owns_cost(entry: dict[str, Any]) -> bool:
+    fields = entry["fieldsV1"]["f:metadata"].get("f:annotations", {})
+    return f"f:{DELETION_COST_ANNOTATION}" in fields
+
+
+def both(*edits: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def edit(obj: dict[str, Any]) -> None:
+        for one in edits:
+            one(obj)
+
+    return edit
+
+
+def relabel(**labels: str) -> Callable[[dict[str, Any]], None]:
+    return lambda obj: obj["metadata"].setdefault("labels", {}).update(labels)
+
+
+def with_podcost_cost(store: Store) -> None:
+    modify("Pod", NS, "web-1-a", set_cost("7", "podcost"))(store)
+
+
+@dataclass(frozen=True)
+class TouchCase:
+    name: str
+    change: Callable[[Store], Change | None]
+    touched: frozenset[WorkloadKey]
+    before: Callable[[Store], None] | None = None
+
+
+def status(**fields: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda obj: obj["status"].update(fields)
+
+
+def not_ready(pod: dict[str, Any]) -> None:
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": T}]
+
+
+def taint(node: dict[str, Any]) -> None:
+    node["spec"]["taints"] = [{"key": "spot", "effect": "PreferNoSchedule"}]
+
+
+TOUCH_CASES = [
+    TouchCase(
+        "a new pod touches the Deployment that owns its ReplicaSet",
+        add("Pod", raw_pod("web-1-c", rs="web-1", app="web", node="n3")),
+        frozenset({WEB}),
+    ),
+    TouchCase(
+        "a pod of a ReplicaSet no Deployment controls touches that ReplicaSet",
+        add("Pod", raw_pod("batch-b", rs="batch", app="batch", node="n2")),
+        frozenset({BATCH}),
+    ),
+    TouchCase(
+        "a deleted pod touches its workload",
+        delete("Pod", NS, "api-1-a"),
+        frozenset({API}),
+    ),
+    TouchCase(
+        "a pod that stops being ready touches its workload",
+        modify("Pod", NS, "web-1-a", not_ready),
+        frozenset({WEB}),
+    ),
+    TouchCase(
+        "a pod's label change touches its workload",
+        modify("Pod", NS, "web-1-a", relabel(tier="front")),
+        frozenset({WEB}),
+    ),
+    TouchCase(
+        "podcost's own deletion-cost write touches nothing",
+        modify("Pod", NS, "web-1-a", set_cost("7", "podcost")),
+        frozenset(),
+    ),
+    TouchCase(
+        "podcost rewriting its own cost touches nothing",
+        modify("Pod", NS, "web-1-a", set_cost("9", "podcost")),
+        frozenset(),
+        before=with_podcost_cost,
+    ),
+    TouchCase(
+        "podcost removing its own cost touches nothing",
+        modify("Pod", NS, "web-1-a", set_cost(None, "podcost")),
+        frozenset(),
+        before=with_podcost_cost,
+    ),
+    TouchCase(
+        "a deletion cost someone else writes touches the workload",
+        modify("Pod", NS, "web-1-a", set_cost("7", "kubectl-annotate")),
+        frozenset({WEB}),
+    ),
+    TouchCase(
+        "someone else taking over podcost's cost with the same value touches the workload",
+        modify("Pod", NS, "web-1-a", set_cost("7", "kubectl-annotate")),
+        frozenset({WEB}),
+        before=with_podcost_cost,
+    ),
+    TouchCase(
+        "podcost's cost write that comes with a label change touches the workload",
+        modify("Pod", NS, "web-1-a", both(set_cost("7", "podcost"), relabel(tier="front"))),
+        frozenset({WEB}),
+    ),
+    TouchCase(
+        "a pod status change that no snapshot shows touches nothing",
+        modify("Pod", NS, "web-1-a", status(podIP="10.0.0.9")),
+        frozenset(),
+    ),
+    TouchCase(
+        "a write that changes only the resourceVersion touches nothing",
+        modify("Pod", NS, "web-1-a", lambda pod: None),
+        frozenset(),
+    ),
+    TouchCase(
+        "an orphan pod touches the workloads whose ReplicaSet selector matches it",
+        modify("Pod", NS, "stray", status(phase="Failed")),
+        frozenset({WEB}),
+    ),
+    TouchCase(
+        "a pod a StatefulSet controls touches nothing",
+        modify("Pod", NS, "db-0", not_ready),
+        frozenset(),
+    ),
+    TouchCase(
+        "a pod whose ReplicaSet is not cached yet touches nothing",
+        add("Pod", raw_pod("new-1-a", rs="new-1", app="new", node="n1")),
+        frozenset(),
+    ),
+    TouchCase(
+        "a pod that changes owner touches the workloads before and after",
+        modify(
+            "Pod",
+            NS,
+            "web-1-b",
+            lambda pod: pod["metadata"].update(ownerReferences=owner(REPLICASET, "api-1")),
+        ),
+        frozenset({WEB, API}),
+    ),
+    TouchCase(
+        "a ReplicaSet status update touches nothing",
+        modify("ReplicaSet", NS, "web-1", status(readyReplicas=1)),
+        frozenset(),
+    ),
+    TouchCase(
+        "a scaled ReplicaSet touches its Deployment",
+        modify("ReplicaSet", NS, "web-1", lambda rs: rs["spec"].update(replicas=5)),
+        frozenset({WEB}),
+    ),
+    TouchCase(
+        "a new ReplicaSet touches its Deployment",
+        add("ReplicaSet", raw_replicaset("api-2", "api", "api")),
+        frozenset({API}),
+    ),
+    TouchCase(
+        "a Deployment's annotation change touches it",
+        modify(
+            "Deployment",
+            NS,
+            "api",
+            lambda d: d["metadata"]["annotations"].update({"podcost.dev/enabled": "true"}),
+        ),
+        frozenset({API}),
+    ),
+    TouchCase(
+        "a Deployment status update touches nothing",
+        modify("Deployment", NS, "api", status(observedGeneration=2)),
+        frozenset(),
+    ),
+    TouchCase(
+        "a node relabel touches every workload with pods on it",
+        modify("Node", "", "n1", relabel(**{"topology.kubernetes.io/zone": "z"})),
+        frozenset({WEB, BATCH}),
+    ),
+    TouchCase(
+        "a new taint on a node touches every workload with pods on it",
+        modify("Node", "", "n2", taint),
+        frozenset({WEB, API}),
+    ),
+    TouchCase(
+        "a node heartbeat touches nothing",
+        modify(
+            "Node",
+            "",
+            "n1",
+            status(
+                conditions=[
+                    {"type": "Ready", "status": "True", "lastHeartbeatTime": "2025-01-01T00:00:00Z"}
+                ]
+            ),
+        ),
+        frozenset(),
+    ),
+    TouchCase(
+        "a deleted node touches the workloads that had pods on it",
+        delete("Node", "", "n3"),
+        frozenset({WEB}),  # through the orphan pod "stray", which web's selector matches
+    ),
+    TouchCase(
+        "a namespace relabel touches every workload in it",
+        modify("Namespace", "", NS, relabel(podcost="on")),
+        frozenset({WEB, API, BATCH}),
+    ),
+    TouchCase(
+        "a namespace annotation change touches nothing",
+        modify("Namespace", "", NS, lambda ns: ns["metadata"].update(annotations={"a": "b"})),
+        frozenset(),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", TOUCH_CASES, ids=[case.name for case in TOUCH_CASES])
+def test_touched_workloads(case: TouchCase) -> None:
+    store = shop()
+    if case.before is not None:
+        case.before(store)
+    change = case.change(store)
+    assert change is not None, "the change should change the store"
+    assert touched_by(change, store) == case.touched
+
+
+# --- feedback loop, in raw terms --------------------------------------------------------------
+
+
+def test_an_own_cost_write_is_recognised_only_when_podcost_owns_the_new_value() -> None:
+    old = raw_pod("p", rs="web-1", app="web", node="n1")
+    ours, theirs = bumped(old), bumped(old)
+    set_cost("3", "podcost")(ours)
+    set_cost("3", "kubectl")(theirs)
+    assert is_own_cost_write(old, ours)
+    assert not is_own_cost_write(old, theirs)
+    assert not is_own_cost_write(None, ours)
+    assert not is_own_cost_write(ours, ours)  # nothing changed at all
+
+
+def test_a_change_of_who_owns_the_same_cost_matters() -> None:
+    old = raw_pod("p", rs="web-1", app="web", node="n1")
+    set_cost("3", "podcost")(old)
+    new = bumped(old)
+    set_cost("3", "kubectl")(new)
+    new["metadata"]["managedFields"] = [managed("kubectl", DELETION_COST_ANNOTATION)]
+    assert pod_change_matters(old, new)
+
+
+# --- status-only updates are decided without converting; they must agree with the converter --
+
+T2 = "2024-05-01T13:00:00Z"
+conditions = st.lists(
+    st.fixed_dictionaries({
+        "type": st.sampled_from(["Ready", "Ready", "ContainersReady", "DisruptionTarget"]),
+        "status": st.sampled_from(["True", "False"]),
+        "lastTransitionTime": st.sampled_from([T, T2]),
+    }),
+    max_size=3,
+)  # fmt: skip
+container_statuses = st.lists(
+    st.fixed_dictionaries({
+        "name": st.sampled_from(["app", "side", "init"]),
+        "restartCount": st.integers(0, 2),
+        "ready": st.booleans(),
+        "state": st.sampled_from([{"running": {"startedAt": T}}, {"waiting": {"reason": "x"}}]),
+    }),
+    max_size=2,
+)  # fmt: skip
+pod_statuses = st.fixed_dictionaries(
+    {},
+    optional={
+        "phase": st.sampled_from(["Pending", "Running", "Succeeded", "Failed", "Unknown", "Odd"]),
+        "qosClass": st.sampled_from(["BestEffort", "Burstable", "Guaranteed"]),
+        "conditions": conditions,
+        "containerStatuses": container_statuses,
+        "initContainerStatuses": container_statuses,
+        "podIP": st.sampled_from(["10.0.0.1", "10.0.0.2"]),
+        "startTime": st.sampled_from([T, T2]),
+    },
+)
+
+
+def with_status(status: dict[str, Any]) -> dict[str, Any]:
+    pod = raw_pod("p", rs="web-1", app="web", node="n1")
+    pod["spec"]["initContainers"] = [
+        {"name": "init"}, {"name": "side", "restartPolicy": "Always"}
+    ]  # fmt: skip
+    pod["status"] = status
+    return pod
+
+
+def updated(statuses: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[tuple[Any, Any]]:
+    """A status and an update of it: some fields dropped, some redrawn, the rest kept."""
+
+    @st.composite
+    def pair(draw: st.DrawFn) -> tuple[dict[str, Any], dict[str, Any]]:
+        before = draw(statuses)
+        dropped = draw(st.sets(st.sampled_from(sorted(before)))) if before else set()
+        after = {k: v for k, v in before.items() if k not in dropped} | draw(statuses)
+        return before, after
+
+    return pair()
+
+
+READY_SINCE_T = {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": T}]}
+NOT_READY_SINCE_T = {"conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": T}]}
+
+
+@settings(max_examples=500, deadline=None)
+@given(updated(pod_statuses))
+@example((READY_SINCE_T, NOT_READY_SINCE_T))
+@example(
+    (READY_SINCE_T, {"conditions": [{**READY_SINCE_T["conditions"][0], "lastTransitionTime": T2}]})
+)
+def test_a_status_update_that_changes_the_converted_pod_always_matters(
+    statuses: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    before, after = statuses
+    old, new = with_status(before), bumped(with_status(before))
+    new["status"] = after
+    if pod_from_json(old) != pod_from_json(new):
+        assert pod_change_matters(old, new)
+
+
+node_statuses = st.fixed_dictionaries(
+    {},
+    optional={
+        "allocatable": st.sampled_from([{"cpu": "4", "pods": "110"}, {"cpu": "8", "pods": "110"}]),
+        "capacity": st.sampled_from([{"cpu": "4"}, {"cpu": "8"}]),
+        "conditions": conditions,
+        "addresses": st.sampled_from([[], [{"type": "InternalIP", "address": "10.0.0.1"}]]),
+    },
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(updated(node_statuses))
+def test_a_node_status_update_that_changes_the_converted_node_always_matters(
+    statuses: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    before, after = statuses
+    old = raw_node("n1", "a")
+    old["status"] = before
+    new = bumped(old)
+    new["status"] = after
+    assert node_change_matters(old, new) == (node_from_json(old) != node_from_json(new))
+
+
+# --- opt-in and policy ------------------------------------------------------------------------
+
+SELECT_SHOP = OptInRules(namespace_selector={"matchLabels": {"team": "shop"}})
+
+
+@dataclass(frozen=True)
+class PolicyCase:
+    name: str
+    annotations: dict[str, str]
+    namespace_labels: dict[str, str] | None
+    rules: OptInRules
+    enabled: bool
+    source: str
+    strategies: tuple[str, ...] | None = None
+    """The policy's strategy names, when enabled; ``None``: not checked."""
+
+
+POLICY_CASES = [
+    PolicyCase(
+        "podcost.dev/enabled true opts in with the default policy",
+        {"podcost.dev/enabled": "true"}, None, OptInRules(), True, "podcost.dev/enabled",
+        DEFAULT_POLICY.names,
+    ),
+    PolicyCase(
+        "the lablabs alias opts in",
+        {"pod-deletion-cost.lablabs.io/enabled": "true"}, None, OptInRules(), True,
+        "pod-deletion-cost.lablabs.io/enabled",
+    ),
+    PolicyCase(
+        "the enabled value is read without regard to case or spaces",
+        {"podcost.dev/enabled": " True "}, None, OptInRules(), True, "podcost.dev/enabled",
+    ),
+    PolicyCase(
+        "a workload that says nothing is left alone by default",
+        {}, {"team": "shop"}, OptInRules(), False, "cluster default",
+    ),
+    PolicyCase(
+        "a namespace that the selector matches opts its workloads in",
+        {}, {"team": "shop"}, SELECT_SHOP, True, "namespace selector",
+    ),
+    PolicyCase(
+        "a namespace that the selector does not match leaves its workloads out",
+        {}, {"team": "pay"}, SELECT_SHOP, False, "cluster default",
+    ),
+    PolicyCase(
+        "an unknown namespace is not selected",
+        {}, None, SELECT_SHOP, False, "cluster default",
+    ),
+    PolicyCase(
+        "podcost.dev/enabled false opts out even in a selected namespace",
+        {"podcost.dev/enabled": "false"}, {"team": "shop"}, SELECT_SHOP, False,
+        "podcost.dev/enabled",
+    ),
+    PolicyCase(
+        "podcost's own enabled annotation wins over the lablabs one",
+        {"podcost.dev/enabled": "false", "pod-deletion-cost.lablabs.io/enabled": "true"},
+        None, OptInRules(), False, "podcost.dev/enabled",
+    ),
+    PolicyCase(
+        "the cluster default opts in a workload that says nothing",
+        {}, None, OptInRules(default_enabled=True), True, "cluster default",
+    ),
+    PolicyCase(
+        "podcost.dev/strategies picks the strategies and their weights",
+        {"podcost.dev/enabled": "true",
+         "podcost.dev/strategies": "topology-spread=3,capacity-type=1"},
+        None, OptInRules(), True, "podcost.dev/enabled", ("topology-spread", "capacity-type"),
+    ),
+    PolicyCase(
+        "lablabs' zone type ranks by topology spread first",
+        {"pod-deletion-cost.lablabs.io/enabled": "true",
+         "pod-deletion-cost.lablabs.io/type": "zone"},
+        None, OptInRules(), True, "pod-deletion-cost.lablabs.io/enabled",
+    ),
+    PolicyCase(
+        "a cluster default policy applies to a workload that names no strategies",
+        {"podcost.dev/enabled": "true"}, None,
+        OptInRules(default_policy=Policy((StrategySpec("age"),))), True, "podcost.dev/enabled",
+        ("age",),
+    ),
+    PolicyCase(
+        "an enabled value other than true or false disables the workload",
+        {"podcost.dev/enabled": "yes"}, None, OptInRules(default_enabled=True), False,
+        "podcost.dev/enabled",
+    ),
+    PolicyCase(
+        "an unknown strategy disables the workload",
+        {"podcost.dev/enabled": "true", "podcost.dev/strategies": "no-such-strategy"}, None,
+        OptInRules(), False, "podcost.dev/enabled",
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", POLICY_CASES, ids=[case.name for case in POLICY_CASES])
+def test_opt_in_and_policy(case: PolicyCase) -> None:
+    resolved = resolve_policy(case.annotations, case.namespace_labels, case.rules)
+    assert (resolved.enabled, resolved.source) == (case.enabled, case.source)
+    assert (resolved.policy is not None) == case.enabled
+    if case.strategies is not None:
+        assert resolved.policy is not None
+        assert resolved.policy.names == case.strategies
+
+
+def test_an_invalid_policy_says_which_annotation_is_at_fault() -> None:
+    resolved = resolve_policy(
+        {"podcost.dev/enabled": "true", "podcost.dev/strategies": "age=0"}, None
+    )
+    assert resolved.error is not None
+    assert resolved.error.culprit == "age"
+    invalid = resolve_policy({"podcost.dev/enabled": "maybe"}, None)
+    assert invalid.error is not None
+    assert invalid.error.culprit == "podcost.dev/enabled"
+
+
+def test_spread_by_sets_the_topology_key_of_topology_spread() -> None:
+    resolved = resolve_policy(
+        {"podcost.dev/enabled": "true", "podcost.dev/spread-by": "example.com/rack"}, None
+    )
+    assert resolved.policy is not None
+    spec = resolved.policy.spec("topology-spread")
+    assert spec is not None
+    assert spec.args["topology_key"] == "example.com/rack"
+
+
+def test_lablabs_spread_by_is_an_alias_of_spread_by() -> None:
+    resolved = resolve_policy(
+        {
+            "pod-deletion-cost.lablabs.io/enabled": "true",
+            "pod-deletion-cost.lablabs.io/spread-by": "example.com/rack",
+        },
+        None,
+    )
+    assert resolved.policy is not None
+    spec = resolved.policy.spec("topology-spread")
+    assert spec is not None
+    assert spec.args["topology_key"] == "example.com/rack"
+
+
+def test_the_policy_of_a_workload_in_the_store_reads_its_namespace_labels() -> None:
+    store = shop()
+    assert workload_policy(store, API, SELECT_SHOP).source == "namespace selector"
+    assert workload_policy(store, WEB, SELECT_SHOP).source == "podcost.dev/enabled"
+    assert not workload_policy(store, WorkloadKey(NS, DEPLOYMENT, "gone"), SELECT_SHOP).enabled
+
+
+# --- snapshots --------------------------------------------------------------------------------
+
+
+def test_a_deployment_snapshot_has_the_pods_of_its_replicasets_and_their_nodes() -> None:
+    snapshot = workload_snapshot(shop(), WEB, cluster="c1", version=7, taken_at=1000.0)
+    assert snapshot.workload.key == "c1/shop/Deployment/web"
+    assert (snapshot.version, snapshot.taken_at, snapshot.replicas) == (7, 1000.0, 2)
+    assert sorted(pod.name for pod in snapshot.pods) == ["stray", "web-1-a", "web-1-b"]
+    assert set(snapshot.replicasets) == {"web-0", "web-1"}
+    assert set(snapshot.nodes) == {"n1", "n2", "n3"}
+    assert snapshot.annotations == {"podcost.dev/enabled": "true"}
+
+
+def test_node_requests_add_up_every_active_pod_on_the_node_of_any_workload() -> None:
+    store = shop()
+    store.apply("Pod", ChangeType.ADDED, raw_pod("done", rs=None, app="z", node="n1",
+                                                 phase="Succeeded", cpu="2"))  # fmt: skip
+    nodes = workload_snapshot(store, WEB).nodes
+    # n1: web-1-a, batch-a and db-0 (100m each) and "other" from another namespace (1 CPU);
+    # the finished pod does not count.
+    assert nodes["n1"].requested == Resources(cpu_milli=1300, memory_bytes=4 * 64 * 2**20, pods=4)
+    assert nodes["n2"].requested == Resources(cpu_milli=200, memory_bytes=2 * 64 * 2**20, pods=2)
+
+
+def test_a_snapshot_shows_who_wrote_each_cost() -> None:
+    store = shop()
+    with_podcost_cost(store)
+    [pod] = [p for p in workload_snapshot(store, WEB).pods if p.name == "web-1-a"]
+    assert (pod.deletion_cost, pod.cost_owner) == (7, CostOwner.PODCOST)
+
+
+def test_the_snapshot_of_a_workload_not_in_the_cache_is_an_error() -> None:
+    with pytest.raises(UnknownWorkload):
+        workload_snapshot(shop(), WorkloadKey(NS, DEPLOYMENT, "gone"))
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [("Deployment", "web"), ("Deployment", "api"), ("ReplicaSet", "batch")],
+)
+def test_a_snapshot_from_the_cache_equals_the_one_from_a_whole_dump(kind: str, name: str) -> None:
+    dump = json.loads((DATA / "shop-dump.json").read_text())
+    store = Store()
+    for item in dump["items"]:
+        store.apply(item["kind"], ChangeType.ADDED, item)
+    expected = snapshot_for_workload(load_objects(dump), "shop", name, kind)
+    got = workload_snapshot(store, WorkloadKey("shop", kind, name), taken_at=expected.taken_at)
+    assert got == replace(expected, version=0)
