@@ -1,0 +1,61 @@
+"""``podcost watcher``: watch the cluster and publish opted-in workloads' snapshots over Kafka.
+
+Reads the settings from the environment (``PODCOST_*``, ``PODCOST_WATCHER_*``,
+``PODCOST_KAFKA*``) and the cluster access from ``$KUBECONFIG`` or the in-cluster service
+account, validates them before anything starts (exit 2 naming the culprit), then serves the
+watcher with ``/healthz``, ``/readyz`` and ``/metrics`` until SIGINT/SIGTERM. ``podcost.cli``
+registers it; ``podcost.watcher.service.bootstrap`` does the wiring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import typer
+
+from podcost.commands.startup import EXIT_FAILED, fail, load_settings
+from podcost.runtime.logs import configure_logging
+from podcost.runtime.runner import serve
+from podcost.runtime.settings import ServiceSettings
+from podcost.runtime.telemetry import setup_tracing
+from podcost.watcher.service import WatcherSettings, bootstrap
+from podcost_bus import BusError, BusSettings
+from podcost_kube.client import KubeError, connect
+
+log = logging.getLogger("podcost.watcher")
+
+
+async def _watch(
+    settings: ServiceSettings, bus_settings: BusSettings, watcher_settings: WatcherSettings
+) -> None:
+    async with connect() as kube:
+        try:
+            service = bootstrap(settings, bus_settings, watcher_settings, kube=kube)
+        except ValueError as error:
+            fail("watcher", str(error))
+        await serve([service], settings, bus=service.bus)
+
+
+def watcher_command() -> None:
+    """Watch pods, nodes, ReplicaSets and Deployments; publish each opted-in workload's
+    snapshot whenever something that matters to it changes."""
+    settings = load_settings("watcher", ServiceSettings)
+    bus_settings = load_settings("watcher", BusSettings)
+    watcher_settings = load_settings("watcher", WatcherSettings)
+    configure_logging(settings.log_level, settings.log_format)
+    setup_tracing("podcost-watcher")
+    if not bus_settings.bootstrap_servers:
+        log.warning(
+            "PODCOST_KAFKA is not set: snapshots go to an in-process bus nobody reads; "
+            "run `podcost run` for embedded mode"
+        )
+    try:
+        asyncio.run(_watch(settings, bus_settings, watcher_settings))
+    except (BusError, KubeError) as error:
+        fail("watcher", str(error), EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``podcost watcher`` to ``app``."""
+    app.command("watcher")(watcher_command)

@@ -1,0 +1,234 @@
+"""The watcher: keeps an informer cache of the cluster and publishes each opted-in workload's
+whole current view (a ``WorkloadSnapshotMessage``) whenever something that matters to it changes.
+
+``podcost watcher`` runs it alone; embedded mode (``podcost run``) runs it next to the other
+services; tests build it with :func:`bootstrap`. Every change the informer delivers goes through
+``podcost_kube.workloads.touched_by`` (which already ignores podcost's own cost writes, so there
+is no feedback loop, and status noise), into a per-workload debouncer, so a burst of pod events
+becomes one snapshot. Each emission is built from the cache as it is then, resolved against the
+workload's opt-in and policy, and published in a ``podcost.snapshot`` span whose W3C context
+rides in the record's headers: the root of the trace of that cost decision.
+
+Snapshot versions. The debouncer counts emissions per workload from 1 in each process; the
+published version is ``incarnation * 10**6 + count``, the incarnation being the start time in
+milliseconds, so versions keep growing across watcher restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Tracer
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from podcost.runtime.clock import Clock, WallClock
+from podcost.runtime.metrics import Metrics
+from podcost.runtime.settings import ServiceSettings
+from podcost.runtime.telemetry import (
+    ATTR_PODS,
+    ATTR_VERSION,
+    ATTR_WORKLOAD,
+    SPAN_SNAPSHOT,
+    inject,
+    tracer,
+)
+from podcost_bus import Bus, BusSettings, open_bus, publish_message
+from podcost_contracts.messages import MessageTooLarge, WorkloadSnapshotMessage
+from podcost_contracts.topics import Topics
+from podcost_core.convert import ConversionError, LabelSelectorJSON
+from podcost_core.policy import PolicyError, load_policy_file
+from podcost_kube.client import Kube
+from podcost_kube.debounce import Debouncer, Emission
+from podcost_kube.informer import NAMESPACE, WORKLOAD_RESOURCES, Informer
+from podcost_kube.store import Change, Store
+from podcost_kube.workloads import (
+    OptInRules,
+    WorkloadKey,
+    touched_by,
+    workload_policy,
+    workload_snapshot,
+)
+
+log = logging.getLogger("podcost.watcher")
+
+VERSION_SPAN = 10**6
+
+
+class WatcherSettings(BaseSettings):
+    """Watcher settings; environment variables ``PODCOST_WATCHER_*``:
+
+    - ``PODCOST_WATCHER_NAMESPACE``: watch one namespace only [all namespaces]
+    - ``PODCOST_WATCHER_NAMESPACE_SELECTOR``: opt in every workload of the namespaces whose
+      labels match, ``key=value[,key=value]`` [none]
+    - ``PODCOST_WATCHER_DEFAULT_ENABLED``: opt in workloads that say nothing [false]
+    - ``PODCOST_WATCHER_DEBOUNCE_SECONDS``: quiet time that ends a burst of changes [0.2]
+    - ``PODCOST_WATCHER_MAX_DELAY_SECONDS``: longest a changed workload waits to be published
+      under constant churn [2.0]
+    """
+
+    model_config = SettingsConfigDict(env_prefix="PODCOST_WATCHER_", frozen=True, extra="ignore")
+
+    namespace: str | None = None
+    namespace_selector: str | None = None
+    default_enabled: bool = False
+    debounce_seconds: float = Field(default=0.2, gt=0)
+    max_delay_seconds: float = Field(default=2.0, gt=0)
+
+    def opt_in_rules(self, settings: ServiceSettings) -> OptInRules:
+        """The opt-in rules these settings describe; a bad policy file raises ``PolicyError``."""
+        selector: LabelSelectorJSON | None = None
+        if self.namespace_selector:
+            labels = {}
+            for part in self.namespace_selector.split(","):
+                key, eq, value = part.partition("=")
+                if not eq or not key.strip():
+                    raise ValueError(
+                        f"PODCOST_WATCHER_NAMESPACE_SELECTOR: {part!r} is not key=value"
+                    )
+                labels[key.strip()] = value.strip()
+            selector = {"matchLabels": labels}
+        default_policy = (
+            load_policy_file(settings.policy_file) if settings.policy_file is not None else None
+        )
+        return OptInRules(selector, self.default_enabled, default_policy)
+
+
+@dataclass
+class WatcherService:
+    """Informer → touched workloads → debouncer → snapshot → bus."""
+
+    kube: Kube
+    bus: Bus
+    topics: Topics
+    rules: OptInRules
+    cluster: str
+    settings: WatcherSettings
+    metrics: Metrics
+    tracer: Tracer
+    clock: Clock
+    name: str = "watcher"
+
+    def __post_init__(self) -> None:
+        self.store = Store()
+        self.incarnation = int(self.clock.now() * 1000)
+        self.debouncer: Debouncer[WorkloadKey] = Debouncer(
+            window=self.settings.debounce_seconds,
+            max_delay=self.settings.max_delay_seconds,
+            clock=self.clock,
+        )
+        self._ready = False
+        self._change_seen_at: dict[WorkloadKey, float] = {}
+
+    def ready(self) -> bool:
+        return self._ready
+
+    def _on_change(self, change: Change) -> None:
+        for key in touched_by(change, self.store):
+            self._change_seen_at.setdefault(key, self.clock.now())
+            self.debouncer.touch(key)
+
+    async def run(self) -> None:
+        resources = WORKLOAD_RESOURCES
+        if self.rules.namespace_selector is not None:
+            resources = (*resources, NAMESPACE)
+        informer = Informer(
+            self.kube,
+            resources,
+            namespace=self.settings.namespace,
+            store=self.store,
+            handlers=(self._on_change,),
+        )
+        await self.bus.ensure_topics(self.topics.all())
+        async with informer:
+            await informer.wait_synced()
+            self._ready = True
+            log.info("watcher synced: %d pods, %d nodes", self.store.count("Pod"),
+                     self.store.count("Node"))  # fmt: skip
+            publisher = asyncio.create_task(self._publish_forever(), name="watcher-publish")
+            watching = asyncio.create_task(informer.join(), name="watcher-informer")
+            try:
+                done, _ = await asyncio.wait(
+                    [publisher, watching], return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    task.result()  # re-raise the failure that ended the watcher
+            finally:
+                self._ready = False
+                publisher.cancel()
+                watching.cancel()
+                await asyncio.gather(publisher, watching, return_exceptions=True)
+
+    async def _publish_forever(self) -> None:
+        async for emission in self.debouncer:
+            await self.publish(emission)
+
+    async def publish(self, emission: Emission[WorkloadKey]) -> bool:
+        """Publish the snapshot of one emitted workload; ``False`` when there is nothing to say
+        (gone, opted out, invalid policy, unreadable objects; each logged)."""
+        key = emission.key
+        changed_at = self._change_seen_at.pop(key, emission.first_touch)
+        policy = workload_policy(self.store, key, self.rules)
+        if not policy.enabled:
+            if policy.error is not None:
+                log.warning("not ranking %s: %s", key.bus_key(self.cluster), policy.error)
+            return False
+        version = self.incarnation * VERSION_SPAN + emission.version
+        try:
+            snapshot = workload_snapshot(
+                self.store, key, cluster=self.cluster, version=version, taken_at=self.clock.now()
+            )
+        except ConversionError as error:
+            log.warning("cannot snapshot %s: %s", key.bus_key(self.cluster), error)
+            return False
+        with self.tracer.start_as_current_span(SPAN_SNAPSHOT) as span:
+            span.set_attribute(ATTR_WORKLOAD, snapshot.workload.key)
+            span.set_attribute(ATTR_VERSION, version)
+            span.set_attribute(ATTR_PODS, len(snapshot.pods))
+            # emitted_at is when the change was first seen: what event-to-annotation latency
+            # is measured from.
+            message = WorkloadSnapshotMessage.of(snapshot, emitted_at=changed_at)
+            try:
+                await publish_message(self.bus, self.topics.workloads, message, trace=inject())
+            except MessageTooLarge as error:
+                log.error("snapshot of %s is too large to publish: %s", snapshot.workload.key,
+                          error)  # fmt: skip
+                return False
+        self.metrics.snapshots_published.inc()
+        self.metrics.produced.labels(self.topics.workloads).inc()
+        return True
+
+
+def bootstrap(
+    settings: ServiceSettings,
+    bus_settings: BusSettings,
+    watcher_settings: WatcherSettings | None = None,
+    *,
+    kube: Kube,
+    bus: Bus | None = None,
+    clock: Clock | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> WatcherService:
+    """The watcher (composition root of ``podcost watcher``, embedded mode and the tests).
+
+    A bad policy file or namespace selector raises at once, naming the setting.
+    """
+    watcher_settings = watcher_settings or WatcherSettings()
+    try:
+        rules = watcher_settings.opt_in_rules(settings)
+    except PolicyError as error:
+        raise ValueError(f"PODCOST_POLICY_FILE: {error}") from error
+    return WatcherService(
+        kube=kube,
+        bus=bus if bus is not None else open_bus(bus_settings),
+        topics=bus_settings.topics,
+        rules=rules,
+        cluster=settings.cluster,
+        settings=watcher_settings,
+        metrics=Metrics("watcher"),
+        tracer=tracer(tracer_provider),
+        clock=clock if clock is not None else WallClock(),
+    )
