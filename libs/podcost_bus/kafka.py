@@ -328,6 +328,12 @@ class KafkaConsumer:
             raise _bus_error(
                 error, f"cannot reach Kafka at {settings.bootstrap_servers}"
             ) from error
+        except BaseException:
+            # Cancelled half-way through start: its group coordinator may already run, and
+            # would join the group and hold partitions that nobody then reads.
+            self._consumer = None
+            await consumer.stop()
+            raise
 
     async def stop(self) -> None:
         consumer, self._consumer = self._consumer, None
