@@ -9,6 +9,7 @@ so no client-library object ever reaches the core. Cluster access follows every 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -54,6 +55,20 @@ class PodGone(KubeError):
     """The pod no longer exists (404): skip it, it is nothing to retry."""
 
 
+class CostChanged(KubeError):
+    """A conditional cost write found the pod no longer as it was read (another pod under its
+    name, or another deletion cost on it): nothing was written; read it again and decide again."""
+
+
+def _pointer_token(key: str) -> str:
+    # RFC 6901: "~" is written "~0" and "/" is written "~1" inside a JSON pointer.
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+#: The JSON pointer of the deletion-cost annotation, for JSON patches.
+_COST_POINTER = f"/metadata/annotations/{_pointer_token(DELETION_COST_ANNOTATION)}"
+
+
 def _error(error: ApiException, what: str) -> KubeError:
     status = int(error.status or 0)
     reason = error.reason or "error"
@@ -77,6 +92,32 @@ def _retry_after(error: ApiException) -> float | None:
     except ValueError:
         return None
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _has_causes(error: ApiException) -> bool:
+    try:
+        status = json.loads(error.body or b"{}")
+    except ValueError:
+        return False
+    details = status.get("details") if isinstance(status, dict) else None
+    return isinstance(details, dict) and bool(details.get("causes"))
+
+
+async def _json_response(response: Any) -> JSON:
+    """The JSON body of the ``aiohttp`` response that a call with ``_preload_content=False``
+    returns (the client types it as the model it would have built); ``ApiException``, as the
+    client raises it, for a status outside 2xx."""
+    try:
+        body = await response.read()
+    finally:
+        response.release()
+    if not 200 <= response.status <= 299:
+        error = ApiException(status=response.status, reason=response.reason)
+        error.body = body.decode("utf-8", "replace")
+        error.headers = response.headers
+        raise error
+    decoded: JSON = json.loads(body)
+    return decoded
 
 
 def _unreachable(error: BaseException, what: str) -> KubeError:
@@ -136,36 +177,32 @@ class Kube:
         """One pod as the API holds it now, with its annotations and managed fields.
 
         ``PodGone`` if there is no such pod. The annotator reads a pod before it writes its
-        cost, to see the value, its owner and the ``resourceVersion`` the write is tied to.
+        cost, to see the value and who set it, and hands the JSON to
+        ``patch_deletion_cost_if_unchanged``.
         """
         what = f"reading pod {namespace}/{name}"
         try:
-            pod = await self.core.read_namespaced_pod(name, namespace)
+            # Raw JSON: building a V1Pod and serialising it back costs more than the request.
+            response = await self.core.read_namespaced_pod(name, namespace, _preload_content=False)
+            return await _json_response(response)
         except ApiException as error:
             raise _error(error, what) from error
         except (aiohttp.ClientError, TimeoutError) as error:
             raise _unreachable(error, what) from error
-        return self.to_json(pod)
 
-    async def patch_deletion_cost(
-        self, namespace: str, pod: str, cost: int | None, *, resource_version: str | None = None
-    ) -> JSON:
+    async def patch_deletion_cost(self, namespace: str, pod: str, cost: int | None) -> JSON:
         """Set (or with ``None`` remove) the deletion cost of one pod, as podcost's field manager.
 
         One annotation per request, as a patch of that one key, so that the managed fields show
-        which manager owns the value and nothing else on the pod is touched. With
-        ``resource_version`` the write is conditional: if the pod changed since that version
-        (or was deleted and recreated under its name) the API answers 409 and writes nothing.
+        which manager owns the value and nothing else on the pod is touched.
         """
-        metadata: JSON = {"annotations": {DELETION_COST_ANNOTATION: _cost_value(cost)}}
-        if resource_version is not None:
-            metadata["resourceVersion"] = resource_version
+        body = {"metadata": {"annotations": {DELETION_COST_ANNOTATION: _cost_value(cost)}}}
         what = f"patching {namespace}/{pod}"
         try:
             patched = await self.core.patch_namespaced_pod(
                 pod,
                 namespace,
-                {"metadata": metadata},
+                body,
                 field_manager=FIELD_MANAGER,
             )
         except ApiException as error:
@@ -173,6 +210,54 @@ class Kube:
         except (aiohttp.ClientError, TimeoutError) as error:
             raise _unreachable(error, what) from error
         return self.to_json(patched)
+
+    async def patch_deletion_cost_if_unchanged(
+        self, namespace: str, pod: str, cost: int, *, seen: Mapping[str, Any]
+    ) -> JSON:
+        """Set the deletion cost of one pod as podcost's field manager, only if the pod is still
+        the one in ``seen`` (its JSON as read) and still carries the deletion cost it had then.
+
+        A compare-and-swap on that one annotation: a JSON patch whose ``test`` operations the
+        API server checks on the object it writes, so a cost someone sets after the read is never
+        overwritten, while changes to anything else on the pod (its status, as a new pod goes
+        Ready) do not get in the way as a ``resourceVersion`` precondition would. Raises
+        ``CostChanged`` if the test fails (read again and decide again), ``PodGone`` on 404.
+        """
+        meta = seen.get("metadata") or {}
+        annotations = meta.get("annotations")
+        value = str(cost)
+        ops: list[JSON] = [{"op": "test", "path": "/metadata/uid", "value": meta.get("uid")}]
+        if annotations is None:  # the API omits an empty map: the pod had no annotations
+            ops.append({"op": "test", "path": "/metadata/annotations", "value": None})
+            ops.append(
+                {
+                    "op": "add",
+                    "path": "/metadata/annotations",
+                    "value": {DELETION_COST_ANNOTATION: value},
+                }
+            )
+        else:
+            # ``test`` with null passes exactly when the key is absent (evanphx/json-patch).
+            current = annotations.get(DELETION_COST_ANNOTATION)
+            ops.append({"op": "test", "path": _COST_POINTER, "value": current})
+            ops.append({"op": "add", "path": _COST_POINTER, "value": value})
+        what = f"patching {namespace}/{pod}"
+        try:
+            response = await self.core.patch_namespaced_pod(
+                pod, namespace, ops, field_manager=FIELD_MANAGER, _preload_content=False
+            )
+            return await _json_response(response)
+        except ApiException as error:
+            if error.status == 422 and not _has_causes(error):
+                # A failed ``test`` is a bare 422 Invalid; a real validation error names causes.
+                raise CostChanged(
+                    f"{what}: the pod or its deletion cost changed since it was read",
+                    status=422,
+                    retriable=True,
+                ) from error
+            raise _error(error, what) from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _unreachable(error, what) from error
 
     async def scale(self, namespace: str, kind: str, name: str, replicas: int) -> None:
         """Set ``spec.replicas`` of a Deployment or ReplicaSet through its scale subresource."""

@@ -1,0 +1,301 @@
+"""The annotator's decisions, free of I/O: which cost to write to which pod, and when not to.
+
+``AnnotatorService`` (``podcost.annotator.service``) is the only caller; the unit tests drive
+everything here directly. Three pieces:
+
+- :func:`decide`: given the cost a pod should carry and the pod as the API holds it now
+  (:class:`PodState`, read by :func:`pod_state` from the pod's JSON), write, leave it (already
+  right), leave it (someone else's cost), or skip it (the pod is gone).
+- :class:`WriteQueue`: the pending writes, one slot per pod uid. A newer desired cost for a pod
+  supersedes a queued older one, so only the newest is ever written; a desired cost the snapshot
+  already saw on the pod is no write at all; a pod with a write in flight gets its next write
+  only after that one is done, so writes to one pod never race each other.
+- :class:`Ledger`: which consumed records are fully handled, so that offsets are committed only
+  past records whose every write is done (or definitively skipped), in partition order.
+
+Superseding a queued write settles the older record at once. That is safe for at-least-once:
+the record that superseded it is later in its partition (same workload, same key) and stays
+uncommitted until its own write is done, so a crash replays the newer value, never loses it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Generic, TypeVar, cast
+
+from podcost_core.convert import ObjectMetaJSON, cost_owner
+from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, PodUID
+from podcost_core.victims import deletion_cost_error
+
+T = TypeVar("T")
+
+
+class Result(StrEnum):
+    """How the write of one desired cost ended; the ``result`` label of ``podcost_patches``."""
+
+    OK = "ok"
+    """Written."""
+    UNCHANGED = "unchanged"
+    """The pod already carries that cost: no write."""
+    SUPERSEDED = "superseded"
+    """A newer desired cost for the same pod arrived before this one was written."""
+    GONE = "gone"
+    """The pod no longer exists (404, or its name now belongs to another pod)."""
+    FOREIGN = "skipped_foreign"
+    """The pod carries a cost someone else set, and ``overwrite_foreign`` is off."""
+    DRY_RUN = "dry_run"
+    """Would have been written; dry-run mode writes nothing."""
+    ERROR = "error"
+    """Given up: a permanent API error, or retriable ones past the retry limit (logged)."""
+
+
+class Retry(StrEnum):
+    """Why one request is tried again; counted in ``podcost_patches`` under these results."""
+
+    CONFLICT = "conflict"
+    """409: the pod changed between the read and the write."""
+    THROTTLED = "throttled"
+    """429: the API server asked to slow down (with ``Retry-After``)."""
+    UNAVAILABLE = "unavailable"
+    """5xx, a timeout or no answer at all."""
+
+
+class Verdict(StrEnum):
+    """What :func:`decide` says to do with one pod."""
+
+    WRITE = "write"
+    UNCHANGED = "unchanged"
+    FOREIGN = "foreign"
+    GONE = "gone"
+
+
+@dataclass(frozen=True, slots=True)
+class PodState:
+    """A pod as the API holds it now, reduced to what deciding a cost write needs."""
+
+    uid: str
+    value: str | None
+    """The deletion-cost annotation exactly as found; ``None`` when absent."""
+    owner: CostOwner
+    """Who set it: podcost's field manager, someone else, or nobody."""
+    deleting: bool = False
+    """``metadata.deletionTimestamp`` is set: the pod is on its way out."""
+
+    @property
+    def invalid(self) -> str | None:
+        """Why the value is not a cost the controller can read, ``None`` if it is (or absent)."""
+        return None if self.value is None else deletion_cost_error(self.value)
+
+
+def pod_state(raw: Mapping[str, Any]) -> PodState:
+    """The :class:`PodState` of a pod's JSON (as ``Kube.read_pod`` returns it)."""
+    meta = raw.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return PodState(
+        uid=str(meta.get("uid", "")),
+        value=annotations.get(DELETION_COST_ANNOTATION),
+        owner=cost_owner(cast(ObjectMetaJSON, meta)),
+        deleting=meta.get("deletionTimestamp") is not None,
+    )
+
+
+def decide(
+    cost: int, uid: str, state: PodState | None, *, overwrite_foreign: bool = False
+) -> Verdict:
+    """What to do to give pod ``uid`` the deletion cost ``cost``, the pod being ``state`` now
+    (``None``: there is no pod of that name)."""
+    if state is None or state.uid != uid or state.deleting:
+        # A recreated pod under the same name is another pod; a terminating one needs no cost.
+        return Verdict.GONE
+    if state.value is not None and state.invalid is None and int(state.value) == cost:
+        return Verdict.UNCHANGED
+    if state.owner is CostOwner.OTHER and not overwrite_foreign:
+        return Verdict.FOREIGN
+    return Verdict.WRITE
+
+
+# --- coalescing -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Want(Generic[T]):
+    """One desired cost for one pod, and where it came from (``origin``: the record's ticket)."""
+
+    uid: PodUID
+    namespace: str
+    name: str
+    cost: int
+    previous: int | None
+    """The cost the snapshot saw on the pod (``None``: none, or an invalid one)."""
+    origin: T
+
+
+@dataclass(frozen=True, slots=True)
+class Settled(Generic[T]):
+    """A desired cost settled without a request, and why."""
+
+    want: Want[T]
+    result: Result
+
+
+@dataclass(frozen=True, slots=True)
+class Offer(Generic[T]):
+    """What :meth:`WriteQueue.offer` did with one desired cost."""
+
+    settled: tuple[Settled[T], ...]
+    """Desired costs settled now (the superseded older one, or this one if unchanged)."""
+    ready: bool
+    """The pod's uid just became ready for a writer: hand it to one."""
+
+
+@dataclass(slots=True)
+class _Slot(Generic[T]):
+    queued: Want[T] | None = None
+    running: Want[T] | None = None
+
+
+class WriteQueue(Generic[T]):
+    """Pending cost writes, at most one queued and one running per pod uid.
+
+    A uid is *ready* when it has a queued write and none running; :meth:`offer` and
+    :meth:`finish` say when a uid becomes ready, and a writer then calls :meth:`take` for it.
+    A uid may be announced ready once and then have its queued write settled (superseded by an
+    unchanged value); :meth:`take` then returns ``None``.
+    """
+
+    def __init__(self) -> None:
+        self._slots: dict[PodUID, _Slot[T]] = {}
+        self._queued = 0
+        self._running = 0
+
+    @property
+    def depth(self) -> int:
+        """Writes queued or running: what the water marks watch."""
+        return self._queued + self._running
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def offer(self, want: Want[T]) -> Offer[T]:
+        """Queue ``want``, superseding the pod's queued write if any."""
+        slot = self._slots.setdefault(want.uid, _Slot())
+        settled: list[Settled[T]] = []
+        announced = slot.queued is not None and slot.running is None
+        if slot.queued is not None:
+            settled.append(Settled(slot.queued, Result.SUPERSEDED))
+            slot.queued = None
+            self._queued -= 1
+        if slot.running is None and want.previous == want.cost:
+            # The snapshot saw this very cost on the pod and nothing of ours is in flight that
+            # could change it: no request at all. A change by someone else since then makes the
+            # watcher publish a new snapshot, and the aggregator a new decision.
+            settled.append(Settled(want, Result.UNCHANGED))
+            self._drop_if_idle(want.uid, slot)
+            return Offer(tuple(settled), ready=False)
+        slot.queued = want
+        self._queued += 1
+        return Offer(tuple(settled), ready=slot.running is None and not announced)
+
+    def take(self, uid: PodUID) -> Want[T] | None:
+        """Start the queued write of ``uid`` (a writer calls this for a ready uid)."""
+        slot = self._slots.get(uid)
+        if slot is None or slot.queued is None or slot.running is not None:
+            return None
+        slot.running, slot.queued = slot.queued, None
+        self._queued -= 1
+        self._running += 1
+        return slot.running
+
+    def finish(self, uid: PodUID) -> bool:
+        """The running write of ``uid`` is done; ``True`` if another is queued (ready again)."""
+        slot = self._slots.get(uid)
+        if slot is None or slot.running is None:
+            raise KeyError(f"no write of pod {uid} is running")
+        slot.running = None
+        self._running -= 1
+        if slot.queued is not None:
+            return True
+        self._drop_if_idle(uid, slot)
+        return False
+
+    def _drop_if_idle(self, uid: PodUID, slot: _Slot[T]) -> None:
+        if slot.queued is None and slot.running is None:
+            del self._slots[uid]
+
+
+# --- commit ledger ----------------------------------------------------------------------------
+
+
+@dataclass(eq=False, slots=True)
+class Ticket(Generic[T]):
+    """One consumed record and how many of its pod writes are still outstanding."""
+
+    partition: Hashable
+    offset: int
+    outstanding: int
+    item: T
+    """What the caller commits once this and every earlier record of the partition is done."""
+
+    @property
+    def done(self) -> bool:
+        return self.outstanding == 0
+
+
+@dataclass(slots=True)
+class _Partition(Generic[T]):
+    open: deque[Ticket[T]] = field(default_factory=deque)
+    last_offset: int = -1
+
+
+class Ledger(Generic[T]):
+    """Consumed records in offset order per partition, and which of them are fully handled.
+
+    :meth:`committable` gives, per partition, the newest record whose every predecessor is
+    done too: committing past it loses nothing, because whatever is still outstanding comes
+    after it and will be read again if the process stops now.
+    """
+
+    def __init__(self) -> None:
+        self._partitions: dict[Hashable, _Partition[T]] = {}
+
+    def open(self, partition: Hashable, offset: int, writes: int, item: T) -> Ticket[T]:
+        """Track a record with ``writes`` pod writes to wait for (0: done already)."""
+        if writes < 0:
+            raise ValueError(f"a record cannot wait for {writes} writes")
+        entry = self._partitions.setdefault(partition, _Partition())
+        if offset <= entry.last_offset:
+            # Read again (a rebalance gave the partition back, or the consumer rewound): what
+            # was tracked from here on will be handled again; forget it so it blocks nothing.
+            entry.open = deque(t for t in entry.open if t.offset < offset)
+        entry.last_offset = offset
+        ticket = Ticket(partition, offset, writes, item)
+        entry.open.append(ticket)
+        return ticket
+
+    def settle(self, ticket: Ticket[T]) -> bool:
+        """One write of ``ticket``'s record is done; ``True`` when that was its last."""
+        if ticket.outstanding <= 0:
+            raise ValueError(f"record {ticket.partition}@{ticket.offset} has nothing outstanding")
+        ticket.outstanding -= 1
+        return ticket.done
+
+    def committable(self) -> list[T]:
+        """Per partition, the item of the newest record with nothing outstanding before it or
+        in it; those records are forgotten (a later call returns only newer ones)."""
+        ready: list[T] = []
+        for entry in self._partitions.values():
+            last: Ticket[T] | None = None
+            while entry.open and entry.open[0].done:
+                last = entry.open.popleft()
+            if last is not None:
+                ready.append(last.item)
+        return ready
+
+    @property
+    def pending(self) -> int:
+        """Records consumed but not yet committable."""
+        return sum(len(entry.open) for entry in self._partitions.values())

@@ -1,0 +1,499 @@
+"""The annotator service: desired costs from the bus, written onto the pods, gently.
+
+Built by :func:`bootstrap` (the composition root ``podcost annotator``, ``podcost run`` and the
+tests use) and run by ``podcost.runtime.runner.serve``. One consumer task reads the costs topic
+(group ``podcost-annotator``), decodes each record (an undecodable one goes to the dead-letter
+topic with its reason) and queues one write per pod; ``max_in_flight`` writer tasks take pods
+off the queue and, for each, read the pod, decide (``plan.decide``), and write its cost with
+one conditional PATCH; a commit task commits offsets past the records whose every write is done.
+All the deciding is in ``plan`` and ``pacing``; this module only waits, talks and records.
+
+A write is a read and a compare-and-swap: the read gives the value on the pod now and who set
+it; the PATCH (a JSON patch that tests the pod's uid and that one annotation) only lands if
+neither changed since, so a cost someone sets between the two is never overwritten (the PATCH
+is refused with ``CostChanged`` and the pod is read again), while status changes of a young pod
+do not get in the way. Requests go through a token bucket; 404 means the pod is gone (skipped,
+counted); a refused swap, 409, 429 (after its ``Retry-After``), 5xx and timeouts are retried
+with exponential backoff up to ``max_attempts``, then counted as errors and logged; nothing is
+dropped silently. Consumption pauses when the queue passes the high-water mark and resumes
+below the low one.
+
+Offsets are committed only after the writes (at least once): a restart re-reads what was not
+committed, and re-reading finds the costs already written, so nothing is written twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from opentelemetry import trace
+
+from podcost.annotator.pacing import (
+    Clock,
+    Flow,
+    LoopClock,
+    TokenBucket,
+    WaterMarks,
+    backoff_delay,
+)
+from podcost.annotator.plan import (
+    Ledger,
+    Result,
+    Retry,
+    Ticket,
+    Verdict,
+    Want,
+    WriteQueue,
+    decide,
+    pod_state,
+)
+from podcost.annotator.settings import AnnotatorSettings
+from podcost.runtime.metrics import Metrics
+from podcost.runtime.settings import ServiceSettings
+from podcost.runtime.telemetry import (
+    ATTR_COMPLETE,
+    ATTR_COST,
+    ATTR_MISSING,
+    ATTR_POD,
+    ATTR_PODS,
+    ATTR_RESULT,
+    ATTR_VERSION,
+    ATTR_WORKLOAD,
+    ATTR_WRITES,
+    SPAN_ANNOTATE,
+    SPAN_PATCH,
+    extract,
+    tracer,
+)
+from podcost_bus import Bus, BusSettings, Consumer, Record, TopicPartition, open_bus
+from podcost_bus.messaging import decode_or_dead_letter
+from podcost_contracts.messages import DesiredCostsMessage
+from podcost_core.model import PodUID
+from podcost_kube.client import CostChanged, KubeError, PodGone, connect
+
+log = logging.getLogger("podcost.annotator")
+
+R = TypeVar("R")
+
+#: How long one poll waits for records before the loop looks around (lag, a stop) again.
+POLL_WAIT_S = 0.5
+#: How often the consumer lag gauge is refreshed (it asks the broker).
+LAG_INTERVAL_S = 5.0
+
+
+class PodAPI(Protocol):
+    """What the annotator needs of the Kubernetes adapter (``podcost_kube.client.Kube``)."""
+
+    async def read_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
+        """The pod's JSON; ``PodGone`` if it does not exist, ``KubeError`` otherwise."""
+        ...
+
+    async def patch_deletion_cost_if_unchanged(
+        self, namespace: str, pod: str, cost: int, *, seen: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        """Write the cost as podcost's field manager, only if the pod and its cost are still as
+        in ``seen`` (else ``CostChanged``, nothing written)."""
+        ...
+
+
+@dataclass(eq=False)
+class _Batch:
+    """One consumed record while its writes are under way."""
+
+    record: Record
+    message: DesiredCostsMessage | None
+    span: trace.Span | None
+    results: Counter[Result] = field(default_factory=Counter)
+
+
+class AnnotatorService:
+    """Applies desired costs (see the module docstring); build it with :func:`bootstrap`."""
+
+    name = "annotator"
+
+    def __init__(
+        self,
+        *,
+        settings: ServiceSettings,
+        bus_settings: BusSettings,
+        config: AnnotatorSettings,
+        bus: Bus,
+        kube: PodAPI | None,
+        clock: Clock,
+        metrics: Metrics,
+        otel: trace.Tracer,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.bus_settings = bus_settings
+        self.config = config
+        self.bus = bus
+        self.metrics = metrics
+        self._kube = kube
+        self._clock = clock
+        self._tracer = otel
+        self._wall = wall
+        self.marks = WaterMarks(config.high_water, config.low_water)
+        """Whether consumption is paused now, how often it was, and the deepest queue seen."""
+        self.committed: dict[TopicPartition, int] = {}
+        """The offsets this instance committed, per partition."""
+        self._writes: WriteQueue[Ticket[_Batch]] = WriteQueue()
+        self._ledger: Ledger[_Batch] = Ledger()
+        self._open: set[_Batch] = set()
+        self._bucket: TokenBucket | None = None
+        self._ready: asyncio.Queue[PodUID] = asyncio.Queue()
+        self._progress = asyncio.Event()
+        self._consumer: Consumer | None = None
+
+    @property
+    def dry_run(self) -> bool:
+        return self.settings.dry_run
+
+    @property
+    def depth(self) -> int:
+        """Pod writes queued or in flight."""
+        return self._writes.depth
+
+    def ready(self) -> bool:
+        return self._consumer is not None
+
+    async def run(self) -> None:
+        """Consume and write until cancelled; connects to the cluster if no ``kube`` was given."""
+        if self._kube is not None:
+            await self._run(self._kube)
+            return
+        async with connect() as kube:
+            await self._run(kube)
+
+    # --- the three loops ------------------------------------------------------------------
+
+    async def _run(self, kube: PodAPI) -> None:
+        topics = self.bus_settings.topics
+        await self.bus.ensure_topics([topics.costs, topics.deadletter])
+        # A fresh start forgets what a previous run had in flight: it is read again from the bus.
+        self._writes, self._ledger, self._open = WriteQueue(), Ledger(), set()
+        self._ready, self._progress = asyncio.Queue(), asyncio.Event()
+        self.marks = WaterMarks(self.config.high_water, self.config.low_water)
+        self._bucket = TokenBucket(self.config.qps, self.config.burst, now=self._clock.now())
+        consumer = self.bus.consumer(
+            [topics.costs], group=self.config.group, max_poll_records=self.config.poll_records
+        )
+        async with consumer:
+            self._consumer = consumer
+            log.info(
+                "annotator consuming %s as group %s%s",
+                topics.costs,
+                self.config.group,
+                " (dry run: nothing is written)" if self.dry_run else "",
+            )
+            try:
+                async with asyncio.TaskGroup() as tasks:
+                    for index in range(self.config.max_in_flight):
+                        tasks.create_task(self._write_loop(kube), name=f"annotator-write-{index}")
+                    tasks.create_task(self._commit_loop(consumer), name="annotator-commit")
+                    tasks.create_task(self._consume_loop(consumer), name="annotator-consume")
+            finally:
+                self._consumer = None
+                for batch in self._open:  # stopped mid-way: these records will be read again
+                    if batch.span is not None:
+                        batch.span.set_attribute(ATTR_RESULT, "interrupted")
+                        batch.span.end()
+                self._open.clear()
+
+    async def _consume_loop(self, consumer: Consumer) -> None:
+        topic = self.bus_settings.topics.costs
+        loop = asyncio.get_running_loop()
+        next_lag = loop.time()
+        while True:
+            records = await consumer.poll(max_wait=POLL_WAIT_S)
+            for record in records:
+                await self._accept(record)
+            self._observe_depth()
+            if loop.time() >= next_lag:
+                lags = await consumer.lag()
+                self.metrics.consumer_lag.labels(topic).set(sum(lags.values()))
+                next_lag = loop.time() + LAG_INTERVAL_S
+
+    async def _write_loop(self, kube: PodAPI) -> None:
+        while True:
+            uid = await self._ready.get()
+            want = self._writes.take(uid)
+            if want is None:  # settled while waiting its turn (superseded by an unchanged cost)
+                continue
+            result = await self._write(kube, want)
+            again = self._writes.finish(want.uid)
+            self._settle(want, result)
+            if again:
+                self._ready.put_nowait(want.uid)
+            self._observe_depth()
+
+    async def _commit_loop(self, consumer: Consumer) -> None:
+        while True:
+            await self._progress.wait()
+            self._progress.clear()
+            done = self._ledger.committable()
+            if done:
+                committed = await consumer.commit([batch.record for batch in done])
+                self.committed.update(committed)
+
+    # --- consuming ------------------------------------------------------------------------
+
+    async def _accept(self, record: Record) -> None:
+        """Queue the writes of one record (or dead-letter it); never waits for the writes."""
+        topics = self.bus_settings.topics
+        message = await decode_or_dead_letter(
+            self.bus, record, DesiredCostsMessage, topic=topics.deadletter, group=self.config.group
+        )
+        if message is None:
+            self.metrics.consumed.labels(record.topic, "dead_letter").inc()
+            self._nothing_to_write(record, None)
+            return
+        if message.workload.cluster != self.settings.cluster:
+            # A fleet may share topics: another cluster's pods are not ours to write.
+            self.metrics.consumed.labels(record.topic, "other_cluster").inc()
+            log.debug("ignoring %s: not cluster %s", message.key, self.settings.cluster)
+            self._nothing_to_write(record, message)
+            return
+        self.metrics.consumed.labels(record.topic, "ok").inc()
+        span = self._tracer.start_span(
+            SPAN_ANNOTATE,
+            context=extract(record.headers),
+            attributes={
+                ATTR_WORKLOAD: message.key,
+                ATTR_VERSION: message.version,
+                ATTR_PODS: len(message.costs),
+                ATTR_COMPLETE: message.complete,
+                ATTR_MISSING: list(message.missing),
+            },
+        )
+        batch = _Batch(record, message, span)
+        self._open.add(batch)
+        ticket = self._ledger.open(record.tp, record.offset, len(message.costs), batch)
+        if not message.costs:
+            self._finish(batch)
+        for pod in message.costs:
+            want = Want(pod.uid, pod.namespace, pod.name, pod.cost, pod.previous, ticket)
+            offer = self._writes.offer(want)
+            for settled in offer.settled:
+                self._settle(settled.want, settled.result)
+            if offer.ready:
+                self._ready.put_nowait(pod.uid)
+
+    def _nothing_to_write(self, record: Record, message: DesiredCostsMessage | None) -> None:
+        batch = _Batch(record, message, None)
+        self._ledger.open(record.tp, record.offset, 0, batch)
+        self._progress.set()
+
+    def _settle(self, want: Want[Ticket[_Batch]], result: Result) -> None:
+        self.metrics.patches.labels(result.value).inc()
+        ticket = want.origin
+        ticket.item.results[result] += 1
+        if self._ledger.settle(ticket):
+            self._finish(ticket.item)
+
+    def _finish(self, batch: _Batch) -> None:
+        """Every write of ``batch`` is done: end its span and let the commit task look."""
+        self._open.discard(batch)
+        if batch.span is not None:
+            batch.span.set_attribute(ATTR_WRITES, batch.results[Result.OK])
+            batch.span.end()
+        self._progress.set()
+
+    def _observe_depth(self) -> None:
+        depth = self._writes.depth
+        self.metrics.queue_depth.set(depth)
+        flow = self.marks.observe(depth)
+        consumer = self._consumer
+        if flow is None or consumer is None:
+            return
+        if flow is Flow.PAUSE:
+            consumer.pause()
+            log.info(
+                "paused consuming: %d pod writes pending (high water %d)", depth, self.marks.high
+            )
+        else:
+            consumer.resume()
+            log.info(
+                "resumed consuming: %d pod writes pending (low water %d)", depth, self.marks.low
+            )
+
+    # --- writing --------------------------------------------------------------------------
+
+    async def _write(self, kube: PodAPI, want: Want[Ticket[_Batch]]) -> Result:
+        """Read, decide and (maybe) write one pod, retrying within limits; never raises an API
+        error (it becomes ``Result.ERROR``, logged)."""
+        parent = want.origin.item.span
+        context = trace.set_span_in_context(parent) if parent is not None else None
+        with self._tracer.start_as_current_span(
+            SPAN_PATCH,
+            context=context,
+            attributes={ATTR_POD: f"{want.namespace}/{want.name}", ATTR_COST: want.cost},
+        ) as span:
+            result = await self._attempts(kube, want, span)
+            span.set_attribute(ATTR_RESULT, result.value)
+            return result
+
+    async def _attempts(self, kube: PodAPI, want: Want[Ticket[_Batch]], span: trace.Span) -> Result:
+        pod = f"{want.namespace}/{want.name}"
+        attempt = 1
+        while True:
+            try:
+                return await self._attempt(kube, want)
+            except PodGone:
+                log.info(
+                    "pod %s is gone: its cost %d is not written",
+                    pod,
+                    want.cost,
+                    extra={"pod": pod, "cost": want.cost, "result": Result.GONE.value},
+                )
+                return Result.GONE
+            except (KubeError, TimeoutError) as error:
+                retriable = isinstance(error, TimeoutError) or error.retriable
+                reason = _retry_reason(error)
+                if not retriable or attempt >= self.config.max_attempts:
+                    log.error(
+                        "giving up writing cost %d to pod %s after %d attempt(s): %s",
+                        want.cost,
+                        pod,
+                        attempt,
+                        _describe(error),
+                        extra={"pod": pod, "cost": want.cost, "result": Result.ERROR.value},
+                    )
+                    return Result.ERROR
+                retry_after = error.retry_after if isinstance(error, KubeError) else None
+                delay = backoff_delay(
+                    attempt,
+                    initial=self.config.backoff_initial,
+                    maximum=self.config.backoff_max,
+                    retry_after=retry_after,
+                )
+                if reason is Retry.THROTTLED and retry_after and self._bucket is not None:
+                    self._bucket.hold(self._clock.now() + retry_after)
+                self.metrics.patches.labels(reason.value).inc()
+                span.add_event(
+                    "retry", {"attempt": attempt, "reason": reason.value, "delay_seconds": delay}
+                )
+                log.warning(
+                    "retrying pod %s in %.2fs (attempt %d of %d): %s",
+                    pod,
+                    delay,
+                    attempt,
+                    self.config.max_attempts,
+                    _describe(error),
+                    extra={"pod": pod, "cost": want.cost, "result": reason.value},
+                )
+                await self._clock.sleep(delay)
+                attempt += 1
+
+    async def _attempt(self, kube: PodAPI, want: Want[Ticket[_Batch]]) -> Result:
+        pod = f"{want.namespace}/{want.name}"
+        extra: dict[str, object] = {"pod": pod, "cost": want.cost}
+        seen = await self._request(lambda: kube.read_pod(want.namespace, want.name))
+        state = pod_state(seen)
+        verdict = decide(
+            want.cost, want.uid, state, overwrite_foreign=self.config.overwrite_foreign
+        )
+        if verdict is Verdict.GONE:
+            log.info(
+                "pod %s is gone or replaced: its cost %d is not written",
+                pod,
+                want.cost,
+                extra={**extra, "result": Result.GONE.value},
+            )
+            return Result.GONE
+        if verdict is Verdict.UNCHANGED:
+            log.debug("pod %s already has cost %d", pod, want.cost, extra=extra)
+            return Result.UNCHANGED
+        if verdict is Verdict.FOREIGN:
+            log.info(
+                "pod %s carries cost %r set by someone else: left as it is (wanted %d)",
+                pod,
+                state.value,
+                want.cost,
+                extra={**extra, "result": Result.FOREIGN.value, "found": state.value},
+            )
+            if state.invalid:
+                log.warning("pod %s: its deletion cost %s", pod, state.invalid, extra=extra)
+            return Result.FOREIGN
+        if state.invalid:
+            log.warning("pod %s: replacing its deletion cost, %s", pod, state.invalid, extra=extra)
+        if self.dry_run:
+            log.info(
+                "dry run: would set pod %s cost %d (now %r)",
+                pod,
+                want.cost,
+                state.value,
+                extra={**extra, "result": Result.DRY_RUN.value},
+            )
+            return Result.DRY_RUN
+        await self._request(
+            lambda: kube.patch_deletion_cost_if_unchanged(
+                want.namespace, want.name, want.cost, seen=seen
+            )
+        )
+        message = want.origin.item.message
+        if message is not None:
+            self.metrics.event_to_annotation.observe(max(0.0, self._wall() - message.emitted_at))
+        log.info(
+            "set pod %s cost %d (was %r)",
+            pod,
+            want.cost,
+            state.value,
+            extra={**extra, "result": Result.OK.value},
+        )
+        return Result.OK
+
+    async def _request(self, call: Callable[[], Awaitable[R]]) -> R:
+        """One API request within the QPS budget and the request timeout."""
+        assert self._bucket is not None, "requests are made only while running"
+        wait = self._bucket.reserve(self._clock.now())
+        if wait > 0:
+            self.metrics.rate_limit_waits.inc(wait)
+            await self._clock.sleep(wait)
+        async with asyncio.timeout(self.config.request_timeout):
+            return await call()
+
+
+def _retry_reason(error: KubeError | TimeoutError) -> Retry:
+    status = error.status if isinstance(error, KubeError) else None
+    if isinstance(error, CostChanged) or status == 409:
+        return Retry.CONFLICT
+    if status == 429:
+        return Retry.THROTTLED
+    return Retry.UNAVAILABLE
+
+
+def _describe(error: BaseException) -> str:
+    return str(error) or type(error).__name__
+
+
+def bootstrap(
+    settings: ServiceSettings,
+    bus_settings: BusSettings,
+    annotator_settings: AnnotatorSettings,
+    *,
+    bus: Bus | None = None,
+    kube: PodAPI | None = None,
+    clock: Clock | None = None,
+    tracer_provider: trace.TracerProvider | None = None,
+) -> AnnotatorService:
+    """The annotator, wired: ``bus`` (default: the one ``bus_settings`` ask for, not started;
+    ``serve`` starts it), ``kube`` (default: connect with ``$KUBECONFIG`` or in-cluster when
+    it runs), ``clock`` (default: the event loop's), spans to ``tracer_provider`` (default: the
+    global one)."""
+    return AnnotatorService(
+        settings=settings,
+        bus_settings=bus_settings,
+        config=annotator_settings,
+        bus=bus if bus is not None else open_bus(bus_settings),
+        kube=kube,
+        clock=clock if clock is not None else LoopClock(),
+        metrics=Metrics("annotator"),
+        otel=tracer(tracer_provider),
+    )

@@ -1,0 +1,93 @@
+"""The annotator's own settings, declared once with their environment variable and meaning.
+
+``podcost annotator`` reads them from the environment and hands them to
+``podcost.annotator.bootstrap`` (tests construct them directly); they are validated at start, so
+a bad value stops the service with the variable named. The shared settings (cluster, HTTP,
+logs, ``PODCOST_DRY_RUN``) are ``podcost.runtime.settings.ServiceSettings``; the bus and topics
+are ``podcost_bus.BusSettings``.
+
+Variables (defaults in brackets), all prefixed ``PODCOST_ANNOTATOR_``:
+
+- ``QPS`` / ``BURST``: API requests per second on average, and at once after a quiet spell
+  [20 / 40]. Every request counts: the read before a write as well as the write.
+- ``MAX_IN_FLIGHT``: API requests in flight at once [8]
+- ``HIGH_WATER`` / ``LOW_WATER``: pause consuming when this many pod writes are pending; resume
+  when they are down to the low mark [1000 / 500]
+- ``MAX_ATTEMPTS``: tries of one request on 409, 429, 5xx or a timeout before it is counted as
+  an error and the annotator moves on [5]
+- ``BACKOFF_INITIAL`` / ``BACKOFF_MAX``: seconds before the first retry, doubled per retry up
+  to the maximum; a longer ``Retry-After`` from the server wins [0.2 / 10]
+- ``REQUEST_TIMEOUT``: seconds one API request may take before it counts as failed [10]
+- ``OVERWRITE_FOREIGN``: also overwrite costs another field manager set (a person, another
+  tool) [false: leave them alone]
+- ``POLL_RECORDS``: most records taken from the bus at once; the queue can pass the high-water
+  mark by at most one such batch [100]
+- ``GROUP``: the consumer group [podcost-annotator]
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "PODCOST_ANNOTATOR_"
+DEFAULT_GROUP = "podcost-annotator"
+
+
+class AnnotatorSettings(BaseSettings):
+    """How hard the annotator may push the API server (see the module docstring)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+
+    qps: float = Field(
+        default=20.0, gt=0, le=10_000, description="API requests per second, on average."
+    )
+    burst: int = Field(
+        default=40, ge=1, le=100_000, description="API requests at once after a quiet spell."
+    )
+    max_in_flight: int = Field(
+        default=8, ge=1, le=1024, description="API requests in flight at once."
+    )
+    high_water: int = Field(
+        default=1000, ge=1, description="Pending pod writes at which consumption pauses."
+    )
+    low_water: int = Field(
+        default=500, ge=0, description="Pending pod writes at which paused consumption resumes."
+    )
+    max_attempts: int = Field(
+        default=5, ge=1, le=100, description="Tries of one request before giving up on it."
+    )
+    backoff_initial: float = Field(
+        default=0.2, gt=0, le=60, description="Seconds before the first retry."
+    )
+    backoff_max: float = Field(
+        default=10.0, gt=0, le=600, description="Longest wait between retries (Retry-After wins)."
+    )
+    request_timeout: float = Field(
+        default=10.0, gt=0, le=600, description="Seconds one API request may take."
+    )
+    overwrite_foreign: bool = Field(
+        default=False, description="Also overwrite deletion costs another field manager set."
+    )
+    poll_records: int = Field(
+        default=100, ge=1, le=10_000, description="Most records taken from the bus at once."
+    )
+    group: str = Field(
+        default=DEFAULT_GROUP, min_length=1, max_length=249, description="The consumer group."
+    )
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Self:
+        if self.low_water >= self.high_water:
+            raise ValueError(
+                f"{ENV_PREFIX}LOW_WATER ({self.low_water}) must be below "
+                f"{ENV_PREFIX}HIGH_WATER ({self.high_water})"
+            )
+        if self.backoff_max < self.backoff_initial:
+            raise ValueError(
+                f"{ENV_PREFIX}BACKOFF_MAX ({self.backoff_max}) must be at least "
+                f"{ENV_PREFIX}BACKOFF_INITIAL ({self.backoff_initial})"
+            )
+        return self

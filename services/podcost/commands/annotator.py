@@ -1,0 +1,61 @@
+"""``podcost annotator [--dry-run]``: run the annotator service on its own, over Kafka.
+
+Reads the settings from the environment (``PODCOST_*``, ``PODCOST_KAFKA*``,
+``PODCOST_ANNOTATOR_*``) and validates them before anything starts (``podcost.commands.startup``:
+a bad value exits 2 with the variable named), then serves the annotator with ``/healthz``,
+``/readyz`` and ``/metrics`` until SIGINT/SIGTERM. ``podcost.cli`` registers it;
+``podcost.annotator.bootstrap`` does the wiring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Annotated
+
+import typer
+
+from podcost.annotator import AnnotatorSettings, bootstrap
+from podcost.commands.startup import EXIT_FAILED, fail, load_settings
+from podcost.runtime.logs import configure_logging
+from podcost.runtime.runner import serve
+from podcost.runtime.settings import ServiceSettings
+from podcost.runtime.telemetry import setup_tracing
+from podcost_bus import BusError, BusSettings
+from podcost_kube.client import KubeError
+
+COMMAND = "annotator"
+
+log = logging.getLogger("podcost.annotator")
+
+
+def annotator_command(
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Decide and log every write, write nothing (also PODCOST_DRY_RUN=true).",
+        ),
+    ] = False,
+) -> None:
+    """Apply the aggregator's desired costs to the pods, within a QPS budget."""
+    settings = load_settings(COMMAND, ServiceSettings, **({"dry_run": True} if dry_run else {}))
+    bus_settings = load_settings(COMMAND, BusSettings)
+    config = load_settings(COMMAND, AnnotatorSettings)
+    configure_logging(settings.log_level, settings.log_format)
+    setup_tracing("podcost-annotator")
+    if not bus_settings.bootstrap_servers:
+        log.warning(
+            "PODCOST_KAFKA is not set: the annotator reads an in-process bus that nothing "
+            "publishes to; run `podcost run` for embedded mode"
+        )
+    service = bootstrap(settings, bus_settings, config)
+    try:
+        asyncio.run(serve([service], settings, bus=service.bus))
+    except (KubeError, BusError) as error:
+        fail(COMMAND, str(error), EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``podcost annotator`` to ``app``."""
+    app.command("annotator")(annotator_command)

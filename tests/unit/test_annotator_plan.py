@@ -1,0 +1,285 @@
+"""The annotator's pure decisions: which pods get a write (tables over the pod's state and the
+foreign-cost policy), coalescing of superseded values per pod, and the commit ledger that lets
+offsets pass a record only once every write of it and of the records before it is done."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from podcost.annotator.plan import (
+    Ledger,
+    PodState,
+    Result,
+    Verdict,
+    Want,
+    WriteQueue,
+    decide,
+    pod_state,
+)
+from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER, CostOwner, PodUID
+
+UID = "uid-1"
+
+
+def state(
+    value: str | None, owner: CostOwner, *, uid: str = UID, deleting: bool = False
+) -> PodState:
+    return PodState(uid=uid, value=value, owner=owner, deleting=deleting)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    cost: int
+    state: PodState | None
+    overwrite_foreign: bool
+    expected: Verdict
+
+
+DECISIONS = [
+    Case("a pod without a cost gets one", 5, state(None, CostOwner.NONE), False, Verdict.WRITE),
+    Case("a pod with another cost of podcost's gets the new one", 5,
+         state("3", CostOwner.PODCOST), False, Verdict.WRITE),
+    Case("a pod that already has the cost is left alone", 5, state("5", CostOwner.PODCOST), False,
+         Verdict.UNCHANGED),
+    Case("a cost someone else set to the same value needs no write either", 5,
+         state("5", CostOwner.OTHER), False, Verdict.UNCHANGED),
+    Case("a cost someone else set is never overwritten by default", 5, state("9", CostOwner.OTHER),
+         False, Verdict.FOREIGN),
+    Case("a cost someone else set is overwritten when configured to", 5,
+         state("9", CostOwner.OTHER), True, Verdict.WRITE),
+    Case("an invalid value someone else set is left alone too", 5, state("abc", CostOwner.OTHER),
+         False, Verdict.FOREIGN),
+    Case("an invalid value of podcost's own is replaced", 5, state("abc", CostOwner.PODCOST), False,
+         Verdict.WRITE),
+    Case("a pod that is not there is gone", 5, None, False, Verdict.GONE),
+    Case("another pod under the same name is gone, whatever its cost", 5,
+         state(None, CostOwner.NONE, uid="uid-2"), True, Verdict.GONE),
+    Case("a terminating pod needs no cost", 5, state(None, CostOwner.NONE, deleting=True), False,
+         Verdict.GONE),
+    Case("the int32 extremes compare as numbers", -(2**31), state(str(-(2**31)), CostOwner.PODCOST),
+         False, Verdict.UNCHANGED),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", DECISIONS, ids=lambda case: case.name)
+def test_decide(case: Case) -> None:
+    assert decide(case.cost, UID, case.state, overwrite_foreign=case.overwrite_foreign) is (
+        case.expected
+    )
+
+
+def raw_pod(annotations: dict[str, str] | None, managers: list[tuple[str, bool]]) -> Any:
+    """A pod's JSON with the given annotations; ``managers`` as (name, owns the cost field)."""
+    managed = []
+    for manager, owns in managers:
+        fields: dict[str, Any] = {"f:metadata": {"f:annotations": {"f:other": {}}}}
+        if owns:
+            fields["f:metadata"]["f:annotations"][f"f:{DELETION_COST_ANNOTATION}"] = {}
+        managed.append({"manager": manager, "operation": "Update", "fieldsV1": fields})
+    meta: dict[str, Any] = {"uid": UID, "resourceVersion": "42", "managedFields": managed}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"metadata": meta}
+
+
+def test_pod_state_reads_value_owner_and_version_from_the_pods_json() -> None:
+    raw = raw_pod({DELETION_COST_ANNOTATION: "12"}, [("kubectl", False), (FIELD_MANAGER, True)])
+    assert pod_state(raw) == PodState(UID, "12", CostOwner.PODCOST)
+
+
+def test_a_cost_whose_field_another_manager_owns_is_foreign() -> None:
+    raw = raw_pod({DELETION_COST_ANNOTATION: "12"}, [(FIELD_MANAGER, False), ("kubectl", True)])
+    assert pod_state(raw).owner is CostOwner.OTHER
+
+
+def test_a_pod_without_annotations_has_no_cost_and_no_owner() -> None:
+    found = pod_state(raw_pod(None, [(FIELD_MANAGER, False)]))
+    assert (found.value, found.owner, found.invalid) == (None, CostOwner.NONE, None)
+
+
+def test_an_invalid_value_says_why() -> None:
+    assert state("007", CostOwner.OTHER).invalid == "invalid value '007'"
+
+
+# --- coalescing -------------------------------------------------------------------------------
+
+
+def want(uid: str, cost: int, origin: str, previous: int | None = None) -> Want[str]:
+    return Want(PodUID(uid), "ns", f"pod-{uid}", cost, previous, origin)
+
+
+def test_a_newer_cost_supersedes_the_queued_one_and_only_the_newest_is_taken() -> None:
+    queue: WriteQueue[str] = WriteQueue()
+    first = queue.offer(want("a", 1, "r1"))
+    second = queue.offer(want("a", 2, "r2"))
+    third = queue.offer(want("a", 3, "r3"))
+    assert [first.ready, second.ready, third.ready] == [True, False, False]  # announced once
+    assert [(s.want.origin, s.result) for s in (*second.settled, *third.settled)] == [
+        ("r1", Result.SUPERSEDED),
+        ("r2", Result.SUPERSEDED),
+    ]
+    taken = queue.take(PodUID("a"))
+    assert taken == want("a", 3, "r3")
+    assert queue.depth == 1
+    assert queue.finish(PodUID("a")) is False
+    assert queue.depth == 0
+
+
+def test_a_cost_the_snapshot_already_saw_on_the_pod_is_no_write() -> None:
+    queue: WriteQueue[str] = WriteQueue()
+    offer = queue.offer(want("a", 4, "r1", previous=4))
+    assert not offer.ready
+    assert [(s.want.origin, s.result) for s in offer.settled] == [("r1", Result.UNCHANGED)]
+    assert queue.depth == 0
+
+
+def test_an_unchanged_cost_also_cancels_a_queued_older_write() -> None:
+    queue: WriteQueue[str] = WriteQueue()
+    assert queue.offer(want("a", 9, "r1", previous=4)).ready
+    offer = queue.offer(want("a", 4, "r2", previous=4))
+    assert [(s.want.origin, s.result) for s in offer.settled] == [
+        ("r1", Result.SUPERSEDED),
+        ("r2", Result.UNCHANGED),
+    ]
+    assert queue.take(PodUID("a")) is None  # announced, then nothing left to do
+    assert queue.depth == 0
+
+
+def test_a_pod_with_a_write_in_flight_gets_its_next_write_only_after_it() -> None:
+    queue: WriteQueue[str] = WriteQueue()
+    queue.offer(want("a", 1, "r1"))
+    assert queue.take(PodUID("a")) is not None
+    # The snapshot predates the write in flight: "previous == cost" proves nothing now.
+    later = queue.offer(want("a", 0, "r2", previous=0))
+    assert (later.settled, later.ready) == ((), False)
+    assert queue.take(PodUID("a")) is None  # not while one is running
+    assert queue.depth == 2
+    assert queue.finish(PodUID("a")) is True  # ready again
+    assert queue.take(PodUID("a")) == want("a", 0, "r2", previous=0)
+
+
+def test_pods_are_coalesced_independently() -> None:
+    queue: WriteQueue[str] = WriteQueue()
+    ready = [queue.offer(want(uid, 1, f"r-{uid}")).ready for uid in ("a", "b", "c")]
+    assert ready == [True, True, True]
+    assert queue.depth == 3
+
+
+def test_finishing_a_write_that_is_not_running_is_a_bug() -> None:
+    queue: WriteQueue[str] = WriteQueue()
+    with pytest.raises(KeyError):
+        queue.finish(PodUID("a"))
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from("abc"), st.integers(0, 3), st.one_of(st.none(), st.integers(0, 3))
+        ),
+        max_size=30,
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_every_offer_is_settled_exactly_once_and_the_last_cost_of_each_pod_is_what_is_written(
+    offers: list[tuple[str, int, int | None]], rng: Any
+) -> None:
+    """Interleave offers with writers taking and finishing pods at random: every desired cost
+    ends settled or written exactly once, and each pod's last write is its newest cost unless
+    that one was already on the pod."""
+    queue: WriteQueue[int] = WriteQueue()
+    outcomes: dict[int, str] = {}
+    ready: list[PodUID] = []
+    running: list[PodUID] = []
+    written: dict[str, int] = {}
+
+    def settle(settled: Any) -> None:
+        assert settled.want.origin not in outcomes
+        outcomes[settled.want.origin] = settled.result.value
+
+    def step() -> None:
+        if running and rng.random() < 0.5:
+            uid = running.pop(rng.randrange(len(running)))
+            if queue.finish(uid):
+                ready.append(uid)
+        elif ready:
+            uid = ready.pop(0)
+            taken = queue.take(uid)
+            if taken is not None:
+                assert taken.origin not in outcomes
+                outcomes[taken.origin] = "written"
+                written[uid] = taken.cost
+                running.append(uid)
+
+    for index, (uid, cost, previous) in enumerate(offers):
+        offer = queue.offer(Want(PodUID(uid), "ns", uid, cost, previous, index))
+        for settled in offer.settled:
+            settle(settled)
+        if offer.ready:
+            ready.append(PodUID(uid))
+        step()
+    while ready or running:
+        step()
+    assert sorted(outcomes) == list(range(len(offers)))
+    assert queue.depth == 0
+    for uid in "abc":
+        mine = [(i, cost, prev) for i, (u, cost, prev) in enumerate(offers) if u == uid]
+        if mine:
+            last, cost, _ = mine[-1]
+            assert outcomes[last] in ("written", "unchanged")
+            if outcomes[last] == "written":
+                assert written[uid] == cost
+
+
+# --- the commit ledger --------------------------------------------------------------------------
+
+
+def test_a_record_is_committable_only_when_it_and_every_earlier_record_is_done() -> None:
+    ledger: Ledger[str] = Ledger()
+    first = ledger.open("p0", 10, 2, "r10")
+    second = ledger.open("p0", 11, 1, "r11")
+    assert ledger.committable() == []
+    assert ledger.settle(second) is True
+    assert ledger.committable() == []  # r10 still has two writes outstanding
+    assert ledger.settle(first) is False
+    assert ledger.settle(first) is True
+    assert ledger.committable() == ["r11"]  # past both at once
+    assert ledger.committable() == []
+    assert ledger.pending == 0
+
+
+def test_a_record_without_writes_is_committable_at_once() -> None:
+    ledger: Ledger[str] = Ledger()
+    ledger.open("p0", 0, 0, "dead letter")
+    assert ledger.committable() == ["dead letter"]
+
+
+def test_partitions_commit_independently() -> None:
+    ledger: Ledger[str] = Ledger()
+    slow = ledger.open("p0", 0, 1, "p0@0")
+    ledger.open("p1", 0, 0, "p1@0")
+    assert ledger.committable() == ["p1@0"]
+    ledger.settle(slow)
+    assert ledger.committable() == ["p0@0"]
+
+
+def test_a_record_read_again_replaces_what_was_tracked_from_its_offset_on() -> None:
+    ledger: Ledger[str] = Ledger()
+    ledger.open("p0", 5, 0, "r5")
+    stale = ledger.open("p0", 6, 1, "r6 first read")
+    ledger.open("p0", 6, 0, "r6 read again")  # the partition came back after a rebalance
+    assert ledger.committable() == ["r6 read again"]
+    ledger.settle(stale)  # the old write finishing later changes nothing
+    assert ledger.committable() == []
+
+
+def test_settling_more_writes_than_a_record_has_is_a_bug() -> None:
+    ledger: Ledger[str] = Ledger()
+    ticket = ledger.open("p0", 0, 0, "r0")
+    with pytest.raises(ValueError, match="nothing outstanding"):
+        ledger.settle(ticket)

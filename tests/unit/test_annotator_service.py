@@ -1,0 +1,395 @@
+"""The annotator service over the in-memory bus, an in-memory pod API and a fake clock: what the
+real API server cannot be made to do on demand (429 with Retry-After, 5xx, timeouts, a cost set
+between the read and the write), the QPS budget measured on the fake timeline, dead letters,
+and one trace from the record to its patches.
+
+``FakePods`` answers as the API server does for the two requests the annotator makes: 404 for a
+missing pod, a refused compare-and-swap when the pod's uid or cost is no longer what was read,
+managed fields that name who set the cost. The same scenarios against the real control plane are in
+``tests/integration/test_annotator.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tests.support.clock import FakeClock
+from tests.support.costs import Desire, desired, publish_costs
+from tests.support.tasks import leak_check
+
+from podcost.annotator import AnnotatorService, AnnotatorSettings, bootstrap
+from podcost.runtime.settings import ServiceSettings
+from podcost.runtime.telemetry import (
+    ATTR_COST,
+    ATTR_POD,
+    ATTR_RESULT,
+    ATTR_WORKLOAD,
+    ATTR_WRITES,
+    SPAN_ANNOTATE,
+    SPAN_PATCH,
+)
+from podcost_bus import BusSettings, MemoryBus
+from podcost_contracts.messages import TRACEPARENT, DeadLetter, decode
+from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER
+from podcost_kube.client import CostChanged, KubeError, PodGone
+
+NS = "shop"
+BUS = BusSettings()
+TOPICS = BUS.topics
+GROUP = "podcost-annotator"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+Failure = KubeError | TimeoutError
+
+
+class FakePods:
+    """Pods in memory, answering like the API server; ``fail`` scripts errors per request."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.failures: dict[str, deque[Failure]] = {"read": deque(), "patch": deque()}
+        self.requests: list[tuple[str, str]] = []
+        """(``read`` or ``patch``, pod name), in order."""
+        self.before_patch: Callable[[str], None] | None = None
+        self.clock: FakeClock | None = None
+        self.timeline: list[tuple[str, str, float]] = []
+        """(request, pod name, fake time) when a clock is given."""
+
+    def add(self, name: str, *, cost: str | None = None, manager: str = FIELD_MANAGER) -> str:
+        uid = f"uid-{name}"
+        self.pods[name] = {
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "uid": uid,
+                "annotations": {},
+                "managedFields": [],
+            }
+        }
+        if cost is not None:
+            self.set_cost(name, cost, manager)
+        return uid
+
+    def set_cost(self, name: str, cost: str, manager: str) -> None:
+        meta = self.pods[name]["metadata"]
+        meta["annotations"][DELETION_COST_ANNOTATION] = cost
+        field = {"f:metadata": {"f:annotations": {f"f:{DELETION_COST_ANNOTATION}": {}}}}
+        meta["managedFields"] = [{"manager": manager, "operation": "Update", "fieldsV1": field}]
+
+    def cost(self, name: str) -> str | None:
+        value: str | None = self.pods[name]["metadata"]["annotations"].get(DELETION_COST_ANNOTATION)
+        return value
+
+    def fail(self, request: str, *errors: Failure) -> None:
+        self.failures[request].extend(errors)
+
+    def patched(self) -> list[str]:
+        return [name for kind, name in self.requests if kind == "patch"]
+
+    def _record(self, request: str, name: str) -> None:
+        self.requests.append((request, name))
+        if self.clock is not None:
+            self.timeline.append((request, name, self.clock.now()))
+
+    async def read_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
+        self._record("read", name)
+        if self.failures["read"]:
+            raise self.failures["read"].popleft()
+        if name not in self.pods:
+            raise PodGone(f"reading pod {namespace}/{name}: not found", status=404)
+        return copy.deepcopy(self.pods[name])
+
+    async def patch_deletion_cost_if_unchanged(
+        self, namespace: str, pod: str, cost: int, *, seen: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        self._record("patch", pod)
+        if self.before_patch is not None:
+            self.before_patch(pod)
+        if self.failures["patch"]:
+            raise self.failures["patch"].popleft()
+        if pod not in self.pods:
+            raise PodGone(f"patching {namespace}/{pod}: not found", status=404)
+        meta, was = self.pods[pod]["metadata"], seen["metadata"]
+        if (meta["uid"], self.cost(pod)) != (
+            was["uid"],
+            was["annotations"].get(DELETION_COST_ANNOTATION),
+        ):
+            raise CostChanged(f"patching {namespace}/{pod}: changed", status=422, retriable=True)
+        self.set_cost(pod, str(cost), FIELD_MANAGER)
+        return copy.deepcopy(self.pods[pod])
+
+
+async def until(condition: Callable[[], bool], what: str, rounds: int = 2000) -> None:
+    """Let the event loop run until ``condition`` holds (no real time passes)."""
+    for _ in range(rounds):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never happened: {what}")
+
+
+class Harness:
+    """One annotator over a MemoryBus, FakePods and a FakeClock, running in a task."""
+
+    def __init__(
+        self, service: AnnotatorService, bus: MemoryBus, pods: FakePods, clock: FakeClock
+    ) -> None:
+        self.service, self.bus, self.pods, self.clock = service, bus, pods, clock
+
+    def patches(self, result: str) -> float:
+        registry = self.service.metrics.registry
+        return registry.get_sample_value("podcost_patches_total", {"result": result}) or 0.0
+
+    def committed(self) -> int:
+        return sum(self.bus.committed(GROUP).values())
+
+    async def publish(self, *pods: Desire, version: int = 1, **options: Any) -> None:
+        await publish_costs(
+            self.bus, TOPICS.costs, desired(NS, "web", pods, version=version), **options
+        )
+
+
+Start = Callable[..., Awaitable[Harness]]
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[Start]:
+    """Starts annotators; stops them (and checks no task leaked) after the test."""
+    tasks: list[asyncio.Task[None]] = []
+
+    async def starter(
+        pods: FakePods,
+        *,
+        provider: TracerProvider | None = None,
+        dry_run: bool = False,
+        **config: Any,
+    ) -> Harness:
+        bus, clock = MemoryBus(), FakeClock()
+        options = {"backoff_initial": 1.0, "backoff_max": 8.0, **config}
+        service = bootstrap(
+            ServiceSettings(http_port=0, dry_run=dry_run),
+            BUS,
+            AnnotatorSettings(**options),
+            bus=bus,
+            kube=pods,
+            clock=clock,
+            tracer_provider=provider,
+        )
+        tasks.append(asyncio.create_task(service.run(), name="annotator-under-test"))
+        await until(service.ready, "the annotator to start consuming")
+        return Harness(service, bus, pods, clock)
+
+    async with leak_check():
+        yield starter
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_429_waits_for_its_retry_after_and_holds_every_other_request_too(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    a, b = pods.add("a"), pods.add("b")
+    pods.fail(
+        "patch",
+        KubeError("HTTP 429 Too Many Requests", status=429, retriable=True, retry_after=3.0),
+    )
+    run = await start(pods, max_in_flight=1)
+    pods.clock = run.clock
+    await run.publish(Desire("a", a, 1), Desire("b", b, 2))
+    await until(lambda: run.patches("throttled") == 1, "the 429")
+    await run.clock.advance(5.0)
+    await until(lambda: run.committed() == 1, "the record committed")
+    # After the 429 nothing goes for 3 s; then one request at once and the rest at the rate
+    # (20/s): the hold applies to pod b's requests as well, and lets no burst through after it.
+    assert [(request, pod, round(at, 6)) for request, pod, at in pods.timeline] == [
+        ("read", "a", 0.0), ("patch", "a", 0.0),
+        ("read", "a", 3.0), ("patch", "a", 3.05), ("read", "b", 3.1), ("patch", "b", 3.15),
+    ]  # fmt: skip
+    assert (pods.cost("a"), pods.cost("b")) == ("1", "2")
+    assert run.patches("ok") == 2
+
+
+async def test_5xx_and_timeouts_are_retried_with_backoff_then_counted_as_an_error_and_passed(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    pods = FakePods()
+    a, b = pods.add("a"), pods.add("b")
+    pods.fail(
+        "patch",
+        KubeError("HTTP 503", status=503, retriable=True),
+        TimeoutError(),
+        KubeError("HTTP 500", status=500, retriable=True),
+    )
+    run = await start(pods, max_in_flight=1, max_attempts=3)
+    await run.publish(Desire("a", a, 1))
+    await until(lambda: run.patches("unavailable") == 1, "the first retry")
+    await run.clock.advance(0.99)
+    assert pods.patched() == ["a"]
+    await run.clock.advance(0.01)  # backoff 1 s, then 2 s
+    await until(lambda: run.patches("unavailable") == 2, "the second retry")
+    await run.clock.advance(2.0)
+    await until(lambda: run.patches("error") == 1, "giving up")
+    assert pods.patched() == ["a", "a", "a"]
+    assert any(r.levelno == logging.ERROR and "giving up" in r.getMessage() for r in caplog.records)
+    await until(lambda: run.committed() == 1, "the record committed: the annotator moved on")
+    await run.publish(Desire("b", b, 2), version=2)
+    await until(lambda: pods.cost("b") == "2", "the next record written")
+
+
+async def test_a_permanent_error_is_not_retried(start: Start) -> None:
+    pods = FakePods()
+    a = pods.add("a")
+    pods.fail("patch", KubeError("HTTP 422 Unprocessable Entity", status=422))
+    run = await start(pods)
+    await run.publish(Desire("a", a, 1))
+    await until(lambda: run.patches("error") == 1, "the error counted")
+    assert pods.patched() == ["a"]
+    await until(lambda: run.committed() == 1, "the record committed")
+
+
+async def test_a_cost_set_between_the_read_and_the_write_is_not_overwritten(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    a = pods.add("a")
+
+    def person_sets_the_cost(name: str) -> None:
+        pods.before_patch = None
+        pods.set_cost(name, "-500", "kubectl-annotate")
+
+    pods.before_patch = person_sets_the_cost
+    run = await start(pods)
+    await run.publish(Desire("a", a, 7))
+    await until(lambda: run.patches("conflict") == 1, "the conditional write refused")
+    await run.clock.advance(1.0)
+    await until(lambda: run.patches("skipped_foreign") == 1, "the pod read again")
+    assert pods.cost("a") == "-500"
+    assert pods.requests == [("read", "a"), ("patch", "a"), ("read", "a")]
+
+
+async def test_a_missing_pod_is_skipped_after_one_read(start: Start) -> None:
+    pods = FakePods()
+    b = pods.add("b")
+    run = await start(pods)
+    await run.publish(Desire("gone", "uid-gone", 3), Desire("b", b, 4))
+    await until(lambda: run.committed() == 1, "the record committed")
+    assert (run.patches("gone"), run.patches("ok")) == (1, 1)
+    assert pods.patched() == ["b"]
+
+
+async def test_the_token_bucket_paces_requests_at_the_configured_rate_on_the_fake_clock(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    uids = {f"p{i}": pods.add(f"p{i}") for i in range(10)}
+    run = await start(pods, qps=10, burst=4, max_in_flight=8)
+    pods.clock = run.clock
+    await run.publish(*(Desire(name, uid, 1) for name, uid in uids.items()))
+    await run.clock.advance(5.0)
+    await until(lambda: run.committed() == 1, "the record committed")
+    # 10 writes = 20 requests (a read and a conditional PATCH each): the burst of 4 at once,
+    # then one every 0.1 s, the last at 1.6 s: 10 writes in 1.6 s of fake time.
+    times = [round(at, 6) for _, _, at in pods.timeline]
+    assert times == [0.0] * 4 + [round(0.1 * n, 6) for n in range(1, 17)]
+    assert all(pods.cost(name) == "1" for name in uids)
+    waited = run.service.metrics.registry.get_sample_value("podcost_rate_limit_wait_seconds_total")
+    assert waited is not None
+    assert waited > 0
+
+
+async def test_an_undecodable_record_is_dead_lettered_with_its_reason_and_the_next_is_written(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    a = pods.add("a")
+    run = await start(pods)
+    await run.bus.publish(TOPICS.costs, "local/shop/Deployment/web", b"{not json")
+    await run.publish(Desire("a", a, 5))
+    await until(lambda: pods.cost("a") == "5", "the valid record written")
+    await until(lambda: run.committed() == 2, "both records committed")
+    [letter] = run.bus.records(TOPICS.deadletter)
+    dead = decode(DeadLetter, letter.value, letter.headers)
+    assert (dead.topic, dead.offset, dead.group, dead.error) == (
+        TOPICS.costs,
+        0,
+        GROUP,
+        "DecodeError",
+    )
+    assert "JSON" in dead.reason
+
+
+async def test_another_clusters_costs_are_not_written_and_are_committed(start: Start) -> None:
+    pods = FakePods()
+    a = pods.add("a")
+    run = await start(pods)
+    message = desired(NS, "web", [Desire("a", a, 5)], cluster="elsewhere")
+    await publish_costs(run.bus, TOPICS.costs, message)
+    await until(lambda: run.committed() == 1, "the record committed")
+    assert pods.requests == []
+
+
+async def test_dry_run_reads_decides_and_counts_but_writes_nothing(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="podcost.annotator")
+    pods = FakePods()
+    a, b = pods.add("a"), pods.add("b", cost="4")
+    run = await start(pods, dry_run=True)
+    await run.publish(Desire("a", a, 1), Desire("b", b, 4, previous=None))
+    await until(lambda: run.committed() == 1, "the record committed")
+    assert pods.patched() == []
+    assert (run.patches("dry_run"), run.patches("unchanged")) == (1, 1)
+    assert any("would set pod shop/a cost 1" in r.getMessage() for r in caplog.records)
+
+
+async def test_one_trace_runs_from_the_records_context_through_the_annotate_span_to_each_patch(
+    start: Start,
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    pods = FakePods()
+    a, b = pods.add("a"), pods.add("b")
+    run = await start(pods, provider=provider)
+    traceparent = f"00-{TRACE_ID}-{PARENT_ID}-01"
+    await run.publish(
+        Desire("a", a, 1),
+        Desire("b", b, 2),
+        Desire("gone", "uid-gone", 3),
+        trace={TRACEPARENT: traceparent},
+    )
+    await until(
+        lambda: any(s.name == SPAN_ANNOTATE for s in exporter.get_finished_spans()),
+        "the annotate span to end",
+    )
+    spans = exporter.get_finished_spans()
+    [annotate] = [s for s in spans if s.name == SPAN_ANNOTATE]
+    patches = [s for s in spans if s.name == SPAN_PATCH]
+    assert format(annotate.context.trace_id, "032x") == TRACE_ID
+    assert annotate.parent is not None
+    assert format(annotate.parent.span_id, "016x") == PARENT_ID
+    assert annotate.attributes is not None
+    assert annotate.attributes[ATTR_WORKLOAD] == "local/shop/Deployment/web"
+    assert annotate.attributes[ATTR_WRITES] == 2
+    assert all(
+        s.parent is not None and s.parent.span_id == annotate.context.span_id for s in patches
+    )
+    seen = {
+        (s.attributes[ATTR_POD], s.attributes[ATTR_COST], s.attributes[ATTR_RESULT])
+        for s in patches
+        if s.attributes is not None
+    }
+    assert seen == {("shop/a", 1, "ok"), ("shop/b", 2, "ok"), ("shop/gone", 3, "gone")}
+    provider.shutdown()
