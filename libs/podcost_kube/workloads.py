@@ -5,7 +5,8 @@ is opted in and with what policy, and its snapshot.
 Pure functions over raw Kubernetes JSON and a :class:`~podcost_kube.store.Store`: no I/O, no
 client library, no clock (the caller passes "now"). The watcher service calls
 :func:`touched_by` from its informer handler and feeds the keys to its debouncer; for every
-emission it calls :func:`workload_policy` and :func:`workload_snapshot`. The raw JSON becomes the
+emission it calls :func:`workload_policy` and :func:`workload_snapshot`; on becoming the leader
+(with leader election on) it touches every :func:`opted_in_workloads`. The raw JSON becomes the
 model only through ``podcost_core.convert``.
 
 A workload is a Deployment, or a ReplicaSet that no Deployment controls (a ReplicaSet controlled
@@ -141,10 +142,15 @@ def workloads_on_node(store: Store, node: str) -> set[WorkloadKey]:
     return found
 
 
-def workloads_in_namespace(store: Store, namespace: str) -> set[WorkloadKey]:
-    """Every workload of ``namespace``: its Deployments and the ReplicaSets no Deployment owns."""
+def workloads_in_namespace(store: Store, namespace: str | None) -> set[WorkloadKey]:
+    """Every workload of ``namespace`` (``None``: of every namespace): its Deployments and the
+    ReplicaSets no Deployment owns."""
     found = {
-        WorkloadKey(namespace, DEPLOYMENT, str(_meta(deployment).get("name", "")))
+        WorkloadKey(
+            str(_meta(deployment).get("namespace", "")),
+            DEPLOYMENT,
+            str(_meta(deployment).get("name", "")),
+        )
         for deployment in store.objects(DEPLOYMENT, namespace)
     }
     found |= {workload_of_replicaset(rs) for rs in store.objects(REPLICASET, namespace)}
@@ -402,6 +408,19 @@ def workload_policy(
     namespace = store.get("Namespace", "", key.namespace)
     labels = (_meta(namespace).get("labels") or {}) if namespace is not None else None
     return resolve_policy(_annotations(workload), labels, rules)
+
+
+def opted_in_workloads(store: Store, rules: OptInRules = OptInRules()) -> list[WorkloadKey]:
+    """Every workload in the store that is ranked (its policy is enabled and valid), in order.
+
+    A watcher that becomes the leader touches them all once: what changed while it stood by was
+    never published by it, and may not have been by the leader before it.
+    """
+    return sorted(
+        key
+        for key in workloads_in_namespace(store, None)
+        if workload_policy(store, key, rules).enabled
+    )
 
 
 # --- snapshots ---------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from podcost_kube.workloads import (
     WorkloadKey,
     is_own_cost_write,
     node_change_matters,
+    opted_in_workloads,
     pod_change_matters,
     resolve_policy,
     touched_by,
@@ -735,6 +736,14 @@ def test_the_policy_of_a_workload_in_the_store_reads_its_namespace_labels() -> N
     assert workload_policy(store, API, SELECT_SHOP).source == "namespace selector"
     assert workload_policy(store, WEB, SELECT_SHOP).source == "podcost.dev/enabled"
     assert not workload_policy(store, WorkloadKey(NS, DEPLOYMENT, "gone"), SELECT_SHOP).enabled
+
+
+def test_the_opted_in_workloads_are_every_deployment_and_lone_replicaset_that_is_ranked() -> None:
+    store = shop()
+    assert opted_in_workloads(store) == [WEB]
+    assert opted_in_workloads(store, SELECT_SHOP) == [API, WEB, BATCH]
+    assert opted_in_workloads(store, OptInRules(default_enabled=True)) == [API, WEB, BATCH]
+    assert opted_in_workloads(Store(), SELECT_SHOP) == []
 
 
 # --- snapshots --------------------------------------------------------------------------------

@@ -34,6 +34,10 @@ class Metrics:
         self.snapshots_published = Counter(
             "podcost_snapshots_published", "Workload snapshots the watcher published.", registry=r
         )
+        self.leading = Gauge(
+            "podcost_leading", "1 while this watcher publishes: it holds the Lease, or runs "
+            "without leader election; 0 while it stands by.", registry=r,
+        )  # fmt: skip
         self.snapshots_ranked = Counter(
             "podcost_snapshots_ranked", "Snapshots ranked, by strategy.", ["strategy"], registry=r
         )

@@ -12,17 +12,28 @@ rides in the record's headers: the root of the trace of that cost decision.
 Snapshot versions. The debouncer counts emissions per workload from 1 in each process; the
 published version is ``incarnation * 10**6 + count``, the incarnation being the start time in
 milliseconds, so versions keep growing across watcher restarts.
+
+Leader election (``PODCOST_WATCHER_LEADER_ELECTION``), so that two replicas can run: once its
+cache is synced, each replica campaigns for a Lease (``podcost_kube.leader``). Both keep their
+cache warm and are ready; only the leader touches the debouncer and publishes. A replica that
+becomes the leader touches every opted-in workload once, so nothing that changed while it stood
+by is left unpublished; one that stops leading drops what is still pending. A snapshot that was
+being published as leadership was lost may still go out; the aggregator keeps the latest by
+``emitted_at``, and the new leader stamps its snapshots from the moment it took over.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from dataclasses import dataclass
+from typing import Self
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
-from pydantic import Field
+from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from podcost.runtime.clock import Clock, WallClock
@@ -44,10 +55,12 @@ from podcost_core.policy import PolicyError, load_policy_file
 from podcost_kube.client import Kube
 from podcost_kube.debounce import Debouncer, Emission
 from podcost_kube.informer import NAMESPACE, WORKLOAD_RESOURCES, Informer
+from podcost_kube.leader import LeaderElector, check_timing
 from podcost_kube.store import Change, Store
 from podcost_kube.workloads import (
     OptInRules,
     WorkloadKey,
+    opted_in_workloads,
     touched_by,
     workload_policy,
     workload_snapshot,
@@ -68,15 +81,75 @@ class WatcherSettings(BaseSettings):
     - ``PODCOST_WATCHER_DEBOUNCE_SECONDS``: quiet time that ends a burst of changes [0.2]
     - ``PODCOST_WATCHER_MAX_DELAY_SECONDS``: longest a changed workload waits to be published
       under constant churn [2.0]
+    - ``PODCOST_WATCHER_LEADER_ELECTION``: run as one of several replicas, publishing only while
+      holding the Lease below; needs RBAC to get, create and update ``leases`` in the
+      ``coordination.k8s.io`` group in the Lease's namespace [false]
+    - ``PODCOST_WATCHER_LEASE_NAME``: the Lease; replicas that watch different namespaces must
+      use different ones [podcost-watcher]
+    - ``PODCOST_WATCHER_LEASE_NAMESPACE``, else ``POD_NAMESPACE`` (the downward API's
+      ``metadata.namespace``, so the Lease lives next to the watcher's Deployment and its RBAC):
+      the Lease's namespace [default]
+    - ``PODCOST_WATCHER_LEADER_IDENTITY``, else ``POD_NAME``: this replica's name in the Lease;
+      unique per replica [hostname_pid]
+    - ``PODCOST_WATCHER_LEASE_DURATION_SECONDS``: how long the others wait for a leader that
+      stopped renewing before they take over (whole seconds, rounded up) [15]
+    - ``PODCOST_WATCHER_RENEW_DEADLINE_SECONDS``: a leader that could not renew for this long
+      stops publishing; less than the lease duration [10]
+    - ``PODCOST_WATCHER_RETRY_PERIOD_SECONDS``: how often the leader renews and the others try
+      [2]
     """
 
-    model_config = SettingsConfigDict(env_prefix="PODCOST_WATCHER_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="PODCOST_WATCHER_", frozen=True, extra="ignore", populate_by_name=True
+    )
 
     namespace: str | None = None
     namespace_selector: str | None = None
     default_enabled: bool = False
     debounce_seconds: float = Field(default=0.2, gt=0)
     max_delay_seconds: float = Field(default=2.0, gt=0)
+    leader_election: bool = False
+    lease_name: str = Field(
+        default="podcost-watcher",
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+    )
+    lease_namespace: str = Field(
+        default="default",
+        min_length=1,
+        validation_alias=AliasChoices(
+            "PODCOST_WATCHER_LEASE_NAMESPACE", "POD_NAMESPACE", "lease_namespace"
+        ),
+    )
+    leader_identity: str | None = Field(
+        default=None,
+        min_length=1,
+        validation_alias=AliasChoices(
+            "PODCOST_WATCHER_LEADER_IDENTITY", "POD_NAME", "leader_identity"
+        ),
+    )
+    lease_duration_seconds: float = Field(default=15.0, gt=0)
+    renew_deadline_seconds: float = Field(default=10.0, gt=0)
+    retry_period_seconds: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _election_timing(self) -> Self:
+        check_timing(
+            self.lease_duration_seconds,
+            self.renew_deadline_seconds,
+            self.retry_period_seconds,
+            names=(
+                "PODCOST_WATCHER_LEASE_DURATION_SECONDS",
+                "PODCOST_WATCHER_RENEW_DEADLINE_SECONDS",
+                "PODCOST_WATCHER_RETRY_PERIOD_SECONDS",
+            ),
+        )
+        return self
+
+    def identity(self) -> str:
+        """This replica's name in the Lease: the setting, else ``hostname_pid``."""
+        return self.leader_identity or f"{socket.gethostname()}_{os.getpid()}"
 
     def opt_in_rules(self, settings: ServiceSettings) -> OptInRules:
         """The opt-in rules these settings describe; a bad policy file raises ``PolicyError``."""
@@ -122,14 +195,50 @@ class WatcherService:
         )
         self._ready = False
         self._change_seen_at: dict[WorkloadKey, float] = {}
+        self.elector: LeaderElector | None = None
+        if self.settings.leader_election:
+            self.elector = LeaderElector(
+                self.kube,
+                self.settings.lease_name,
+                self.settings.lease_namespace,
+                self.settings.identity(),
+                lease_duration=self.settings.lease_duration_seconds,
+                renew_deadline=self.settings.renew_deadline_seconds,
+                retry_period=self.settings.retry_period_seconds,
+                on_started_leading=self._on_started_leading,
+                on_stopped_leading=self._on_stopped_leading,
+            )
+        self.metrics.leading.set(0 if self.elector is not None else 1)
 
     def ready(self) -> bool:
+        """Synced; a standby replica is ready too (it takes over with a warm cache)."""
         return self._ready
 
+    def leading(self) -> bool:
+        """Whether this watcher publishes: always without leader election, else while it leads."""
+        return self.elector is None or self.elector.is_leader
+
     def _on_change(self, change: Change) -> None:
+        if not self.leading():
+            return  # the store is updated all the same; becoming the leader touches everything
         for key in touched_by(change, self.store):
             self._change_seen_at.setdefault(key, self.clock.now())
             self.debouncer.touch(key)
+
+    def _on_started_leading(self) -> None:
+        now = self.clock.now()
+        keys = opted_in_workloads(self.store, self.rules)
+        for key in keys:
+            # Seen now: the last leader may have published later changes than ours.
+            self._change_seen_at[key] = now
+            self.debouncer.touch(key)
+        self.metrics.leading.set(1)
+        log.info("leading: publishing all %d opted-in workloads once", len(keys))
+
+    def _on_stopped_leading(self) -> None:
+        self._change_seen_at.clear()
+        self.metrics.leading.set(0)
+        log.info("standing by: no longer publishing")
 
     async def run(self) -> None:
         resources = WORKLOAD_RESOURCES
@@ -148,23 +257,29 @@ class WatcherService:
             self._ready = True
             log.info("watcher synced: %d pods, %d nodes", self.store.count("Pod"),
                      self.store.count("Node"))  # fmt: skip
-            publisher = asyncio.create_task(self._publish_forever(), name="watcher-publish")
-            watching = asyncio.create_task(informer.join(), name="watcher-informer")
+            tasks = [
+                asyncio.create_task(self._publish_forever(), name="watcher-publish"),
+                asyncio.create_task(informer.join(), name="watcher-informer"),
+            ]
+            if self.elector is not None:
+                # Only now: a replica that leads must have the whole cluster in its cache.
+                tasks.append(asyncio.create_task(self.elector.run(), name="watcher-elector"))
             try:
-                done, _ = await asyncio.wait(
-                    [publisher, watching], return_when=asyncio.FIRST_COMPLETED
-                )
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     task.result()  # re-raise the failure that ended the watcher
             finally:
                 self._ready = False
-                publisher.cancel()
-                watching.cancel()
-                await asyncio.gather(publisher, watching, return_exceptions=True)
+                for task in tasks:
+                    task.cancel()  # the elector steps down, then releases its Lease
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _publish_forever(self) -> None:
         async for emission in self.debouncer:
-            await self.publish(emission)
+            if self.leading():
+                await self.publish(emission)
+            else:  # touched before leadership was lost: the new leader publishes it
+                self._change_seen_at.pop(emission.key, None)
 
     async def publish(self, emission: Emission[WorkloadKey]) -> bool:
         """Publish the snapshot of one emitted workload; ``False`` when there is nothing to say
