@@ -1,0 +1,198 @@
+"""Keyed-state consumers: the contract between a stateful consumer and the transport that runs
+it, and the transport that runs one over any ``Bus``.
+
+A :class:`KeyedProcessor` holds one state per record key (the aggregator: one per workload) and
+decides what each record and the passing of time do to it; a transport reads the records, hands
+each to the processor with its key's state, persists the new state and commits offsets. The
+processor publishes what it must before it returns, so a record is committed only after its
+output is acknowledged (at least once). Two transports run the same processor:
+
+- :class:`KeyedConsumerLoop` (here): a consumer-group loop over any ``Bus``; states live in a dict.
+  It is what embedded mode runs over the ``MemoryBus``. Offsets are committed up to the oldest
+  record a still-waiting state was built from, so after a restart the records are read again and
+  the states rebuilt.
+- ``podcost_bus.faust_app.FaustKeyedApp``: faust-streaming over Kafka, one table per state part,
+  restored from its changelog after a restart or a rebalance.
+
+The aggregator service (``podcost.aggregator``) builds its processor and picks the transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Generic, Protocol, TypeVar
+
+from podcost_bus.protocol import Bus, BusError, Consumer, Record, TopicPartition
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+
+
+class KeyedProcessor(Protocol[S]):
+    """What a keyed-state transport drives. Transports call it from one task at a time."""
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The names of the parts a state is stored in (one faust table each)."""
+        ...
+
+    async def on_record(self, record: Record, state: S | None) -> S | None:
+        """Process ``record``; ``state`` is its key's (``None``: none yet). Returns the new state,
+        or ``None`` when the state is unchanged. Whatever must be published is acknowledged
+        before this returns; raising means the record cannot be processed and stops the
+        transport (decode errors are the processor's to dead-letter)."""
+        ...
+
+    async def on_tick(self, key: bytes | None, state: S) -> S | None:
+        """Time passed and :meth:`due` said so: the new state, or ``None`` if unchanged."""
+        ...
+
+    def due(self, state: S) -> bool:
+        """Whether :meth:`on_tick` has something to do for ``state`` now."""
+        ...
+
+    def waiting(self, state: S) -> bool:
+        """Whether ``state`` still needs the records it was built from (a transport without a
+        changelog reads them again after a restart)."""
+        ...
+
+    def dump(self, old: S | None, new: S) -> Mapping[str, bytes]:
+        """The parts of ``new`` that differ from ``old``, serialised."""
+        ...
+
+    def load(self, key: bytes | None, parts: Mapping[str, bytes | None]) -> S:
+        """A state from its stored parts (a missing part is ``None``)."""
+        ...
+
+
+class KeyedConsumerLoop(Generic[S]):
+    """Runs a :class:`KeyedProcessor` as a member of a consumer group of any ``Bus``."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        topics: Sequence[str],
+        group: str,
+        processor: KeyedProcessor[S],
+        *,
+        tick_s: float,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        poll_s: float = 1.0,
+    ) -> None:
+        if tick_s <= 0 or poll_s <= 0:
+            raise ValueError("tick_s and poll_s must be positive")
+        self.bus = bus
+        self.topics = tuple(topics)
+        self.group = group
+        self.processor = processor
+        self._tick_s = tick_s
+        self._sleep = sleep
+        self._poll_s = poll_s
+        self._states: dict[bytes | None, S] = {}
+        self._where: dict[bytes | None, TopicPartition] = {}
+        """The partition each key's last record came from (to drop states revoked from us)."""
+        self._held: dict[bytes | None, list[Record]] = {}
+        """Per key whose state is waiting: the records it was built from."""
+        self._uncommitted: dict[TopicPartition, deque[Record]] = {}
+        self._lock = asyncio.Lock()
+        self._consumer: Consumer | None = None
+
+    @property
+    def states(self) -> Mapping[bytes | None, S]:
+        """The states by key (read-only view for tests and diagnostics)."""
+        return self._states
+
+    def ready(self) -> bool:
+        """Joined the group and given partitions to read."""
+        return self._consumer is not None and bool(self._consumer.assignment())
+
+    async def lag(self) -> dict[TopicPartition, int]:
+        return {} if self._consumer is None else await self._consumer.lag()
+
+    async def run(self) -> None:
+        """Read, process and commit until cancelled; the first error of either task stops it."""
+        async with self.bus.consumer(self.topics, group=self.group) as consumer:
+            self._consumer = consumer
+            tasks = [
+                asyncio.create_task(self._read(consumer), name=f"{self.group}.read"),
+                asyncio.create_task(self._tick(consumer), name=f"{self.group}.tick"),
+            ]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # re-raises what stopped it
+            finally:
+                self._consumer = None
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _read(self, consumer: Consumer) -> None:
+        while True:
+            records = await consumer.poll(max_wait=self._poll_s)
+            if not records:
+                continue
+            async with self._lock:
+                for record in records:
+                    self._uncommitted.setdefault(record.tp, deque()).append(record)
+                    key = record.key
+                    new = await self.processor.on_record(record, self._states.get(key))
+                    self._where[key] = record.tp
+                    if new is not None:
+                        self._keep(key, new, record)
+                await self._commit(consumer)
+
+    async def _tick(self, consumer: Consumer) -> None:
+        while True:
+            await self._sleep(self._tick_s)
+            async with self._lock:
+                owned = consumer.assignment()
+                for key in [key for key, tp in self._where.items() if tp not in owned]:
+                    # Revoked in a rebalance: the new owner rebuilds the state from the records.
+                    self._states.pop(key, None)
+                    self._held.pop(key, None)
+                    del self._where[key]
+                changed = False
+                for key, state in list(self._states.items()):
+                    if self.processor.due(state):
+                        new = await self.processor.on_tick(key, state)
+                        if new is not None:
+                            self._keep(key, new, None)
+                            changed = True
+                if changed:
+                    await self._commit(consumer)
+
+    def _keep(self, key: bytes | None, state: S, record: Record | None) -> None:
+        self._states[key] = state
+        if not self.processor.waiting(state):
+            self._held.pop(key, None)
+        elif record is not None:
+            self._held.setdefault(key, []).append(record)
+
+    async def _commit(self, consumer: Consumer) -> None:
+        """Commit, per partition, past every record no waiting state needs again."""
+        floors: dict[TopicPartition, int] = {}
+        for records in self._held.values():
+            for record in records:
+                floors[record.tp] = min(floors.get(record.tp, record.offset), record.offset)
+        points: list[Record] = []
+        for tp, pending in self._uncommitted.items():
+            floor = floors.get(tp)
+            last = None
+            while pending and (floor is None or pending[0].offset < floor):
+                last = pending.popleft()
+            if last is not None:
+                points.append(last)
+        if not points:
+            return
+        try:
+            await consumer.commit(points)
+        except BusError as error:
+            if not error.retriable:
+                raise
+            # The next commit covers these offsets; a restart before it reads them again.
+            log.warning("commit for group %s failed, will retry: %s", self.group, error)

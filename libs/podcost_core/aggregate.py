@@ -1,0 +1,546 @@
+"""Aggregation: the rankers' answers for one workload turned into one cost decision, purely.
+
+The aggregator service (``podcost.aggregator``) keeps one :class:`WorkloadState` per workload key
+and feeds it what it reads: the watcher's snapshots (:meth:`Aggregator.on_snapshot`), one
+strategy's raw scores from a ranker (:meth:`Aggregator.on_ranks`) and the passing of time
+(:meth:`Aggregator.due`, which returns a :class:`Decision` when one is due). The ranker resolves
+policies with the same :class:`PolicyResolver`, so both agree on which strategies must answer.
+Nothing here does I/O or reads a clock: callers pass ``now`` (POSIX seconds, so that a state
+persisted by one process keeps its meaning in the next). The service's two transports (a
+faust-streaming table in Kafka mode, a dict over the in-memory bus) persist states with
+:func:`dump_parts` / :func:`load_parts`.
+
+The rules:
+
+- **The latest snapshot wins**, in the order the watcher emitted them (``emitted_at``, then the
+  version: a restarted watcher whose versions start again is still heard). An older one is stale,
+  the same one again (a redelivery) a duplicate; both are ignored. A newer one supersedes the
+  pending one, whether or not it was decided.
+- **Answers** (one strategy's scores for one version) for the latest version are kept per
+  strategy; those for an older version are stale. Those for a version not seen yet wait for their
+  snapshot (a ranker can be faster than the aggregator's read of the workloads topic), at most
+  ``early_versions`` versions and ``early_ttl_s`` seconds. Answers the workload's policy does not
+  need (a strategy it does not enable, or a spread strategy, which the combiner levels itself:
+  ``combine.answers_needed``) are ignored.
+- **A decision is due** when every needed strategy has answered for the latest version
+  (complete), or once ``deadline_s`` has passed since the snapshot arrived, with what there is
+  (incomplete; ``missing`` names the others). After an incomplete decision, answers that arrive
+  late still make a complete one; after a complete one, nothing more happens for that version.
+- **The decision** is ``combine`` of the answers and ``label_costs`` of its order against the
+  costs on the snapshot's pods (fewest writes). An answer that breaks the score contract (a pod
+  without a score, a plugin normalization out of range) is left out and counted as missing.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from math import isfinite
+from typing import Final, NamedTuple
+
+from pydantic import TypeAdapter
+
+from podcost_core.combine import Combined, Contribution, ScoreContractError, answers_needed, combine
+from podcost_core.labels import (
+    DEFAULT_BAND,
+    CostBand,
+    CurrentCost,
+    Labelling,
+    current_costs,
+    label_costs,
+)
+from podcost_core.model import Pod, PodUID, Snapshot
+from podcost_core.policy import (
+    DEFAULT_POLICY,
+    ENABLED,
+    LABLABS_ENABLED,
+    Policy,
+    policy_from_annotations,
+)
+from podcost_core.strategies.registry import Registry
+
+Scores = Mapping[PodUID, float]
+"""One strategy's raw scores for the pods of one snapshot version."""
+
+
+# --- policies ---------------------------------------------------------------------------------
+
+#: The annotation prefixes a policy is read from (podcost's own and lablabs').
+_POLICY_PREFIXES: Final = tuple(key.rpartition("/")[0] + "/" for key in (ENABLED, LABLABS_ENABLED))
+
+
+class PolicyResolver:
+    """The policy of a workload: its annotations over a cluster default, cached.
+
+    Called for every snapshot by every ranker and the aggregator, so that they agree on which
+    strategies rank a workload. Raises ``PolicyError`` (naming the culprit) for invalid
+    annotations.
+    """
+
+    def __init__(
+        self,
+        default: Policy = DEFAULT_POLICY,
+        *,
+        registry: Registry | None = None,
+        size: int = 1024,
+    ) -> None:
+        if size < 1:
+            raise ValueError("the policy cache needs a size of at least 1")
+        self.default = default
+        self.registry = registry
+        self._size = size
+        self._cache: OrderedDict[tuple[tuple[str, str], ...], Policy] = OrderedDict()
+
+    def __call__(self, annotations: Mapping[str, str]) -> Policy:
+        relevant = tuple(
+            sorted(item for item in annotations.items() if item[0].startswith(_POLICY_PREFIXES))
+        )
+        cached = self._cache.get(relevant)
+        if cached is not None:
+            self._cache.move_to_end(relevant)
+            return cached
+        policy = policy_from_annotations(
+            dict(relevant), default=self.default, registry=self.registry
+        )
+        self._cache[relevant] = policy
+        if len(self._cache) > self._size:
+            self._cache.popitem(last=False)
+        return policy
+
+    def of(self, snapshot: Snapshot) -> Policy:
+        """The policy of the workload ``snapshot`` is of."""
+        return self(snapshot.annotations)
+
+
+def score_problem(snapshot: Snapshot, scores: Scores) -> str | None:
+    """Why ``scores`` cannot be one strategy's answer for ``snapshot`` (``None`` if they can):
+    the ranker checks its strategy's output with this before publishing it."""
+    for pod in snapshot.pods:
+        if pod.active and pod.uid not in scores:
+            return f"no score for pod {pod.uid!r}"
+    for uid, value in scores.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not isfinite(value):
+            return f"the score of pod {uid!r} is {value!r}, not a finite number"
+    return None
+
+
+# --- state ------------------------------------------------------------------------------------
+
+
+class Verdict(StrEnum):
+    """How far the latest snapshot's decision went."""
+
+    PENDING = "pending"
+    """Not decided yet."""
+    PARTIAL = "partial"
+    """Decided at the deadline without every answer; late answers can still complete it."""
+    COMPLETE = "complete"
+    """Decided with every answer: nothing more to do for this version."""
+
+
+@dataclass(frozen=True, slots=True)
+class Latest:
+    """The latest snapshot of a workload, with when it was emitted and when it arrived."""
+
+    snapshot: Snapshot
+    emitted_at: float
+    """When the watcher published it (POSIX seconds): the order snapshots are taken in."""
+    arrived_at: float
+    """When the aggregator read it: the deadline counts from here."""
+    trace: Mapping[str, str] = field(default_factory=dict)
+    """The W3C trace context it came with (``traceparent``, ``tracestate``): a decision's span
+    is a child of the snapshot's."""
+
+    @property
+    def version(self) -> int:
+        return self.snapshot.version
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Answers for a version whose snapshot has not arrived yet."""
+
+    version: int
+    since: float
+    """When the first of them arrived."""
+    answers: Mapping[str, Scores] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """What the latest snapshot has received and where its decision stands (the small part of a
+    state, written on every answer)."""
+
+    verdict: Verdict = Verdict.PENDING
+    answers: Mapping[str, Scores] = field(default_factory=dict)
+    """By strategy, for the latest version (emptied once decided complete)."""
+    early: tuple[Waiting, ...] = ()
+    """Answers for later versions, ascending."""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadState:
+    """Everything the aggregator keeps about one workload."""
+
+    key: str
+    """``cluster/namespace/kind/name``."""
+    latest: Latest | None = None
+    progress: Progress = Progress()
+
+    @property
+    def version(self) -> int | None:
+        """The latest snapshot's version, ``None`` before the first."""
+        return None if self.latest is None else self.latest.version
+
+
+class Outcome(StrEnum):
+    """What became of one input."""
+
+    ACCEPTED = "accepted"
+    """It changed the state: a newer snapshot, or an answer for the latest version."""
+    EARLY = "early"
+    """An answer for a version not seen yet: kept until its snapshot arrives."""
+    STALE = "stale"
+    """Older than the latest snapshot: ignored."""
+    DUPLICATE = "duplicate"
+    """Already had (a redelivery), or the version is already decided complete: ignored."""
+    UNUSED = "unused"
+    """An answer the workload's policy does not need: ignored."""
+
+
+class Step(NamedTuple):
+    """The result of a transition."""
+
+    state: WorkloadState
+    outcome: Outcome
+
+
+# --- decisions --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PodDecision:
+    """One ranked pod's cost and why."""
+
+    pod: Pod
+    cost: int
+    """The cost the pod should carry."""
+    previous: int | None
+    """The cost on the pod when the snapshot was taken, ``None`` if it had none podcost can
+    keep (no annotation, or an invalid one of podcost's own)."""
+    rank: int
+    """Its group in the order: 0 = deleted first."""
+    breakdown: tuple[Contribution, ...]
+    """Every strategy's part in its cost."""
+
+    @property
+    def changes(self) -> bool:
+        """Whether its annotation must be written."""
+        return self.cost != self.previous
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The costs decided for one snapshot version, with everything needed to explain them."""
+
+    key: str
+    snapshot: Snapshot
+    combined: Combined
+    labelling: Labelling
+    current: Mapping[PodUID, CurrentCost]
+    trace: Mapping[str, str] = field(default_factory=dict)
+    """The snapshot's trace context."""
+    rejected: Mapping[str, str] = field(default_factory=dict)
+    """Answers left out because they broke the score contract: strategy → reason."""
+
+    @property
+    def version(self) -> int:
+        return self.snapshot.version
+
+    @property
+    def complete(self) -> bool:
+        """Whether every strategy the policy needs took part."""
+        return self.combined.complete
+
+    @property
+    def missing(self) -> tuple[str, ...]:
+        """The needed strategies that did not take part (no answer, or a rejected one)."""
+        return self.combined.missing
+
+    def pods(self) -> list[PodDecision]:
+        """Every ranked pod, in snapshot order."""
+        by_uid = {pod.uid: pod for pod in self.snapshot.pods}
+        ranks = self.combined.ranks
+        costs = self.labelling.costs
+        return [
+            PodDecision(
+                pod=by_uid[uid],
+                cost=costs[uid],
+                previous=self.current[uid].value if uid in self.current else None,
+                rank=ranks[uid],
+                breakdown=self.combined.breakdown(uid),
+            )
+            for uid in self.combined.uids
+        ]
+
+
+# --- the transitions --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AggregationConfig:
+    """How the aggregator decides; validated on construction."""
+
+    deadline_s: float = 5.0
+    """How long after a snapshot arrives a decision is made with the answers there are."""
+    overwrite_foreign: bool = False
+    """Whether costs someone else set may be rewritten (else they are fixed constraints)."""
+    band: CostBand = DEFAULT_BAND
+    """The values podcost writes."""
+    early_ttl_s: float = 60.0
+    """How long answers for a version not seen yet wait for their snapshot."""
+    early_versions: int = 4
+    """How many versions not seen yet may have answers waiting (the newest are kept)."""
+
+    def __post_init__(self) -> None:
+        if not self.deadline_s > 0:
+            raise ValueError(f"deadline_s must be positive, got {self.deadline_s!r}")
+        if not self.early_ttl_s > 0:
+            raise ValueError(f"early_ttl_s must be positive, got {self.early_ttl_s!r}")
+        if self.early_versions < 1:
+            raise ValueError(f"early_versions must be at least 1, got {self.early_versions!r}")
+
+
+class Aggregator:
+    """The pure transitions of a :class:`WorkloadState` (see the module docstring)."""
+
+    def __init__(
+        self, config: AggregationConfig | None = None, policies: PolicyResolver | None = None
+    ) -> None:
+        self.config = config or AggregationConfig()
+        self.policies = policies or PolicyResolver()
+
+    def on_snapshot(
+        self,
+        state: WorkloadState,
+        snapshot: Snapshot,
+        *,
+        emitted_at: float,
+        now: float,
+        trace: Mapping[str, str] | None = None,
+    ) -> Step:
+        """A snapshot arrived. Raises ``PolicyError`` (state unchanged) if the workload's
+        annotations ask for an invalid policy: nothing can be decided for it."""
+        if snapshot.workload.key != state.key:
+            raise ValueError(f"a snapshot of {snapshot.workload.key!r} given to {state.key!r}")
+        needed = answers_needed(self.policies.of(snapshot))
+        latest = state.latest
+        if latest is not None:
+            order, current = (emitted_at, snapshot.version), (latest.emitted_at, latest.version)
+            if order == current:
+                return Step(state, Outcome.DUPLICATE)
+            if order < current:
+                return Step(state, Outcome.STALE)
+        answers: Mapping[str, Scores] = {}
+        early = []
+        for waiting in state.progress.early:
+            if waiting.version == snapshot.version:
+                answers = {name: s for name, s in waiting.answers.items() if name in needed}
+            elif waiting.version > snapshot.version:
+                early.append(waiting)
+        fresh = WorkloadState(
+            state.key,
+            Latest(snapshot, emitted_at, now, dict(trace or {})),
+            Progress(Verdict.PENDING, answers, tuple(early)),
+        )
+        return Step(fresh, Outcome.ACCEPTED)
+
+    def on_ranks(
+        self, state: WorkloadState, *, strategy: str, version: int, scores: Scores, now: float
+    ) -> Step:
+        """One strategy's answer for one version arrived."""
+        latest, progress = state.latest, state.progress
+        if latest is None or version > latest.version:
+            return self._wait(state, strategy, version, scores, now)
+        if version < latest.version:
+            return Step(state, Outcome.STALE)
+        if strategy not in answers_needed(self.policies.of(latest.snapshot)):
+            return Step(state, Outcome.UNUSED)
+        if progress.verdict is Verdict.COMPLETE or progress.answers.get(strategy) == scores:
+            return Step(state, Outcome.DUPLICATE)
+        answers = {**progress.answers, strategy: scores}
+        return Step(replace(state, progress=replace(progress, answers=answers)), Outcome.ACCEPTED)
+
+    def _wait(
+        self, state: WorkloadState, strategy: str, version: int, scores: Scores, now: float
+    ) -> Step:
+        early = {waiting.version: waiting for waiting in state.progress.early}
+        waiting = early.get(version, Waiting(version, now))
+        if waiting.answers.get(strategy) == scores:
+            return Step(state, Outcome.DUPLICATE)
+        early[version] = replace(waiting, answers={**waiting.answers, strategy: scores})
+        kept = tuple(early[v] for v in sorted(early)[-self.config.early_versions :])
+        return Step(replace(state, progress=replace(state.progress, early=kept)), Outcome.EARLY)
+
+    def due(self, state: WorkloadState, now: float) -> tuple[WorkloadState, Decision | None]:
+        """The state at ``now``, and the decision that is due then, if any (module docstring).
+
+        Call it after every transition (a last answer makes a decision due at once) and when
+        :meth:`next_wakeup` has passed.
+        """
+        progress = state.progress
+        ttl = self.config.early_ttl_s
+        early = tuple(waiting for waiting in progress.early if now < waiting.since + ttl)
+        if early != progress.early:
+            progress = replace(progress, early=early)
+            state = replace(state, progress=progress)
+        latest = state.latest
+        if latest is None or progress.verdict is Verdict.COMPLETE:
+            return state, None
+        policy = self.policies.of(latest.snapshot)
+        missing = [name for name in answers_needed(policy) if name not in progress.answers]
+        expired = now >= latest.arrived_at + self.config.deadline_s
+        if missing and not (progress.verdict is Verdict.PENDING and expired):
+            return state, None
+        decision = self._decide(state.key, latest, policy, progress.answers)
+        if decision.complete:
+            progress = Progress(Verdict.COMPLETE, {}, progress.early)
+        else:
+            kept = {n: s for n, s in progress.answers.items() if n not in decision.rejected}
+            progress = Progress(Verdict.PARTIAL, kept, progress.early)
+        return replace(state, progress=progress), decision
+
+    def next_wakeup(self, state: WorkloadState) -> float | None:
+        """When :meth:`due` may next change ``state`` without any new input (``None``: never)."""
+        times = [waiting.since + self.config.early_ttl_s for waiting in state.progress.early]
+        if state.latest is not None and state.progress.verdict is Verdict.PENDING:
+            times.append(state.latest.arrived_at + self.config.deadline_s)
+        return min(times, default=None)
+
+    @staticmethod
+    def waiting(state: WorkloadState) -> bool:
+        """Whether ``state`` still waits for a first decision or for a snapshot (what a transport
+        that replays records after a restart must be able to read again)."""
+        pending = state.latest is not None and state.progress.verdict is Verdict.PENDING
+        return pending or bool(state.progress.early)
+
+    def _decide(
+        self, key: str, latest: Latest, policy: Policy, answers: Mapping[str, Scores]
+    ) -> Decision:
+        snapshot = latest.snapshot
+        usable = dict(answers)
+        rejected: dict[str, str] = {}
+        while True:
+            try:
+                combined = combine(snapshot, policy, usable)
+                break
+            except ScoreContractError as error:
+                if error.strategy not in usable:
+                    raise  # not an answer's fault: a spread strategy of the policy broke
+                rejected[error.strategy] = error.reason
+                del usable[error.strategy]
+        current = current_costs(snapshot.pods)
+        labelling = label_costs(
+            combined.order,
+            {pod.uid: pod.replicaset for pod in snapshot.pods},
+            current,
+            overwrite_foreign=self.config.overwrite_foreign,
+            band=self.config.band,
+        )
+        return Decision(key, snapshot, combined, labelling, current, latest.trace, rejected)
+
+
+# --- persistence ------------------------------------------------------------------------------
+
+#: The parts a state is stored in, each written only when it changes: the snapshot once per
+#: version, the progress on every answer.
+SNAPSHOT_PART: Final = "snapshot"
+PROGRESS_PART: Final = "progress"
+STATE_PARTS: Final = (SNAPSHOT_PART, PROGRESS_PART)
+
+
+@dataclass(frozen=True, slots=True)
+class _StoredProgress:
+    """:class:`Progress` as stored: the answers for the latest version as lists of scores in the
+    order of its snapshot's pods, without the pod uids (a 10,000-pod workload's seven answers
+    keyed by uid would not fit in one Kafka record)."""
+
+    verdict: Verdict
+    version: int | None
+    """The snapshot version ``aligned`` follows the pods of."""
+    aligned: Mapping[str, list[float]]
+    answers: Mapping[str, Scores]
+    """Answers that do not score exactly the snapshot's pods, kept as they came."""
+    early: tuple[Waiting, ...]
+
+
+_LATEST: TypeAdapter[Latest] = TypeAdapter(Latest)
+_PROGRESS: TypeAdapter[_StoredProgress] = TypeAdapter(_StoredProgress)
+#: Parts larger than this are gzip-compressed: a 10,000-pod snapshot must fit in one Kafka record.
+_GZIP_ABOVE: Final = 16 * 1024
+_GZIP_MAGIC: Final = b"\x1f\x8b"
+
+
+class StateDecodeError(ValueError):
+    """A stored state part cannot be read back (written by an incompatible version)."""
+
+
+def dump_parts(old: WorkloadState | None, new: WorkloadState) -> dict[str, bytes]:
+    """The parts of ``new`` that differ from ``old`` (all of them when ``old`` is ``None``)."""
+    parts: dict[str, bytes] = {}
+    if new.latest is not None and (old is None or old.latest is not new.latest):
+        parts[SNAPSHOT_PART] = _pack(_LATEST.dump_json(new.latest))
+    if old is None or old.progress is not new.progress or SNAPSHOT_PART in parts:
+        parts[PROGRESS_PART] = _pack(_PROGRESS.dump_json(_stored(new)))
+    return parts
+
+
+def load_parts(key: str, parts: Mapping[str, bytes | None]) -> WorkloadState:
+    """The state of ``key`` from its stored parts (missing parts: the empty state's)."""
+    raw_latest, raw_progress = parts.get(SNAPSHOT_PART), parts.get(PROGRESS_PART)
+    try:
+        latest = None if raw_latest is None else _LATEST.validate_json(_unpack(raw_latest))
+        stored = None if raw_progress is None else _PROGRESS.validate_json(_unpack(raw_progress))
+    except (ValueError, zlib.error) as error:  # pydantic's ValidationError is a ValueError
+        raise StateDecodeError(f"the stored state of {key!r} cannot be read: {error}") from error
+    if stored is None:
+        return WorkloadState(key, latest)
+    answers = dict(stored.answers)
+    if latest is not None and stored.version == latest.version:
+        # The two parts are written one after the other: after a crash in between, answers
+        # aligned with another snapshot are dropped rather than given to the wrong pods.
+        uids = [pod.uid for pod in latest.snapshot.pods]
+        for name, values in stored.aligned.items():
+            if len(values) == len(uids):
+                answers[name] = dict(zip(uids, values, strict=True))
+    return WorkloadState(key, latest, Progress(stored.verdict, answers, stored.early))
+
+
+def _stored(state: WorkloadState) -> _StoredProgress:
+    progress, latest = state.progress, state.latest
+    aligned: dict[str, list[float]] = {}
+    unaligned: dict[str, Scores] = {}
+    uids = [] if latest is None else [pod.uid for pod in latest.snapshot.pods]
+    for name, scores in progress.answers.items():
+        if len(scores) == len(uids) and all(uid in scores for uid in uids):
+            aligned[name] = [scores[uid] for uid in uids]
+        else:
+            unaligned[name] = scores
+    version = None if latest is None else latest.version
+    return _StoredProgress(progress.verdict, version, aligned, unaligned, progress.early)
+
+
+def _pack(body: bytes) -> bytes:
+    if len(body) <= _GZIP_ABOVE:
+        return body  # JSON never starts with the gzip magic bytes
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return compressor.compress(body) + compressor.flush()
+
+
+def _unpack(blob: bytes) -> bytes:
+    if blob[:2] == _GZIP_MAGIC:
+        return zlib.decompress(blob, 16 + zlib.MAX_WBITS)
+    return blob

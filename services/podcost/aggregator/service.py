@@ -1,0 +1,169 @@
+"""The aggregator service: every strategy's answers for a workload combined into desired costs.
+
+Built by :func:`bootstrap` (the composition root ``podcost aggregator``, embedded mode and the
+tests use) and run by ``podcost.runtime.runner.serve``. It reads the workloads and ranks topics
+keyed by workload and publishes a ``DesiredCostsMessage`` to the costs topic once every enabled
+strategy has answered for a snapshot version, or after the deadline with what there is (flagged
+incomplete). What a record does is ``podcost.aggregator.processor``; what is decided is
+``podcost_core.aggregate``; this module only picks the transport and reports on it:
+
+- over Kafka, a faust-streaming app (``podcost_bus.faust_app``) whose tables keep every
+  workload's state across restarts and rebalances (``PODCOST_AGGREGATOR_ENGINE=faust``, the
+  default), or a plain consumer-group loop (``consumer``) that rebuilds the states by reading
+  again the records its waiting states were built from;
+- over the in-memory bus (embedded mode), the consumer loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Protocol
+
+from opentelemetry.sdk.trace import TracerProvider
+
+from podcost.aggregator.processor import AggregationProcessor
+from podcost.aggregator.settings import AggregatorSettings
+from podcost.runtime.clock import Clock, WallClock
+from podcost.runtime.metrics import Metrics
+from podcost.runtime.settings import ServiceSettings
+from podcost.runtime.telemetry import tracer
+from podcost_bus import Bus, BusError, BusSettings, MemoryBus, TopicPartition, open_bus
+from podcost_bus.faust_app import FaustKeyedApp
+from podcost_bus.keyed import KeyedConsumerLoop
+from podcost_contracts.topics import Topics
+from podcost_core.aggregate import AggregationConfig, Aggregator, PolicyResolver
+from podcost_core.policy import DEFAULT_POLICY, load_policy_file
+from podcost_core.strategies.registry import Registry, default_registry
+
+log = logging.getLogger("podcost.aggregator")
+
+#: How often the consumer lag gauge is refreshed.
+LAG_EVERY_S = 1.0
+
+
+class Transport(Protocol):
+    """What the service needs of ``FaustKeyedApp`` and ``KeyedConsumerLoop``."""
+
+    async def run(self) -> None: ...
+
+    def ready(self) -> bool: ...
+
+    async def lag(self) -> dict[TopicPartition, int]: ...
+
+
+class AggregatorService:
+    """The aggregator (the runner's ``Service``); built by :func:`bootstrap`."""
+
+    name = "aggregator"
+
+    def __init__(
+        self,
+        *,
+        processor: AggregationProcessor,
+        transport: Transport,
+        bus: Bus,
+        topics: Topics,
+        metrics: Metrics,
+    ) -> None:
+        self.processor = processor
+        self.transport = transport
+        self.bus = bus
+        self.topics = topics
+        self.metrics = metrics
+
+    def ready(self) -> bool:
+        return self.transport.ready()
+
+    async def run(self) -> None:
+        """Aggregate until cancelled; a transport failure stops the service (and the process)."""
+        await self.bus.ensure_topics(self.topics.all())
+        reporter = asyncio.create_task(self._report_lag(), name="aggregator.lag")
+        try:
+            await self.transport.run()
+        finally:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+
+    async def _report_lag(self) -> None:
+        while True:
+            await asyncio.sleep(LAG_EVERY_S)
+            started = time.monotonic()
+            try:
+                lags = await self.transport.lag()
+            except BusError as error:
+                log.debug("lag unavailable: %s", error)
+                continue
+            for topic in (self.topics.workloads, self.topics.ranks):
+                total = sum(lag for tp, lag in lags.items() if tp.topic == topic)
+                self.metrics.consumer_lag.labels(topic).set(total)
+            log.debug("lag %s read in %.3fs", lags, time.monotonic() - started)
+
+
+def bootstrap(
+    settings: ServiceSettings,
+    bus_settings: BusSettings,
+    *,
+    config: AggregatorSettings | None = None,
+    bus: Bus | None = None,
+    clock: Clock | None = None,
+    registry: Registry | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> AggregatorService:
+    """The aggregator (composition root of ``podcost aggregator``, embedded mode and the tests).
+
+    A bad policy file is a ``PolicyError`` naming the culprit; a broken installed plugin a
+    ``PluginError``. The aggregator needs every plugin strategy a workload may enable installed
+    too: it resolves the same policies as the rankers and normalizes their answers.
+    """
+    config = config if config is not None else AggregatorSettings()
+    registry = registry if registry is not None else default_registry()
+    default = (
+        load_policy_file(settings.policy_file, registry=registry)
+        if settings.policy_file is not None
+        else DEFAULT_POLICY
+    )
+    bus = bus if bus is not None else open_bus(bus_settings)
+    clock = clock if clock is not None else WallClock()
+    topics = bus_settings.topics
+    metrics = Metrics("aggregator")
+    aggregator = Aggregator(
+        AggregationConfig(deadline_s=config.deadline_s, overwrite_foreign=config.overwrite_foreign),
+        PolicyResolver(default, registry=registry),
+    )
+    processor = AggregationProcessor(
+        aggregator,
+        bus=bus,
+        topics=topics,
+        group=config.app_id,
+        metrics=metrics,
+        tracer=tracer(tracer_provider),
+        clock=clock,
+    )
+    sources = (topics.workloads, topics.ranks)
+    transport: Transport
+    if (
+        config.engine == "faust"
+        and bus_settings.bootstrap_servers
+        and not isinstance(bus, MemoryBus)
+    ):
+        transport = FaustKeyedApp(
+            bus_settings,
+            processor,
+            app_id=config.app_id,
+            topics=sources,
+            data_dir=config.faust_data_dir(),
+            tick_s=config.tick_s,
+            commit_interval_s=config.commit_interval_s,
+            standby_replicas=config.standby_replicas,
+        )
+    else:
+        transport = KeyedConsumerLoop(
+            bus, sources, config.app_id, processor, tick_s=config.tick_s, sleep=clock.sleep
+        )
+    return AggregatorService(
+        processor=processor, transport=transport, bus=bus, topics=topics, metrics=metrics
+    )

@@ -1,0 +1,69 @@
+"""The aggregator's own settings, declared once with their environment variable and meaning.
+
+``podcost aggregator`` reads them from the environment and hands them to
+``podcost.aggregator.bootstrap`` (tests construct them directly); they are validated at start, so
+a bad value stops the service with the variable named. The shared settings (cluster, HTTP, logs,
+``PODCOST_POLICY_FILE``) are ``podcost.runtime.settings.ServiceSettings``; the bus and topics
+are ``podcost_bus.BusSettings``.
+
+Variables (defaults in brackets), all prefixed ``PODCOST_AGGREGATOR_``:
+
+- ``DEADLINE_S``: seconds after a snapshot arrives when its costs are decided with the answers
+  there are, flagged incomplete [5]
+- ``TICK_S``: how often deadlines are checked [0.25]
+- ``ENGINE``: over Kafka, ``faust`` (a faust-streaming app whose tables survive restarts) or
+  ``consumer`` (a plain consumer-group loop that rebuilds its state by re-reading) [faust]; the
+  in-memory bus always uses the consumer loop
+- ``APP_ID``: the faust app id, which is also the consumer group and the prefix of the tables'
+  changelog topics [podcost-aggregator]
+- ``DATA_DIR``: faust's data directory [``<tmp>/podcost/<app id>``; tables are in memory]
+- ``COMMIT_INTERVAL_S``: how often faust commits processed offsets [1]
+- ``STANDBY_REPLICAS``: faust standby copies of each table partition, for a faster take-over
+  when several aggregators run [0]
+- ``OVERWRITE_FOREIGN``: rank costs someone else set like podcost's own (they are rewritten)
+  instead of fitting podcost's around them [false]
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "PODCOST_AGGREGATOR_"
+DEFAULT_APP_ID = "podcost-aggregator"
+
+
+class AggregatorSettings(BaseSettings):
+    """How the aggregator decides and runs (see the module docstring)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+
+    deadline_s: float = Field(
+        default=5.0, gt=0, le=3600, description="Seconds before deciding without every answer."
+    )
+    tick_s: float = Field(default=0.25, gt=0, le=60, description="Deadline check period.")
+    engine: Literal["faust", "consumer"] = Field(
+        default="faust", description="The Kafka transport: faust-streaming or a consumer loop."
+    )
+    app_id: str = Field(
+        default=DEFAULT_APP_ID,
+        min_length=1,
+        pattern=r"^[a-zA-Z0-9._-]+$",
+        description="faust app id: consumer group and changelog topic prefix.",
+    )
+    data_dir: Path | None = Field(default=None, description="faust's data directory.")
+    commit_interval_s: float = Field(
+        default=1.0, gt=0, le=60, description="How often faust commits processed offsets."
+    )
+    standby_replicas: int = Field(default=0, ge=0, le=10, description="faust standby replicas.")
+    overwrite_foreign: bool = Field(
+        default=False, description="Rewrite costs someone else set instead of fitting around them."
+    )
+
+    def faust_data_dir(self) -> Path:
+        """Where faust keeps its (small) files: ``DATA_DIR`` or a directory per app id."""
+        return self.data_dir or Path(tempfile.gettempdir()) / "podcost" / self.app_id

@@ -1,0 +1,325 @@
+"""The ranker: one generic service that runs one strategy on every workload snapshot.
+
+``podcost ranker --strategy NAME`` runs it, one process per strategy, each in its own consumer
+group ``podcost-ranker-<strategy>``; embedded mode runs one per strategy in-process; the tests
+build it with :func:`bootstrap`. The same loop runs any strategy the registry knows, built-in or
+installed by a package through the ``podcost.strategies`` entry points: adding a strategy never
+copies this code.
+
+For each snapshot read from the workloads topic: decode it (an undecodable record goes to the
+dead-letter topic with the reason, and the ranker goes on), resolve the workload's policy (its
+annotations over the cluster default, with the aggregator's own resolver so both agree), and if
+the policy needs this strategy's answer, run the strategy in a span (``podcost.strategy``, a
+child of the snapshot's trace) and the ``strategy_duration`` histogram, then publish its raw
+scores for that snapshot version with the span's trace context. The batch's offsets are committed
+only once every answer is acknowledged (at least once: a ranker that dies before re-reads and
+re-publishes the same answers, which the aggregator treats as duplicates). A snapshot the
+strategy cannot rank (it raises, or breaks the score contract) or whose policy is invalid is
+dead-lettered too: retrying cannot help, and the aggregator decides without this answer after its
+deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Status, StatusCode, Tracer
+from opentelemetry.util.types import AttributeValue
+
+from podcost.runtime.clock import Clock, WallClock
+from podcost.runtime.metrics import Metrics
+from podcost.runtime.retry import DEFAULT_BACKOFF, Backoff, retry_transient
+from podcost.runtime.settings import ServiceSettings
+from podcost.runtime.telemetry import (
+    ATTR_PODS,
+    ATTR_STRATEGY,
+    ATTR_TIER,
+    ATTR_VERSION,
+    ATTR_WEIGHT,
+    ATTR_WORKLOAD,
+    SPAN_STRATEGY,
+    extract,
+    inject,
+    tracer,
+)
+from podcost_bus import Bus, BusError, BusSettings, Consumer, Delivery, Record, open_bus
+from podcost_bus.messaging import dead_letter
+from podcost_contracts.messages import (
+    DecodeError,
+    Encoded,
+    MessageTooLarge,
+    StrategyRanksMessage,
+    WorkloadSnapshotMessage,
+    decode,
+    encode,
+)
+from podcost_contracts.topics import Topics
+from podcost_core.aggregate import PolicyResolver, score_problem
+from podcost_core.policy import DEFAULT_POLICY, BoundStrategy, PolicyError, load_policy_file
+from podcost_core.strategies.base import Strategy
+from podcost_core.strategies.registry import Registry, default_registry
+
+log = logging.getLogger("podcost.ranker")
+
+GROUP_PREFIX = "podcost-ranker-"
+#: How often the consumer lag gauge is refreshed (asking Kafka costs a round trip).
+LAG_EVERY_S = 1.0
+
+
+def group_of(strategy: str) -> str:
+    """The consumer group of the rankers of ``strategy``."""
+    return f"{GROUP_PREFIX}{strategy}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """A record's answer, ready to publish."""
+
+    record: Record
+    encoded: Encoded
+
+
+class RankerService:
+    """One strategy's ranker (the runner's ``Service``); built by :func:`bootstrap`."""
+
+    def __init__(
+        self,
+        strategy: Strategy[Any],
+        *,
+        policies: PolicyResolver,
+        bus: Bus,
+        topics: Topics,
+        metrics: Metrics,
+        tracer: Tracer,
+        clock: Clock,
+        poll_s: float = 1.0,
+        backoff: Backoff = DEFAULT_BACKOFF,
+    ) -> None:
+        self.strategy = strategy
+        self.name = f"ranker-{strategy.name}"
+        self.group = group_of(strategy.name)
+        self.policies = policies
+        self.bus = bus
+        self.topics = topics
+        self.metrics = metrics
+        self.tracer = tracer
+        self.clock = clock
+        self.poll_s = poll_s
+        self.backoff = backoff
+        self._consumer: Consumer | None = None
+        self._lag_at = float("-inf")
+
+    def ready(self) -> bool:
+        """Joined the group and given partitions to read."""
+        return self._consumer is not None and bool(self._consumer.assignment())
+
+    async def run(self) -> None:
+        """Rank what the workloads topic brings until cancelled."""
+        await self.bus.ensure_topics(self.topics.all())
+        async with self.bus.consumer([self.topics.workloads], group=self.group) as consumer:
+            self._consumer = consumer
+            try:
+                while True:
+                    records = await consumer.poll(max_wait=self.poll_s)
+                    if records:
+                        await self.process(records)
+                        await self._commit(consumer, records)
+                    await self._report_lag(consumer)
+            finally:
+                self._consumer = None
+
+    async def process(self, records: list[Record]) -> None:
+        """Rank ``records`` and publish every answer; returns once all are acknowledged."""
+        answers = [answer for record in records if (answer := await self._rank(record))]
+        queued: list[tuple[_Answer, Awaitable[Delivery] | None]] = []
+        for answer in answers:  # queued together, so the producer batches them
+            encoded = answer.encoded
+            try:
+                acked = await self.bus.send(
+                    self.topics.ranks, encoded.key, encoded.value, encoded.headers
+                )
+            except BusError as error:
+                if not error.retriable:
+                    raise
+                acked = None  # published again below, with backoff
+            queued.append((answer, acked))
+        for answer, acked in queued:
+            await self._settle(answer, acked)
+
+    async def _settle(self, answer: _Answer, acked: Awaitable[Delivery] | None) -> None:
+        """Wait for ``answer``'s acknowledgement; publish it again while the error is transient;
+        dead-letter its record if the bus refuses it for good."""
+        try:
+            if acked is not None:
+                try:
+                    await acked
+                except BusError as error:
+                    if not error.retriable:
+                        raise
+                    acked = None
+            if acked is None:
+                await self._publish_retrying(answer.encoded)
+        except BusError as error:
+            await self._dead_letter(answer.record, f"cannot publish the ranks: {error}", error)
+            return
+        self.metrics.produced.labels(self.topics.ranks).inc()
+
+    async def _rank(self, record: Record) -> _Answer | None:
+        """The answer to one record, or ``None`` if there is none to publish."""
+        try:
+            message = decode(WorkloadSnapshotMessage, record.value, record.headers, key=record.key)
+        except DecodeError as error:
+            await self._dead_letter(record, error.reason, error)
+            return None
+        snapshot = message.snapshot
+        try:
+            policy = self.policies.of(snapshot)
+        except PolicyError as error:
+            await self._dead_letter(record, f"the workload's policy is invalid: {error}", error)
+            return None
+        bound = next((b for b in policy.bound if b.name == self.strategy.name), None)
+        if bound is None or bound.strategy.spread:
+            # Not enabled for this workload, or a spread strategy (the aggregator levels those).
+            self.metrics.consumed.labels(record.topic, "ok").inc()
+            return None
+        return await self._score(record, message, bound)
+
+    async def _score(
+        self, record: Record, message: WorkloadSnapshotMessage, bound: BoundStrategy
+    ) -> _Answer | None:
+        snapshot, name = message.snapshot, bound.name
+        attributes: dict[str, AttributeValue] = {
+            ATTR_WORKLOAD: message.key,
+            ATTR_VERSION: message.version,
+            ATTR_STRATEGY: name,
+            ATTR_WEIGHT: bound.weight,
+            ATTR_TIER: bound.spec.tier,
+            ATTR_PODS: len(snapshot.pods),
+        }
+        parent = extract(record.headers)
+        with self.tracer.start_as_current_span(
+            SPAN_STRATEGY, context=parent, attributes=attributes
+        ) as span:
+            started = time.perf_counter()
+            try:
+                scores = bound.strategy.score(snapshot, bound.args)
+            except Exception as error:  # the strategy's own failure on this snapshot
+                span.record_exception(error)
+                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+                await self._dead_letter(record, f"strategy {name!r} failed: {error!r}", error)
+                return None
+            duration = time.perf_counter() - started
+            self.metrics.strategy_duration.labels(name).observe(duration)
+            problem = score_problem(snapshot, scores)
+            if problem is not None:
+                span.set_status(Status(StatusCode.ERROR, problem))
+                await self._dead_letter(
+                    record, f"strategy {name!r} broke the score contract: {problem}", None
+                )
+                return None
+            answer = StrategyRanksMessage(
+                key=message.key,
+                version=message.version,
+                strategy=name,
+                scores=dict(scores),
+                duration_seconds=duration,
+                emitted_at=self.clock.now(),
+            )
+            try:
+                encoded = encode(answer, trace=inject())
+            except MessageTooLarge as error:
+                span.set_status(Status(StatusCode.ERROR, str(error)))
+                await self._dead_letter(record, f"the ranks do not fit in a record: {error}", error)
+                return None
+        self.metrics.snapshots_ranked.labels(name).inc()
+        self.metrics.consumed.labels(record.topic, "ok").inc()
+        return _Answer(record, encoded)
+
+    async def _publish_retrying(self, encoded: Encoded) -> Delivery:
+        async def publish() -> Delivery:
+            return await self.bus.publish(
+                self.topics.ranks, encoded.key, encoded.value, encoded.headers
+            )
+
+        return await retry_transient(
+            publish, what=f"{self.name}: publish to {self.topics.ranks}", sleep=self.clock.sleep,
+            backoff=self.backoff,
+        )  # fmt: skip
+
+    async def _dead_letter(self, record: Record, reason: str, error: BaseException | None) -> None:
+        async def publish() -> Delivery:
+            return await dead_letter(
+                self.bus, record, reason, error, topic=self.topics.deadletter, group=self.group,
+                clock=self.clock.now,
+            )  # fmt: skip
+
+        await retry_transient(
+            publish, what=f"{self.name}: dead-letter", sleep=self.clock.sleep, backoff=self.backoff
+        )
+        self.metrics.consumed.labels(record.topic, "dead_letter").inc()
+        self.metrics.produced.labels(self.topics.deadletter).inc()
+
+    async def _commit(self, consumer: Consumer, records: list[Record]) -> None:
+        try:
+            await consumer.commit(records)
+        except BusError as error:
+            if not error.retriable:
+                raise
+            # The next batch's commit covers these offsets; a restart before it re-ranks them.
+            log.warning("%s: commit failed, will be covered by the next: %s", self.name, error)
+
+    async def _report_lag(self, consumer: Consumer) -> None:
+        now = time.monotonic()
+        if now - self._lag_at < LAG_EVERY_S:
+            return
+        self._lag_at = now
+        try:
+            lags = await consumer.lag()
+        except BusError as error:
+            log.debug("%s: lag unavailable: %s", self.name, error)
+            return
+        self.metrics.consumer_lag.labels(self.topics.workloads).set(sum(lags.values()))
+
+
+def bootstrap(
+    settings: ServiceSettings,
+    bus_settings: BusSettings,
+    *,
+    strategy: str,
+    bus: Bus | None = None,
+    clock: Clock | None = None,
+    registry: Registry | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> RankerService:
+    """The ranker of ``strategy`` (composition root of ``podcost ranker`` and the tests).
+
+    Start-up errors name their culprit: ``UnknownStrategyError`` (an unknown name, with the known
+    ones), ``PluginError`` (a broken installed plugin) and ``PolicyError`` (a bad policy file,
+    e.g. bad args for a strategy).
+    """
+    registry = registry if registry is not None else default_registry()
+    found = registry.get_strategy(strategy)
+    default = (
+        load_policy_file(settings.policy_file, registry=registry)
+        if settings.policy_file is not None
+        else DEFAULT_POLICY
+    )
+    if found.spread:
+        log.info(
+            "%s is a spread strategy: the aggregator levels it, this ranker publishes nothing",
+            strategy,
+        )
+    return RankerService(
+        found,
+        policies=PolicyResolver(default, registry=registry),
+        bus=bus if bus is not None else open_bus(bus_settings),
+        topics=bus_settings.topics,
+        metrics=Metrics(f"ranker-{strategy}"),
+        tracer=tracer(tracer_provider),
+        clock=clock if clock is not None else WallClock(),
+    )

@@ -1,0 +1,115 @@
+"""Running rankers and the aggregator inside a test, and reading what they publish.
+
+Used by the in-memory pipeline tests (``tests/unit/test_ranker_aggregator_memory.py``) and the
+real-broker ones (``tests/integration/test_ranker_aggregator.py``): the same services, the same
+helpers, only the bus differs. ``running`` starts services as tasks and stops them at the end
+(a service that failed fails the test), ``Reader`` reads a topic as its own consumer group, and
+``expected_costs`` is what the pipeline must decide, computed directly with ``rank`` and
+``label_costs``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Generic, Protocol, TypeVar
+
+from podcost_bus import Bus, Consumer, Record
+from podcost_contracts.messages import Message, decode
+from podcost_core.combine import rank
+from podcost_core.labels import current_costs, label_costs
+from podcost_core.model import PodUID, Snapshot
+from podcost_core.policy import Policy
+
+M = TypeVar("M", bound=Message)
+
+
+class Runnable(Protocol):
+    name: str
+
+    async def run(self) -> None: ...
+
+    def ready(self) -> bool: ...
+
+
+async def eventually(check: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Return as soon as ``check()`` holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@asynccontextmanager
+async def running(*services: Runnable, timeout: float = 30.0) -> AsyncIterator[None]:
+    """Run ``services`` as tasks until the block ends; ready before it starts. A service that
+    stopped by itself fails the test with its error."""
+    tasks = [asyncio.create_task(service.run(), name=service.name) for service in services]
+
+    def failed() -> list[asyncio.Task[None]]:
+        return [task for task in tasks if task.done()]
+
+    try:
+        await eventually(
+            lambda: bool(failed()) or all(service.ready() for service in services),
+            f"{[s.name for s in services]} ready",
+            timeout,
+        )
+        for task in failed():
+            task.result()
+        yield
+        for task in failed():
+            task.result()
+            raise AssertionError(f"{task.get_name()} stopped by itself")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Reader(Generic[M]):
+    """Reads ``topic`` as a consumer group of its own and decodes ``kind`` messages."""
+
+    def __init__(self, bus: Bus, topic: str, kind: type[M]) -> None:
+        self.kind = kind
+        self.records: list[Record] = []
+        self._consumer: Consumer = bus.consumer([topic], group=f"test-reader-{uuid.uuid4().hex}")
+
+    async def __aenter__(self) -> Reader[M]:
+        await self._consumer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._consumer.stop()
+
+    async def take(self, count: int, timeout: float = 20.0) -> list[M]:
+        """The next ``count`` messages; fails naming how many came before ``timeout``."""
+        deadline = time.monotonic() + timeout
+        records: list[Record] = []
+        while len(records) < count:
+            left = deadline - time.monotonic()
+            batch = await self._consumer.poll(max_wait=max(0.0, left), max_records=count)
+            records.extend(batch)
+            if not batch and time.monotonic() >= deadline:
+                raise AssertionError(
+                    f"got {len(records)} of {count} {self.kind.KIND} messages in {timeout}s"
+                )
+        self.records.extend(records)
+        return [decode(self.kind, r.value, r.headers, key=r.key) for r in records]
+
+    async def nothing_more(self, wait: float = 0.5) -> None:
+        """Fail if a message comes within ``wait`` seconds (absence takes a wait to show)."""
+        extra = await self._consumer.poll(max_wait=wait)
+        assert extra == [], f"unexpected {self.kind.KIND} messages: {len(extra)}"
+
+
+def expected_costs(snapshot: Snapshot, policy: Policy) -> dict[PodUID, int]:
+    """What the pipeline must decide for ``snapshot``: ``rank`` then ``label_costs``."""
+    combined = rank(snapshot, policy)
+    replicaset_of: Mapping[PodUID, str | None] = {p.uid: p.replicaset for p in snapshot.pods}
+    labelled = label_costs(combined.order, replicaset_of, current_costs(snapshot.pods))
+    return dict(labelled.costs)

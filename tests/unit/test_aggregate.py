@@ -1,0 +1,491 @@
+"""The pure aggregation: when a decision is due, what it decides, what is ignored, and how a state
+is stored. Timelines are tables of inputs at fake times (``now`` is a parameter: no clock)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+import pytest
+from tests.support.pods import NOW, pod
+from tests.support.snapshots import large_snapshot
+from tests.support.snapshots import snapshot as deployment
+
+from podcost_core.aggregate import (
+    PROGRESS_PART,
+    SNAPSHOT_PART,
+    AggregationConfig,
+    Aggregator,
+    Outcome,
+    PolicyResolver,
+    Scores,
+    StateDecodeError,
+    Verdict,
+    WorkloadState,
+    dump_parts,
+    load_parts,
+    score_problem,
+)
+from podcost_core.combine import rank
+from podcost_core.labels import current_costs, label_costs
+from podcost_core.model import CostOwner, Node, NodeName, PodUID, Snapshot, WorkloadRef
+from podcost_core.policy import (
+    DEFAULT_POLICY,
+    Policy,
+    PolicyError,
+    StrategySpec,
+    policy_from_annotations,
+)
+
+CAP, AGE = "capacity-type", "age"
+STRATEGIES = {"podcost.dev/enabled": "true", "podcost.dev/strategies": f"{CAP}=3, {AGE}"}
+BASE = replace(deployment(pods=4, nodes=4), annotations=STRATEGIES)
+KEY = BASE.workload.key
+DEADLINE = 5.0
+
+
+def snap(version: int, snapshot: Snapshot = BASE) -> Snapshot:
+    return replace(snapshot, version=version)
+
+
+def scores(snapshot: Snapshot, strategy: str) -> Scores:
+    bound = next(
+        b for b in policy_from_annotations(snapshot.annotations).bound if b.name == strategy
+    )
+    return bound.strategy.score(snapshot, bound.args)
+
+
+# --- timelines --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snap:
+    """The snapshot of ``version`` arrives at ``at``, emitted at ``emitted`` (or ``version``)."""
+
+    version: int
+    at: float
+    emitted: float | None = None
+
+
+@dataclass(frozen=True)
+class Rank:
+    """``strategy``'s answer for ``version`` arrives at ``at``."""
+
+    strategy: str
+    version: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passes to ``at``."""
+
+    at: float
+
+
+Event = Snap | Rank | Tick
+#: (when, version, complete, missing)
+Decided = tuple[float, int, bool, tuple[str, ...]]
+
+
+def play(events: list[Event], aggregator: Aggregator | None = None) -> list[Decided]:
+    """Feed ``events`` in order, asking for a due decision after each; the decisions made."""
+    aggregator = aggregator or Aggregator(AggregationConfig(deadline_s=DEADLINE))
+    state = WorkloadState(KEY)
+    decided: list[Decided] = []
+    for event in events:
+        if isinstance(event, Snap):
+            emitted = float(event.version) if event.emitted is None else event.emitted
+            state = aggregator.on_snapshot(
+                state, snap(event.version), emitted_at=emitted, now=event.at
+            ).state
+        elif isinstance(event, Rank):
+            answer = scores(snap(event.version), event.strategy)
+            state = aggregator.on_ranks(
+                state, strategy=event.strategy, version=event.version, scores=answer, now=event.at
+            ).state
+        state, decision = aggregator.due(state, event.at)
+        if decision is not None:
+            decided.append((event.at, decision.version, decision.complete, decision.missing))
+    return decided
+
+
+TIMELINES: dict[str, tuple[list[Event], list[Decided]]] = {
+    "every answer decides at once, complete": (
+        [Snap(1, 0), Rank(CAP, 1, 0.5), Rank(AGE, 1, 1)],
+        [(1, 1, True, ())],
+    ),
+    "a missing answer decides at the deadline, incomplete": (
+        [Snap(1, 0), Rank(CAP, 1, 1), Tick(4.9), Tick(5)],
+        [(5, 1, False, (AGE,))],
+    ),
+    "a late answer completes a deadline decision": (
+        [Snap(1, 0), Rank(CAP, 1, 1), Tick(5), Tick(6), Rank(AGE, 1, 7)],
+        [(5, 1, False, (AGE,)), (7, 1, True, ())],
+    ),
+    "a deadline decision is made once": (
+        [Snap(1, 0), Tick(5), Tick(10), Tick(60)],
+        [(5, 1, False, (CAP, AGE))],
+    ),
+    "answers for an older version are ignored": (
+        [Snap(2, 0), Rank(CAP, 1, 1), Rank(AGE, 1, 1), Tick(4.9)],
+        [],
+    ),
+    "a newer snapshot supersedes the pending one": (
+        [
+            Snap(1, 0),
+            Rank(CAP, 1, 1),
+            Snap(2, 2),
+            Rank(AGE, 1, 3),
+            Tick(5),
+            Rank(CAP, 2, 6),
+            Rank(AGE, 2, 6.5),
+        ],
+        [(6.5, 2, True, ())],
+    ),
+    "a newer snapshot after a decision is decided again": (
+        [
+            Snap(1, 0),
+            Rank(CAP, 1, 1),
+            Rank(AGE, 1, 1),
+            Snap(2, 2),
+            Rank(CAP, 2, 3),
+            Rank(AGE, 2, 3),
+        ],
+        [(1, 1, True, ()), (3, 2, True, ())],
+    ),
+    "answers that come before their snapshot are used when it comes": (
+        [Rank(CAP, 1, 0), Rank(AGE, 1, 0.5), Snap(1, 1)],
+        [(1, 1, True, ())],
+    ),
+    "answers for a later version wait while the current one is decided": (
+        [
+            Snap(1, 0),
+            Rank(CAP, 2, 0.5),
+            Rank(AGE, 2, 0.5),
+            Rank(CAP, 1, 1),
+            Rank(AGE, 1, 1),
+            Snap(2, 2),
+        ],
+        [(1, 1, True, ()), (2, 2, True, ())],
+    ),
+    "a redelivered snapshot changes nothing": (
+        [Snap(1, 0), Rank(CAP, 1, 1), Rank(AGE, 1, 1), Snap(1, 2), Tick(10)],
+        [(1, 1, True, ())],
+    ),
+    "a redelivered answer after a complete decision changes nothing": (
+        [Snap(1, 0), Rank(CAP, 1, 1), Rank(AGE, 1, 1), Rank(CAP, 1, 2), Tick(10)],
+        [(1, 1, True, ())],
+    ),
+    "an older snapshot arriving late is ignored": (
+        [Snap(2, 0), Snap(1, 1), Rank(CAP, 2, 2), Rank(AGE, 2, 2), Tick(10)],
+        [(2, 2, True, ())],
+    ),
+    "a restarted watcher's lower versions are still heard": (
+        [
+            Snap(7, 0),
+            Rank(CAP, 7, 1),
+            Rank(AGE, 7, 1),
+            Snap(1, 10, emitted=20),
+            Rank(CAP, 1, 11),
+            Rank(AGE, 1, 11),
+        ],
+        [(1, 7, True, ()), (11, 1, True, ())],
+    ),
+    "answers waiting too long for their snapshot are dropped": (
+        [Rank(CAP, 3, 0), Tick(61), Snap(3, 62), Rank(AGE, 3, 63), Tick(66.9), Tick(67)],
+        [(67, 3, False, (CAP,))],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"), list(TIMELINES.values()), ids=list(TIMELINES.keys())
+)
+def test_timeline(events: list[Event], expected: list[Decided]) -> None:
+    assert play(events) == expected
+
+
+# --- outcomes ---------------------------------------------------------------------------------
+
+
+def started(aggregator: Aggregator, version: int = 2) -> WorkloadState:
+    return aggregator.on_snapshot(
+        WorkloadState(KEY), snap(version), emitted_at=float(version), now=0.0
+    ).state
+
+
+def test_each_input_says_what_became_of_it() -> None:
+    aggregator = Aggregator()
+    state = started(aggregator)
+    on_ranks = aggregator.on_ranks
+    answer = scores(snap(2), CAP)
+    assert (
+        on_ranks(state, strategy=CAP, version=2, scores=answer, now=1).outcome is Outcome.ACCEPTED
+    )
+    assert on_ranks(state, strategy=CAP, version=1, scores=answer, now=1).outcome is Outcome.STALE
+    assert on_ranks(state, strategy=CAP, version=3, scores=answer, now=1).outcome is Outcome.EARLY
+    unused = on_ranks(state, strategy="priority-qos", version=2, scores=answer, now=1)
+    assert unused.outcome is Outcome.UNUSED
+    assert unused.state is state
+    again = on_ranks(state, strategy=CAP, version=2, scores=answer, now=1).state
+    assert on_ranks(again, strategy=CAP, version=2, scores=answer, now=2).outcome is (
+        Outcome.DUPLICATE
+    )
+    replay = aggregator.on_snapshot(state, snap(2), emitted_at=2.0, now=3)
+    assert replay.outcome is Outcome.DUPLICATE
+    older = aggregator.on_snapshot(state, snap(1), emitted_at=1.0, now=3)
+    assert older.outcome is Outcome.STALE
+    assert older.state is state
+
+
+def test_a_spread_strategy_answer_is_not_needed_and_a_spread_only_policy_decides_at_once() -> None:
+    aggregator = Aggregator()
+    only_spread = {"podcost.dev/enabled": "true", "podcost.dev/strategies": "topology-spread"}
+    snapshot = replace(snap(1), annotations=only_spread)
+    state = aggregator.on_snapshot(WorkloadState(KEY), snapshot, emitted_at=1, now=0).state
+    answer = {pod.uid: 1.0 for pod in snapshot.pods}
+    unused = aggregator.on_ranks(state, strategy="topology-spread", version=1, scores=answer, now=0)
+    assert unused.outcome is Outcome.UNUSED
+    _, decision = aggregator.due(state, 0)
+    assert decision is not None
+    assert decision.complete
+    assert decision.combined.order == rank(snapshot, policy_from_annotations(only_spread)).order
+
+
+def test_an_invalid_policy_is_refused_and_leaves_the_state_as_it_was() -> None:
+    aggregator = Aggregator()
+    state = started(aggregator)
+    bad = replace(snap(3), annotations={"podcost.dev/strategies": "no-such-strategy"})
+    with pytest.raises(PolicyError, match="no-such-strategy"):
+        aggregator.on_snapshot(state, bad, emitted_at=3.0, now=1)
+    assert state.version == 2
+
+
+def test_a_snapshot_of_another_workload_is_a_programming_error() -> None:
+    other = replace(BASE, workload=WorkloadRef("c", "shop", "Deployment", "api"))
+    with pytest.raises(ValueError, match="given to"):
+        Aggregator().on_snapshot(WorkloadState(KEY), other, emitted_at=1, now=0)
+
+
+def test_only_the_newest_versions_wait_for_their_snapshot() -> None:
+    aggregator = Aggregator(AggregationConfig(early_versions=2))
+    state = WorkloadState(KEY)
+    for version in (5, 3, 4):
+        state = aggregator.on_ranks(
+            state, strategy=CAP, version=version, scores=scores(snap(version), CAP), now=0
+        ).state
+    assert [waiting.version for waiting in state.progress.early] == [4, 5]
+
+
+# --- what is decided --------------------------------------------------------------------------
+
+
+def workload_with_costs() -> Snapshot:
+    """Six pods in two ReplicaSets on spot and on-demand nodes, some already labelled, one by
+    a person: the decision must be exactly ``rank`` + ``label_costs``."""
+    nodes = {
+        f"node-{i}": Node(NodeName(f"node-{i}"), labels={
+            "topology.kubernetes.io/zone": f"zone-{i % 3}",
+            "karpenter.sh/capacity-type": "spot" if i % 2 else "on-demand",
+        })
+        for i in range(6)
+    }  # fmt: skip
+    pods = (
+        pod("a", node="node-0", replicaset="web-1", cost=100),
+        pod("b", node="node-1", replicaset="web-1", cost=-100),
+        pod("c", node="node-2", replicaset="web-1", created=NOW - 60),
+        pod("d", node="node-3", replicaset="web-2", cost=5, cost_owner=CostOwner.OTHER),
+        pod("e", node="node-4", replicaset="web-2"),
+        pod("f", node="node-5", replicaset="web-2", cost=7),
+    )
+    return Snapshot(
+        WorkloadRef("c", "shop", "Deployment", "web"),
+        pods,
+        nodes,
+        annotations={"podcost.dev/enabled": "true"},
+        version=3,
+        taken_at=NOW,
+    )
+
+
+def test_a_complete_decision_is_rank_then_label_costs_against_the_costs_on_the_pods() -> None:
+    snapshot = workload_with_costs()
+    aggregator = Aggregator()
+    state = aggregator.on_snapshot(
+        WorkloadState(snapshot.workload.key), snapshot, emitted_at=1, now=0, trace={"a": "b"}
+    ).state
+    for bound in DEFAULT_POLICY.bound:
+        if not bound.strategy.spread:
+            answer = bound.strategy.score(snapshot, bound.args)
+            state = aggregator.on_ranks(
+                state, strategy=bound.name, version=3, scores=answer, now=1
+            ).state
+    state, decision = aggregator.due(state, 1)
+    assert decision is not None
+    expected = rank(snapshot, DEFAULT_POLICY)
+    current = current_costs(snapshot.pods)
+    labelled = label_costs(expected.order, {p.uid: p.replicaset for p in snapshot.pods}, current)
+    assert decision.complete
+    assert decision.combined.order == expected.order
+    assert decision.labelling == labelled
+    assert decision.trace == {"a": "b"}
+    assert state.progress.verdict is Verdict.COMPLETE
+
+    pods = {p.pod.name: p for p in decision.pods()}
+    assert set(pods) == set("abcdef")
+    assert pods["d"].cost == 5  # a person's cost is left alone
+    assert not pods["d"].changes
+    assert {name for name, p in pods.items() if p.changes} == {
+        snapshot.pods[i].name for i, p in enumerate(snapshot.pods) if p.uid in labelled.writes
+    }
+    assert pods["c"].previous is None
+    for p in pods.values():
+        assert [term.strategy for term in p.breakdown] == [b.name for b in DEFAULT_POLICY.bound]
+
+
+def test_an_answer_that_breaks_the_score_contract_is_left_out_and_counted_missing() -> None:
+    aggregator = Aggregator()
+    state = started(aggregator, version=1)
+    partial = dict(list(scores(snap(1), CAP).items())[1:])  # a pod without a score
+    state = aggregator.on_ranks(state, strategy=CAP, version=1, scores=partial, now=1).state
+    state = aggregator.on_ranks(
+        state, strategy=AGE, version=1, scores=scores(snap(1), AGE), now=1
+    ).state
+    state, decision = aggregator.due(state, 1)
+    assert decision is not None
+    assert not decision.complete
+    assert decision.missing == (CAP,)
+    assert "no score for pod" in decision.rejected[CAP]
+    assert state.progress.verdict is Verdict.PARTIAL
+    assert aggregator.due(state, 2)[1] is None  # not decided again until a new answer
+
+    fixed = aggregator.on_ranks(state, strategy=CAP, version=1, scores=scores(snap(1), CAP), now=3)
+    _, complete = aggregator.due(fixed.state, 3)
+    assert complete is not None
+    assert complete.complete
+
+
+def test_the_next_wakeup_is_the_deadline_then_the_expiry_of_waiting_answers() -> None:
+    aggregator = Aggregator(AggregationConfig(deadline_s=5, early_ttl_s=30))
+    state = started(aggregator, version=1)
+    assert aggregator.next_wakeup(state) == 5.0
+    state = aggregator.on_ranks(state, strategy=CAP, version=4, scores={}, now=2).state
+    assert aggregator.next_wakeup(state) == 5.0
+    state, _ = aggregator.due(state, 5.0)
+    assert aggregator.next_wakeup(state) == 32.0
+    assert Aggregator.waiting(state)
+    state, _ = aggregator.due(state, 32.0)
+    assert aggregator.next_wakeup(state) is None
+    assert not Aggregator.waiting(state)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"deadline_s": 0}, {"deadline_s": math.nan}, {"early_ttl_s": -1}, {"early_versions": 0}],
+)
+def test_a_config_that_cannot_work_is_refused(config: Mapping[str, float]) -> None:
+    with pytest.raises(ValueError, match="must be"):
+        AggregationConfig(**config)  # type: ignore[arg-type]
+
+
+# --- policies and answers ---------------------------------------------------------------------
+
+
+def test_the_resolver_gives_the_cluster_default_unless_the_workload_says_otherwise() -> None:
+    cluster = Policy((StrategySpec(AGE), StrategySpec(CAP, weight=2)))
+    resolver = PolicyResolver(cluster)
+    assert resolver({"podcost.dev/enabled": "true"}).specs == cluster.specs
+    own = resolver(STRATEGIES)
+    assert [b.name for b in own.bound] == [CAP, AGE]
+    assert resolver({**STRATEGIES, "unrelated": "x"}) is own  # cached on the policy annotations
+    assert PolicyResolver()({"podcost.dev/enabled": "true"}).specs == DEFAULT_POLICY.specs
+    with pytest.raises(PolicyError, match="arg 'bogus': unknown arg"):
+        resolver({"podcost.dev/args.age": "bogus=1"})
+
+
+U = PodUID
+
+
+@pytest.mark.parametrize(
+    ("answer", "problem"),
+    [
+        ({U("uid-a"): 1.0, U("uid-b"): 2.0}, None),
+        ({U("uid-a"): 1.0}, "no score for pod 'uid-b'"),
+        (
+            {U("uid-a"): 1.0, U("uid-b"): math.nan},
+            "the score of pod 'uid-b' is nan, not a finite number",
+        ),
+        (
+            {U("uid-a"): math.inf, U("uid-b"): 0.0},
+            "the score of pod 'uid-a' is inf, not a finite number",
+        ),
+        ({U("uid-a"): 1, U("uid-b"): 0}, None),
+    ],
+)
+def test_an_answer_must_score_every_active_pod_with_a_finite_number(
+    answer: Scores, problem: str | None
+) -> None:
+    snapshot = Snapshot(
+        WorkloadRef("c", "shop", "Deployment", "web"),
+        (pod("a"), pod("b"), pod("gone", deleting=True)),
+    )
+    assert score_problem(snapshot, answer) == problem
+
+
+# --- storing a state --------------------------------------------------------------------------
+
+
+def test_a_state_is_stored_in_two_parts_and_read_back_equal() -> None:
+    aggregator = Aggregator()
+    state = started(aggregator, version=2)
+    state = aggregator.on_ranks(
+        state, strategy=CAP, version=2, scores=scores(snap(2), CAP), now=1
+    ).state
+    state = aggregator.on_ranks(
+        state, strategy=AGE, version=3, scores=scores(snap(3), AGE), now=1
+    ).state
+    parts = dump_parts(None, state)
+    assert set(parts) == {SNAPSHOT_PART, PROGRESS_PART}
+    assert load_parts(KEY, parts) == state
+
+    later = aggregator.on_ranks(state, strategy=AGE, version=2, scores=scores(snap(2), AGE), now=2)
+    changed = dump_parts(state, later.state)
+    assert set(changed) == {PROGRESS_PART}  # the snapshot is written once per version
+    assert load_parts(KEY, {**parts, **changed}) == later.state
+
+
+def test_answers_stored_for_another_snapshot_than_the_stored_one_are_dropped() -> None:
+    aggregator = Aggregator()
+    old = started(aggregator, version=2)
+    old = aggregator.on_ranks(
+        old, strategy=CAP, version=2, scores=scores(snap(2), CAP), now=1
+    ).state
+    new = aggregator.on_snapshot(old, snap(3), emitted_at=3.0, now=2).state
+    # A crash after the snapshot part was written, before the progress part was.
+    mixed = {SNAPSHOT_PART: dump_parts(None, new)[SNAPSHOT_PART]}
+    mixed[PROGRESS_PART] = dump_parts(None, old)[PROGRESS_PART]
+    loaded = load_parts(KEY, mixed)
+    assert loaded.version == 3
+    assert loaded.progress.answers == {}
+
+
+def test_a_10000_pod_workload_state_fits_in_kafka_records() -> None:
+    snapshot = replace(large_snapshot(), annotations=STRATEGIES)
+    aggregator = Aggregator()
+    state = aggregator.on_snapshot(
+        WorkloadState(snapshot.workload.key), snapshot, emitted_at=1, now=0
+    ).state
+    for name in (CAP, AGE):
+        state = aggregator.on_ranks(
+            state, strategy=name, version=snapshot.version, scores=scores(snapshot, name), now=1
+        ).state
+    parts = dump_parts(None, state)
+    assert all(len(blob) < 1_000_000 for blob in parts.values())
+    assert load_parts(snapshot.workload.key, parts) == state
+
+
+def test_a_stored_part_that_cannot_be_read_is_a_clear_error() -> None:
+    with pytest.raises(StateDecodeError, match="cannot be read"):
+        load_parts(KEY, {PROGRESS_PART: b'{"verdict": "maybe"}'})

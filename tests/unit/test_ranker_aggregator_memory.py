@@ -1,0 +1,394 @@
+"""Rankers and the aggregator over the in-memory bus with a fake clock (embedded mode's transport):
+a snapshot through every enabled ranker to desired costs, the deadline, dead letters, a ranker
+restarted before its commit, a plugin strategy, start-up errors, and the trace of a decision.
+The same flow over the real broker is ``tests/integration/test_ranker_aggregator.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from importlib.metadata import EntryPoint
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from tests.support.clock import FakeClock
+from tests.support.pipeline import Reader, eventually, expected_costs, running
+from tests.support.snapshots import snapshot as deployment
+from tests.support.tasks import leak_check
+
+from podcost import aggregator, ranker
+from podcost.aggregator import AggregatorService, AggregatorSettings
+from podcost.ranker import RankerService, group_of
+from podcost.runtime.settings import ServiceSettings
+from podcost.runtime.telemetry import (
+    ATTR_COMPLETE,
+    ATTR_MISSING,
+    ATTR_STRATEGY,
+    ATTR_VERSION,
+    ATTR_WORKLOAD,
+    SPAN_COMBINE,
+    SPAN_STRATEGY,
+)
+from podcost_bus import BusSettings, MemoryBus, publish_message
+from podcost_contracts.messages import (
+    TRACEPARENT,
+    DeadLetter,
+    DesiredCostsMessage,
+    StrategyRanksMessage,
+    WorkloadSnapshotMessage,
+)
+from podcost_core.model import PodUID, Snapshot
+from podcost_core.policy import PolicyError, policy_from_annotations
+from podcost_core.strategies.base import Strategy
+from podcost_core.strategies.registry import Registry, UnknownStrategyError, build_registry
+
+SETTINGS = ServiceSettings(http_port=0)
+BUS = BusSettings()
+TOPICS = BUS.topics
+CAP, AGE, SPREAD = "capacity-type", "age", "topology-spread"
+POLICY_TEXT = f"{SPREAD} | {CAP}=3, {AGE}"
+ANNOTATIONS = {"podcost.dev/enabled": "true", "podcost.dev/strategies": POLICY_TEXT}
+SNAPSHOT = replace(deployment(pods=6, nodes=6), annotations=ANNOTATIONS)
+POLICY = policy_from_annotations(ANNOTATIONS)
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+TRACE = {TRACEPARENT: f"00-{TRACE_ID}-{PARENT_ID}-01"}
+START = 1_714_568_400.0
+
+
+@dataclass
+class World:
+    """One in-memory bus, a fake clock and an in-memory span exporter, shared by the services."""
+
+    bus: MemoryBus
+    clock: FakeClock
+    spans: InMemorySpanExporter
+    provider: TracerProvider
+    registry: Registry | None = None
+
+    def ranker(self, strategy: str, settings: ServiceSettings = SETTINGS) -> RankerService:
+        return ranker.bootstrap(
+            settings, BUS, strategy=strategy, bus=self.bus, clock=self.clock,
+            registry=self.registry, tracer_provider=self.provider,
+        )  # fmt: skip
+
+    def aggregator(self, deadline_s: float = 5.0) -> AggregatorService:
+        return aggregator.bootstrap(
+            SETTINGS, BUS, config=AggregatorSettings(deadline_s=deadline_s), bus=self.bus,
+            clock=self.clock, registry=self.registry, tracer_provider=self.provider,
+        )  # fmt: skip
+
+    async def publish(self, snapshot: Snapshot = SNAPSHOT, trace: dict[str, str] = TRACE) -> None:
+        message = WorkloadSnapshotMessage.of(snapshot, emitted_at=self.clock.now())
+        await publish_message(self.bus, TOPICS.workloads, message, trace=trace)
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    yield World(MemoryBus(clock=lambda: START), FakeClock(START), spans, provider)
+    provider.shutdown()
+
+
+def counted(service: RankerService | AggregatorService, name: str, **labels: str) -> float:
+    return service.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_snapshot_goes_through_every_enabled_ranker_to_the_costs_rank_would_give(
+    world: World,
+) -> None:
+    rankers = [world.ranker(name) for name in (CAP, AGE, SPREAD, "priority-qos")]
+    combiner = world.aggregator()
+    async with (
+        leak_check(),
+        running(*rankers, combiner),
+        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
+    ):
+        await world.publish()
+        [decision] = await costs.take(1)
+        answers = await ranks.take(2)
+        await ranks.nothing_more(0.2)  # not enabled (priority-qos) or levelled by the aggregator
+
+    assert sorted(answer.strategy for answer in answers) == [AGE, CAP]
+    assert decision.key == SNAPSHOT.workload.key
+    assert decision.version == SNAPSHOT.version
+    assert decision.complete
+    assert decision.missing == ()
+    assert {pod.uid: pod.cost for pod in decision.costs} == expected_costs(SNAPSHOT, POLICY)
+    assert {pod.uid: pod.previous for pod in decision.costs} == {
+        pod.uid: pod.deletion_cost for pod in SNAPSHOT.pods
+    }
+    assert all(set(pod.breakdown) == {SPREAD, CAP, AGE} for pod in decision.costs)
+    assert counted(combiner, "podcost_combinations_total", completeness="complete") == 1
+    assert counted(rankers[0], "podcost_snapshots_ranked_total", strategy=CAP) == 1
+    assert counted(rankers[0], "podcost_strategy_duration_seconds_count", strategy=CAP) == 1
+    assert counted(rankers[3], "podcost_snapshots_ranked_total", strategy="priority-qos") == 0
+
+
+async def test_every_step_of_a_decision_is_a_span_of_the_snapshot_trace(world: World) -> None:
+    async with (
+        running(world.ranker(CAP), world.ranker(AGE), world.aggregator()),
+        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
+    ):
+        await world.publish()
+        await costs.take(1)
+        await ranks.take(2)
+
+    spans = world.spans.get_finished_spans()
+    strategies = [span for span in spans if span.name == SPAN_STRATEGY]
+    [combined] = [span for span in spans if span.name == SPAN_COMBINE]
+    for span in [*strategies, combined]:
+        assert format(span.context.trace_id, "032x") == TRACE_ID
+        assert span.parent is not None
+        assert format(span.parent.span_id, "016x") == PARENT_ID
+        assert span.attributes is not None
+        assert span.attributes[ATTR_WORKLOAD] == SNAPSHOT.workload.key
+        assert span.attributes[ATTR_VERSION] == SNAPSHOT.version
+    assert sorted(str((span.attributes or {})[ATTR_STRATEGY]) for span in strategies) == [AGE, CAP]
+    assert (combined.attributes or {})[ATTR_COMPLETE] is True
+    assert len(combined.events) == len(SNAPSHOT.pods)
+    # The published records carry the context of the span that made them.
+    own = {span.context.span_id: span for span in spans}
+    for record in [*ranks.records, *costs.records]:
+        _, trace_id, span_id, _ = record.headers[TRACEPARENT].decode().split("-")
+        assert trace_id == TRACE_ID
+        assert own[int(span_id, 16)].name == (
+            SPAN_COMBINE if record.topic == TOPICS.costs else SPAN_STRATEGY
+        )
+
+
+async def test_a_strategy_that_does_not_answer_gives_a_deadline_decision_flagged_incomplete(
+    world: World,
+) -> None:
+    combiner = world.aggregator(deadline_s=5.0)
+    async with (
+        leak_check(),
+        running(world.ranker(CAP), combiner),  # no age ranker
+        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+    ):
+        await world.publish()
+        await eventually(
+            lambda: counted(combiner, "podcost_messages_consumed_total", topic=TOPICS.ranks,
+                            outcome="ok") == 1,
+            "the aggregator to read the capacity-type answer",
+        )  # fmt: skip
+        await world.clock.advance(4.5)
+        await costs.nothing_more(0.1)
+        await world.clock.advance(0.5)
+        [decision] = await costs.take(1)
+
+    assert not decision.complete
+    assert decision.missing == (AGE,)
+    assert all(set(pod.breakdown) == {SPREAD, CAP} for pod in decision.costs)
+    assert len(decision.costs) == len(SNAPSHOT.pods)
+    assert counted(combiner, "podcost_combinations_total", completeness="deadline") == 1
+    spans = world.spans.get_finished_spans()
+    [combined] = [span for span in spans if span.name == SPAN_COMBINE]
+    assert (combined.attributes or {})[ATTR_COMPLETE] is False
+    assert (combined.attributes or {})[ATTR_MISSING] == (AGE,)
+
+
+async def test_undecodable_records_are_dead_lettered_and_the_pipeline_goes_on(
+    world: World,
+) -> None:
+    rankers = [world.ranker(CAP), world.ranker(AGE)]
+    combiner = world.aggregator()
+    key = SNAPSHOT.workload.key
+    async with (
+        running(*rankers, combiner),
+        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, TOPICS.deadletter, DeadLetter) as dead,
+    ):
+        await world.bus.publish(TOPICS.workloads, key, b"{not json")
+        await world.bus.publish(TOPICS.ranks, key, b'{"schema_version": 1}')
+        await world.publish()
+        [decision] = await costs.take(1)
+        letters = await dead.take(4)
+
+    assert decision.complete
+    assert sorted(letter.group for letter in letters) == sorted(
+        [group_of(CAP), group_of(AGE), "podcost-aggregator", "podcost-aggregator"]
+    )
+    bad_json = [letter for letter in letters if letter.topic == TOPICS.workloads]
+    assert all(letter.reason.startswith("bad JSON") for letter in bad_json)
+    [bad_ranks] = [letter for letter in letters if letter.topic == TOPICS.ranks]
+    assert bad_ranks.reason.startswith("invalid strategy-ranks")
+    assert counted(combiner, "podcost_messages_consumed_total", topic=TOPICS.workloads,
+                   outcome="dead_letter") == 1  # fmt: skip
+
+
+async def test_a_workload_whose_policy_is_invalid_is_dead_lettered_with_the_culprit(
+    world: World,
+) -> None:
+    bad = replace(SNAPSHOT, annotations={"podcost.dev/strategies": "age=0"})
+    async with (
+        running(world.ranker(AGE), world.aggregator()),
+        Reader(world.bus, TOPICS.deadletter, DeadLetter) as dead,
+    ):
+        await world.publish(bad)
+        letters = await dead.take(2)
+    assert {letter.error for letter in letters} == {"PolicyError"}
+    assert all("weight must be an integer >= 1" in letter.reason for letter in letters)
+
+
+async def test_a_ranker_restarted_before_committing_ranks_again_and_the_decision_is_unchanged(
+    world: World,
+) -> None:
+    v2 = replace(SNAPSHOT, version=SNAPSHOT.version + 1)
+    async with (
+        running(world.ranker(AGE), world.aggregator()),
+        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
+    ):
+        await world.publish()
+        crashing = world.ranker(CAP)
+        async with world.bus.consumer([TOPICS.workloads], group=group_of(CAP)) as consumer:
+            records = await consumer.poll(max_wait=5)
+            await crashing.process(records)  # published, never committed: then it "dies"
+        [first] = await costs.take(1)
+
+        async with running(world.ranker(CAP)):  # the restarted ranker
+            answers = await ranks.take(3)
+            await world.publish(v2)
+            [second] = await costs.take(1)
+
+    assert sorted(answer.strategy for answer in answers) == [AGE, CAP, CAP]
+    before, again = [answer for answer in answers if answer.strategy == CAP]
+    assert (again.version, again.scores) == (before.version, before.scores)
+    assert (first.version, second.version) == (SNAPSHOT.version, v2.version)
+    assert {pod.uid: pod.cost for pod in first.costs} == expected_costs(SNAPSHOT, POLICY)
+    committed = world.bus.committed(group_of(CAP))
+    assert sum(committed.values()) == 2  # both snapshots, once the restarted ranker committed
+
+
+def _explode(snapshot: Snapshot, args: object) -> dict[PodUID, float]:
+    raise RuntimeError("boom")
+
+
+@dataclass(frozen=True)
+class _NoArgs:
+    """No arguments."""
+
+
+EXPLODING: Strategy[_NoArgs] = Strategy("exploding", _NoArgs, _explode, "Always fails.")
+
+
+def _plugins() -> Registry:
+    return build_registry(
+        [
+            EntryPoint("name-length", "tests.unit.plugin_fixture:STRATEGY", "podcost.strategies"),
+            EntryPoint(
+                "exploding",
+                "tests.unit.test_ranker_aggregator_memory:EXPLODING",
+                "podcost.strategies",
+            ),
+        ]
+    )
+
+
+async def test_a_plugin_strategy_runs_in_the_same_ranker_and_a_failing_one_is_dead_lettered(
+    world: World,
+) -> None:
+    world.registry = _plugins()
+    annotations = {"podcost.dev/enabled": "true", "podcost.dev/strategies": "name-length=2, age"}
+    plugged = replace(SNAPSHOT, annotations=annotations)
+    failing = replace(
+        SNAPSHOT,
+        version=SNAPSHOT.version + 1,
+        annotations={**annotations, "podcost.dev/strategies": "exploding, name-length"},
+    )
+    policy = policy_from_annotations(annotations, registry=world.registry)
+    async with (
+        running(world.ranker("name-length"), world.ranker(AGE), world.ranker("exploding"),
+                world.aggregator()),
+        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, TOPICS.deadletter, DeadLetter) as dead,
+    ):  # fmt: skip
+        await world.publish(plugged)
+        [decision] = await costs.take(1)
+        await world.publish(failing)
+        [letter] = await dead.take(1)
+        await world.clock.advance(5)
+        [deadline] = await costs.take(1)
+
+    assert decision.complete
+    assert {pod.uid: pod.cost for pod in decision.costs} == expected_costs(plugged, policy)
+    assert letter.group == group_of("exploding")
+    assert letter.reason == "strategy 'exploding' failed: RuntimeError('boom')"
+    assert (deadline.version, deadline.complete, deadline.missing) == (
+        failing.version,
+        False,
+        ("exploding",),
+    )
+
+
+def test_a_ranker_for_an_unknown_strategy_does_not_start_and_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownStrategyError, match=r"unknown strategy 'nope' \(known: age, "):
+        ranker.bootstrap(SETTINGS, BUS, strategy="nope", bus=MemoryBus())
+
+
+def test_a_policy_file_with_bad_args_stops_the_ranker_and_the_aggregator_naming_them(
+    tmp_path: Path,
+) -> None:
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text(
+        '{"version": 1, "strategies": [{"name": "age", "args": {"direction": "sideways"}}]}'
+    )
+    settings = SETTINGS.model_copy(update={"policy_file": policy_file})
+    with pytest.raises(PolicyError, match="strategy 'age', arg 'direction'"):
+        ranker.bootstrap(settings, BUS, strategy=AGE, bus=MemoryBus())
+    with pytest.raises(PolicyError, match="strategy 'age', arg 'direction'"):
+        aggregator.bootstrap(settings, BUS, bus=MemoryBus())
+
+
+async def test_the_cluster_default_policy_file_decides_which_rankers_answer(
+    world: World, tmp_path: Path
+) -> None:
+    policy_file = tmp_path / "policy.json"
+    policy_file.write_text('{"version": 1, "strategies": [{"name": "age"}]}')
+    settings = SETTINGS.model_copy(update={"policy_file": policy_file})
+    plain = replace(SNAPSHOT, annotations={"podcost.dev/enabled": "true"})
+    combiner = aggregator.bootstrap(
+        settings, BUS, bus=world.bus, clock=world.clock, tracer_provider=world.provider
+    )
+    async with (
+        running(world.ranker(AGE, settings), world.ranker(CAP, settings), combiner),
+        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
+    ):
+        await world.publish(plain)
+        [decision] = await costs.take(1)
+        [answer] = await ranks.take(1)
+    assert answer.strategy == AGE
+    assert decision.complete
+    assert all(set(pod.breakdown) == {AGE} for pod in decision.costs)
+
+
+async def test_a_restarted_consumer_loop_aggregator_reads_again_what_its_waiting_states_need(
+    world: World,
+) -> None:
+    first = world.aggregator()
+    async with Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs:
+        async with running(world.ranker(CAP), first):
+            await world.publish()
+            await eventually(
+                lambda: counted(first, "podcost_messages_consumed_total", topic=TOPICS.ranks,
+                                outcome="ok") == 1,
+                "the first aggregator to read the capacity-type answer",
+            )  # fmt: skip
+        # Its state died with it; the snapshot and the answer were not committed past.
+        assert world.bus.committed("podcost-aggregator") == {}
+        second = world.aggregator()
+        async with running(world.ranker(AGE), second):
+            [decision] = await costs.take(1)
+        assert decision.complete
+        assert {pod.uid: pod.cost for pod in decision.costs} == expected_costs(SNAPSHOT, POLICY)
+        # Decided: everything it read is committed now.
+        assert sum(world.bus.committed("podcost-aggregator").values()) == 3
