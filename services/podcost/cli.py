@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from podcost.commands import demo, simulate
+from podcost.commands import aggregator, annotator, demo, ranker, run, simulate, watcher
 
 app = typer.Typer(
     name="podcost",
@@ -29,6 +29,11 @@ def _root() -> None:
 
 simulate.register(app)
 demo.register(app)
+annotator.register(app)
+ranker.register(app)
+aggregator.register(app)
+watcher.register(app)
+run.register(app)
 
 
 def main() -> None:
