@@ -79,11 +79,16 @@ async def serve(
                 raise task.exception()  # type: ignore[misc]
         stopper.cancel()
     finally:
-        if server is not None:
-            server.should_exit = True
+        http = [task for task in tasks if task.get_name() == "http"]
         for task in reversed(tasks):
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            if task not in http:
+                task.cancel()
+        await asyncio.gather(*tasks[len(http) :], return_exceptions=True)
+        if server is not None:
+            # Let uvicorn close its sockets itself; cancelling it would leak them.
+            server.should_exit = True
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.gather(*http), 5)
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
