@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import replace
@@ -49,7 +50,9 @@ async def bench(
     bus: Bus = KafkaBus(settings) if kafka else MemoryBus(retention=10_000_000)
     service_settings = ServiceSettings(http_port=0)
     strategies = answers_needed(DEFAULT_POLICY)
+    data_dir = tempfile.TemporaryDirectory(prefix="podcost-bench-")
     config = AggregatorSettings(
+        data_dir=Path(data_dir.name),
         app_id=f"bench-{run}-aggregator",
         commit_interval_s=0.5,
         engine=engine,  # type: ignore[arg-type]
@@ -106,6 +109,7 @@ async def bench(
                     finished.add(decision.key)
             elapsed = time.perf_counter() - started
             published = await publisher
+    data_dir.cleanup()
     latencies.sort()
     mode = f"kafka {kafka} ({engine} aggregator)" if kafka else "in-memory bus"
     pace = f"{rate:g} snapshots/s" if rate else "all at once"

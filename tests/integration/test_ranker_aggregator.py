@@ -205,8 +205,10 @@ async def test_an_aggregator_restarted_mid_decision_finds_its_state_in_the_faust
                 "the first aggregator to read the capacity-type answer",
             )
         # Stopped with the snapshot and one answer in its table; the second finds them there.
+        # The last answer comes once it is ready: one arriving during faust's table recovery can
+        # be skipped until the next restart (podcost_bus.faust_app, "Skipped records").
         second = kafka.aggregator()
-        async with running(kafka.ranker(AGE), second):
+        async with running(second), running(kafka.ranker(AGE)):
             [decision] = await costs.take(1)
             assert consumed(second, kafka.topics.workloads) == 0  # not read again: recovered
     assert decision.complete

@@ -1,0 +1,86 @@
+"""The faust transport's own guard, without a broker: a record that faust skips stops the app
+before anything after it is processed (and acked), so the restart reads it again. The transport
+against the real broker is ``tests/integration/test_ranker_aggregator.py``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+
+from aiokafka.partitioner import DefaultPartitioner
+
+from podcost_bus import BusSettings, Record
+from podcost_bus.faust_app import FaustKeyedApp, SkippedRecords, key_partition
+
+
+class Offsets:
+    """A processor that only notes the offsets it is given."""
+
+    parts = ("state",)
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+
+    async def on_record(self, record: Record, state: int | None) -> int | None:
+        self.offsets.append(record.offset)
+        return None
+
+    async def on_tick(self, key: bytes | None, state: int) -> int | None:
+        return None
+
+    def due(self, state: int) -> bool:
+        return False
+
+    def waiting(self, state: int) -> bool:
+        return False
+
+    def dump(self, old: int | None, new: int) -> Mapping[str, bytes]:
+        return {"state": str(new).encode()}
+
+    def load(self, key: bytes | None, parts: Mapping[str, bytes | None]) -> int:
+        return int(parts["state"] or b"0")
+
+
+class Stream:
+    """What the agent reads from faust: events of one partition at the given offsets."""
+
+    def __init__(self, *offsets: int) -> None:
+        self._offsets = offsets
+
+    async def events(self) -> AsyncIterator[SimpleNamespace]:
+        for offset in self._offsets:
+            message = SimpleNamespace(topic="t.ranks", partition=0, offset=offset, timestamp=1.0)
+            yield SimpleNamespace(message=message, key=b"c/ns/Deployment/web", value=b"{}",
+                                  headers={})  # fmt: skip
+
+
+async def test_a_record_faust_skips_stops_the_app_before_the_next_is_processed(
+    tmp_path: Path,
+) -> None:
+    processor = Offsets()
+    settings = BusSettings(bootstrap_servers="127.0.0.1:1", partitions=2)
+    transport = FaustKeyedApp(
+        settings, processor, app_id="test-skips", topics=["t.workloads", "t.ranks"],
+        data_dir=tmp_path,
+    )  # fmt: skip
+    failure: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+    transport._failure = failure  # what run() arms before starting faust
+    agent = asyncio.create_task(transport._agent(Stream(4, 5, 7, 8)))
+    try:
+        reason = await asyncio.wait_for(failure, timeout=5)
+    finally:
+        agent.cancel()
+        await asyncio.gather(agent, return_exceptions=True)
+    assert isinstance(reason, SkippedRecords)
+    assert str(reason) == "faust skipped t.ranks[0] offsets 6..6; restart to read them"
+    assert processor.offsets == [4, 5]
+
+
+def test_a_key_goes_to_the_partition_the_kafka_producers_give_it() -> None:
+    # The timer finds a table key's partition this way; the producers put its records there.
+    partitions = list(range(6))
+    for index in range(200):
+        key = f"prod-eu-1/ns-{index}/Deployment/web-{index % 7}".encode()
+        assert key_partition(key, 6) == DefaultPartitioner()(key, partitions, partitions)
