@@ -92,9 +92,14 @@ async def test_restarting_one_service_mid_run_loses_no_decision(
                 tasks[service.name] = asyncio.create_task(service.run(), name=service.name)
             await kube.create_deployment(namespace, "web", 9, opt_in=True,
                                          node_selector={"restart": namespace})  # fmt: skip
-            # Mid-run: the pods are still being created and made ready when the victim stops.
+            # Mid-run: the victim is up and working, and the pods are still being created and
+            # made ready, when it stops.
             stopped = PICK[victim](pipeline)
-            await asyncio.sleep(0.5)
+
+            async def victim_ready() -> bool:
+                return stopped.ready()
+
+            await kube.wait_for(victim_ready, f"the {victim} ready", timeout=60)
             tasks[stopped.name].cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await tasks[stopped.name]
