@@ -52,6 +52,8 @@ test-long: tools  ## opt-in long runs (e.g. 300 differential scenarios)
 bench: setup  ## benchmarks that print numbers (not tests)
 	$(RUN) python tests/bench/bench_core.py
 	$(RUN) python tests/bench/bench_labels.py
+	$(RUN) python tests/bench/bench_rank_aggregate.py
+	$(RUN) python -m tests.bench.bench_annotator
 
 demo: tools  ## the demo on an embedded default cluster
 	$(RUN) podcost demo
