@@ -19,8 +19,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
@@ -37,7 +36,15 @@ from aiokafka.errors import (
 )
 from aiokafka.helpers import create_ssl_context
 
-from podcost_bus.protocol import BusError, Delivery, OffsetReset, Record, TopicPartition
+from podcost_bus.protocol import (
+    BusError,
+    Delivery,
+    Lifecycle,
+    OffsetReset,
+    PollingConsumer,
+    Record,
+    TopicPartition,
+)
 from podcost_bus.settings import BusSettings
 
 log = logging.getLogger(__name__)
@@ -86,7 +93,7 @@ def _key_bytes(key: str | bytes | None) -> bytes | None:
     return key.encode() if isinstance(key, str) else key
 
 
-class KafkaBus:
+class KafkaBus(Lifecycle):
     """The ``Bus`` protocol over a Kafka cluster."""
 
     def __init__(self, settings: BusSettings) -> None:
@@ -120,18 +127,6 @@ class KafkaBus:
         producer, self._producer = self._producer, None
         if producer is not None:
             await producer.stop()  # sends what is queued first
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def ensure_topics(self, topics: Iterable[str]) -> None:
         """Create the missing topics with the configured partitions and replicas, and return
@@ -275,7 +270,7 @@ class _Rebalance(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka i
         self._owner._assigned(list(assigned))
 
 
-class KafkaConsumer:
+class KafkaConsumer(PollingConsumer):
     """A consumer group member over aiokafka (the ``Consumer`` protocol)."""
 
     def __init__(
@@ -342,27 +337,6 @@ class KafkaConsumer:
         self._committed.clear()
         if consumer is not None:
             await consumer.stop()  # leaves the group; commits nothing (auto-commit is off)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Record:
-        records = await self.poll(max_records=1)
-        if not records:
-            raise StopAsyncIteration
-        return records[0]
 
     async def poll(
         self, *, max_wait: float | None = None, max_records: int | None = None

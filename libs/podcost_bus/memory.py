@@ -22,10 +22,17 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Final, Self
+from typing import Final
 
-from podcost_bus.protocol import BusError, Delivery, OffsetReset, Record, TopicPartition
+from podcost_bus.protocol import (
+    BusError,
+    Delivery,
+    Lifecycle,
+    OffsetReset,
+    PollingConsumer,
+    Record,
+    TopicPartition,
+)
 from podcost_contracts.topics import check_topic_name
 
 #: A default Kafka producer's ``max.request.size``: the largest record it sends.
@@ -65,7 +72,7 @@ class _Group:
     """Every topic a member ever read: the group holds back their trimming until it commits."""
 
 
-class MemoryBus:
+class MemoryBus(Lifecycle):
     """An in-process bus (see the module docstring). All methods run on one event loop."""
 
     def __init__(
@@ -98,18 +105,6 @@ class MemoryBus:
 
     async def stop(self) -> None:
         """Nothing to flush: every record is stored when ``send`` returns."""
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.stop()
 
     async def ensure_topics(self, topics: Iterable[str]) -> None:
         for topic in topics:
@@ -263,7 +258,7 @@ class MemoryBus:
         return self._logs[tp.topic][tp.partition]
 
 
-class MemoryConsumer:
+class MemoryConsumer(PollingConsumer):
     """A member of a consumer group of a :class:`MemoryBus` (the ``Consumer`` protocol)."""
 
     def __init__(
@@ -305,27 +300,6 @@ class MemoryConsumer:
             return
         self._running = False
         self._bus._leave(self)
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        await self.stop()
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Record:
-        records = await self.poll(max_records=1)
-        if not records:
-            raise StopAsyncIteration
-        return records[0]
 
     async def poll(
         self, *, max_wait: float | None = None, max_records: int | None = None

@@ -201,3 +201,45 @@ class Bus(Protocol):
         """A new, not yet started member of ``group`` reading ``topics``
         (``max_poll_records``: most records one ``poll`` returns; ``None``: the bus default)."""
         ...
+
+
+class Lifecycle:
+    """``async with`` over ``start``/``stop``: the one implementation the buses and consumers
+    share (a subclass defines ``start`` and ``stop``)."""
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+class PollingConsumer(Lifecycle):
+    """``async for`` over ``poll``, one record at a time, for the consumers (a subclass defines
+    ``poll``); iteration ends when a poll without a deadline returns nothing (stopped)."""
+
+    async def poll(
+        self, *, max_wait: float | None = None, max_records: int | None = None
+    ) -> list[Record]:
+        raise NotImplementedError
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Record:
+        records = await self.poll(max_records=1)
+        if not records:
+            raise StopAsyncIteration
+        return records[0]
