@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import secrets
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -219,14 +218,3 @@ def start(run_dir: Path, timeout: float = 120.0) -> Cluster:
         {"server": server, "kubeconfig": str(kubeconfig), "token": token, "ca": str(ca_file)},
     )
     return cluster
-
-
-def wait_for_default_service_account(cluster: Cluster, namespace: str, timeout: float = 60) -> None:
-    """Block until the controller-manager made ``default`` in ``namespace`` (pods need it)."""
-    deadline = time.monotonic() + timeout
-    url = f"{cluster.server}/api/v1/namespaces/{namespace}/serviceaccounts/default"
-    while time.monotonic() < deadline:
-        if process.https_ok(url, cluster.token, cluster.ca_file):
-            return
-        time.sleep(0.2)
-    raise process.StartError(f"no default service account in {namespace} after {timeout}s")
