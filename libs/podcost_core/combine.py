@@ -11,7 +11,9 @@ How an order is made:
    are listed in ``Combined.excluded``.
 2. Every scoring strategy's raw scores are normalized to ints in [0, 100]
    (``podcost_core.normalize``, or the strategy's own ``normalize``, whose range is checked here),
-   multiplied by the strategy's weight and summed per tier.
+   multiplied by the strategy's weight and summed per tier. The sums are kept packed: one int per
+   pod, the tier sums as its digits (bases ``Policy.tier_spans``), which sorts like the tuple of
+   sums, dominant tier first; ``Combined.points`` unpacks them on demand.
 3. Spread strategies (``Strategy.domains``, e.g. ``topology-spread``) are levelled here, in the
    context of the policy: inside each domain the pods are ordered first by
    ``controller_class`` (the controller deletes unscheduled, pending and not-ready pods before it
@@ -29,7 +31,8 @@ How an order is made:
    deleted first. Pods whose tuples are equal form one group (ties stay ties: they get equal
    costs); a group lists its pods by uid, so the output does not depend on the snapshot's order.
    ``Combined.breakdown`` explains any pod's sums strategy by strategy; the normalized scores it
-   shows are recomputed on demand from the raw ones kept, by the same function.
+   shows are recomputed on demand from the raw ones kept, by the same function (most orders are
+   never explained, so the hot path keeps only the raw scores and the packed sums).
 
 Every answer is checked: a strategy that leaves out an active pod, returns a non-finite raw
 score, or whose own normalization leaves [0, 100] raises :class:`ScoreContractError` naming it.
@@ -40,10 +43,9 @@ from the others.
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from podcost_core.model import Phase, Pod, PodUID, Snapshot
 from podcost_core.normalize import in_range, normalize, scale
@@ -93,11 +95,12 @@ class Combined:
     version: int
     """The snapshot version the order is for."""
     uids: tuple[PodUID, ...]
-    """The ranked (active) pods, in snapshot order; ``points`` and ``raw`` align with it."""
+    """The ranked (active) pods, in snapshot order; ``packed`` and ``raw`` align with it."""
     order: tuple[tuple[PodUID, ...], ...]
     """Groups of tied pods, ascending: ``order[0]`` is deleted first."""
-    points: tuple[Sequence[int], ...]
-    """Per tier, dominant first: each ranked pod's sum of weighted normalized scores."""
+    packed: Sequence[int]
+    """Per ranked pod: its tier sums packed into one int, the sums as digits in the bases
+    ``policy.tier_spans``, dominant tier first; it sorts like the tuple (``points``, ``keys``)."""
     raw: Mapping[str, Sequence[float]]
     """Per strategy that took part: raw scores aligned with ``uids`` (−level for a spread)."""
     plugin_normalized: Mapping[str, Sequence[int]] = field(default_factory=dict)
@@ -113,6 +116,20 @@ class Combined:
     def complete(self) -> bool:
         """Whether every strategy of the policy took part."""
         return not self.missing
+
+    @cached_property
+    def points(self) -> tuple[Sequence[int], ...]:
+        """Per tier, dominant first: each ranked pod's sum of weighted normalized scores.
+
+        Unpacked from ``packed`` on first use.
+        """
+        tiers: list[Sequence[int]] = []
+        rest = list(self.packed)
+        for span in reversed(self.policy.tier_spans[1:]):
+            tiers.append([value % span for value in rest])
+            rest = [value // span for value in rest]
+        tiers.append(rest)
+        return tuple(reversed(tiers))
 
     @cached_property
     def normalized(self) -> Mapping[str, Sequence[int]]:
@@ -203,13 +220,13 @@ def combine(
             state.add(bound, _aligned(bound.name, answer, uids))
 
     spreads = [bound for bound in policy.bound if bound.strategy.spread]
+    classes = _controller_classes(pods) if spreads else None
     # Least dominant first: a more dominant spread then orders its domains with these points.
     for bound in sorted(spreads, key=lambda bound: -bound.tier_index):
         domains = bound.strategy.domains
         assert domains is not None  # spread means domains is set
-        domain_of = domains(snapshot, bound.args)
-        order = _deletion_order(state.packed(), pods)
-        levels = spread_levels(order, [domain_of.get(uid) for uid in uids])
+        order = _deletion_order(state.packed, classes, pods)
+        levels = spread_levels(order, _domains(domains(snapshot, bound.args), uids))
         state.add(bound, [float(-level) for level in levels])
 
     in_policy = {bound.name for bound in policy.bound if not bound.strategy.spread}
@@ -221,8 +238,8 @@ def combine(
         policy=policy,
         version=snapshot.version,
         uids=tuple(uids),
-        order=_groups(state.packed(), uids),
-        points=tuple(state.points),
+        order=_groups(state.packed, uids),
+        packed=state.packed,
         raw=state.raw,
         plugin_normalized=state.plugin_normalized,
         missing=tuple(missing),
@@ -232,23 +249,23 @@ def combine(
 
 
 class _State:
-    """The points per tier while ``combine`` adds strategies, and what it keeps to explain them."""
+    """The packed tier sums while ``combine`` adds strategies, and what it keeps to explain them."""
 
     def __init__(self, policy: Policy, size: int) -> None:
-        self.spans = policy.tier_spans
-        self.points: list[list[int]] = [[0] * size for _ in self.spans]
+        self.places = _places(policy.tier_spans)
+        self.packed: list[int] = [0] * size
         self.raw: dict[str, Sequence[float]] = {}
         self.plugin_normalized: dict[str, Sequence[int]] = {}
 
     def add(self, bound: BoundStrategy, raw: list[float]) -> None:
-        """Normalize one strategy's raw scores and add its weighted points to its tier."""
+        """Normalize one strategy's raw scores and add its weighted points to its tier's digit."""
         self.raw[bound.name] = raw
-        weight, tier = bound.weight, bound.tier_index
+        step = bound.weight * self.places[bound.tier_index]
         if bound.strategy.normalize is not None:
             normalized = _plugin_normalized(bound, raw)
             self.plugin_normalized[bound.name] = normalized
-            pairs = zip(self.points[tier], normalized, strict=True)
-            self.points[tier] = [total + weight * value for total, value in pairs]
+            pairs = zip(self.packed, normalized, strict=True)
+            self.packed = [total + step * value for total, value in pairs]
             return
         try:
             scaled = scale(raw, bound.spec.threshold)
@@ -262,17 +279,16 @@ class _State:
         # without a list of normalized scores that most orders never need.
         values, low, factor = scaled
         floor = math.floor
-        totals = zip(self.points[tier], values, strict=True)
-        self.points[tier] = [
-            total + weight * floor((value - low) * factor + 0.5) for total, value in totals
+        totals = zip(self.packed, values, strict=True)
+        self.packed = [
+            total + step * floor((value - low) * factor + 0.5) for total, value in totals
         ]
 
-    def packed(self) -> list[int]:
-        """Each pod's tier sums as one int that sorts like the tuple (dominant tier first)."""
-        packed = self.points[0]
-        for span, points in zip(self.spans[1:], self.points[1:], strict=True):
-            packed = [high * span + low for high, low in zip(packed, points, strict=True)]
-        return packed
+
+@lru_cache(maxsize=256)
+def _places(spans: tuple[int, ...]) -> tuple[int, ...]:
+    """Per tier: what one point there adds to a packed key, the product of the later spans."""
+    return tuple(math.prod(spans[tier + 1 :]) for tier in range(len(spans)))
 
 
 def _aligned(name: str, answer: Scores, uids: list[PodUID]) -> list[float]:
@@ -286,30 +302,52 @@ def _aligned(name: str, answer: Scores, uids: list[PodUID]) -> list[float]:
         raise ScoreContractError(name, f"no score for pod {error.args[0]!r}") from None
 
 
-def _deletion_order(packed: list[int], pods: Sequence[Pod]) -> list[int]:
+def _domains(domain_of: Mapping[PodUID, Hashable], uids: list[PodUID]) -> list[Hashable]:
+    """A spread strategy's domains in ``uids`` order; a pod it leaves out has domain ``None``."""
+    if isinstance(domain_of, dict) and len(domain_of) == len(uids) and list(domain_of) == uids:
+        return list(domain_of.values())
+    return [domain_of.get(uid) for uid in uids]
+
+
+def _controller_classes(pods: Sequence[Pod]) -> list[int] | None:
+    """Each pod's :func:`controller_class`, or ``None`` when they all share one."""
+    running = Phase.RUNNING
+    for pod in pods:
+        if not (pod.ready and pod.node is not None and pod.phase is running):
+            break
+    else:
+        return None  # the usual case: one class (scheduled, running, ready) for all
+    classes = [controller_class(pod) for pod in pods]
+    return classes if min(classes) != max(classes) else None
+
+
+def _deletion_order(packed: list[int], classes: list[int] | None, pods: Sequence[Pod]) -> list[int]:
     """Pod indices in the order a spread strategy levels them, first to go first.
 
-    By :func:`controller_class` first: the controller deletes unscheduled, pending and not-ready
-    pods before it reads any cost, so they are the first of their domain to go whatever podcost
-    says, and levels that assumed otherwise would let the skew grow. Then by the tier sums,
-    dominant tier first; pods still tied by the rest of :func:`controller_order_key`.
+    By :func:`controller_class` first (``classes``, ``None`` when all pods share one): the
+    controller deletes unscheduled, pending and not-ready pods before it reads any cost, so they
+    are the first of their domain to go whatever podcost says, and levels that assumed otherwise
+    would let the skew grow. Then by the tier sums, dominant tier first; pods still tied by the
+    rest of :func:`controller_order_key`.
     """
-    if all(pod.ready and pod.node is not None and pod.phase is Phase.RUNNING for pod in pods):
-        classes = []  # the usual case: one class (scheduled, running, ready) for all
-    else:
-        classes = [controller_class(pod) for pod in pods]
-    if classes and min(classes) != max(classes):
+    if classes is not None:
         span = max(packed) + 1
         packed = [cls * span + key for cls, key in zip(classes, packed, strict=True)]
-    counts = Counter(packed)
-    if len(counts) == len(packed):
-        return sorted(range(len(packed)), key=packed.__getitem__)
-    # Only tied pods need the controller's full key (what costs here); a stable sort by the
-    # packed keys then keeps the tied pods in the controller's order.
-    tied = [index for index, key in enumerate(packed) if counts[key] > 1]
-    tied.sort(key=lambda index: controller_order_key(pods[index]))
-    untied = [index for index, key in enumerate(packed) if counts[key] == 1]
-    return sorted(tied + untied, key=packed.__getitem__)
+    order = sorted(range(len(packed)), key=packed.__getitem__)
+    if len(set(packed)) == len(packed):
+        return order
+    # Only runs of tied pods need the controller's full key (what costs here).
+    start, size = 0, len(order)
+    while start < size:
+        key, end = packed[order[start]], start + 1
+        while end < size and packed[order[end]] == key:
+            end += 1
+        if end - start > 1:
+            order[start:end] = sorted(
+                order[start:end], key=lambda index: controller_order_key(pods[index])
+            )
+        start = end
+    return order
 
 
 def _groups(packed: list[int], uids: list[PodUID]) -> tuple[tuple[PodUID, ...], ...]:

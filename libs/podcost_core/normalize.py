@@ -61,14 +61,19 @@ def scale(
     # testing each; only a huge but finite sum that overflows needs the value-by-value test.
     if not math.isfinite(sum(values)) and not all(map(math.isfinite, values)):
         raise ValueError("raw scores must be finite numbers")
+    # Both ends from one sort: a list of floats sorts with a float-only comparison, which costs
+    # less than the generic comparisons of min() and max() together.
+    ordered = sorted(values)
+    lowest, highest = ordered[0], ordered[-1]
     if threshold is not None:
         if not (math.isfinite(threshold) and threshold > 0.0):
             raise ValueError(f"threshold must be a positive finite number, got {threshold!r}")
-        if max(values) > threshold:
+        if highest > threshold:
             values = [value if value < threshold else threshold for value in values]
-        low, high = min(0.0, min(values)), threshold
+            lowest = lowest if lowest < threshold else threshold
+        low, high = min(0.0, lowest), threshold
     else:
-        low, high = min(values), max(values)
+        low, high = lowest, highest
         if low == high:
             return None
     if not math.isfinite(high - low):

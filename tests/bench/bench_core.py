@@ -4,14 +4,17 @@ A script, not a test (``uv run python tests/bench/bench_core.py [--quick]``; ``m
 builds 150,000 pods on 5,000 nodes in 3 zones, as 1,500 workloads of 100 pods, ranks every
 workload with each strategy of the default policy (plus ``work-in-progress``) and combines, and
 prints pods/s per strategy and in total, the peak memory, and the ratio to a naive first version
-(per-pod scans, eager per-pod explanations) that must produce the same orders. The goal is a full
-recompute of the fleet in under one second on one core.
+(per-pod scans, eager per-pod explanations) that must produce the same orders. It also checks a
+fingerprint of every order and every pod's tier sums against the one recorded for the same fleet
+before the hot path was optimised (``RECORDED``): optimisations must not change a single cost.
+The goal is a full recompute of the fleet in under one second on one core.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import itertools
 import random
 import resource
@@ -45,6 +48,10 @@ NOW = 1_700_000_000.0
 
 # The default policy plus work-in-progress, so that every built-in strategy is measured.
 POLICY = Policy((*DEFAULT_POLICY.specs, StrategySpec("work-in-progress", weight=2, tier=1)))
+
+#: fingerprint() of the fleet of (workloads, pods per workload, nodes), seed 42, as ranked by
+#: podcost_core before its hot path was optimised (commit ef4d303).
+RECORDED = {(1_500, 100, 5_000): "393a356cc6fc3c2e", (150, 100, 5_000): "70500fbc66ee2176"}
 
 
 def make_nodes(count: int, rng: random.Random) -> list[Node]:
@@ -274,6 +281,14 @@ def naive_rank(snapshot: Snapshot, policy: Policy) -> tuple[tuple[PodUID, ...], 
     return tuple(tuple(group) for _, group in itertools.groupby(ordered, key=key.__getitem__))
 
 
+def fingerprint(results: list[Combined]) -> str:
+    """A digest of every workload's order and every ranked pod's tier sums, in fleet order."""
+    digest = hashlib.sha256()
+    for combined in results:
+        digest.update(repr((combined.order, combined.keys)).encode())
+    return digest.hexdigest()[:16]
+
+
 def timed(
     run: Callable[[], object], repeat: int, clock: Callable[[], float], *, collect: bool = False
 ) -> float:
@@ -371,6 +386,12 @@ def main() -> None:
         f"{'naive first version':<22}{naive_seconds:>10.3f}{total_pods / naive_seconds:>14,.0f}"
         f"   {naive_seconds / total:.1f}x slower; same orders: {same}"
     )
+    recorded = RECORDED.get((options.workloads, options.pods, options.nodes))
+    unchanged = recorded is None or fingerprint(fast) == recorded
+    print(
+        "orders and tier sums as recorded before the optimisations: "
+        + ("(no record for this fleet)" if recorded is None else str(unchanged))
+    )
 
     gc.collect()
     tracemalloc.start()
@@ -384,6 +405,8 @@ def main() -> None:
     )
     if not same:
         sys.exit("the naive baseline and podcost_core disagree")
+    if not unchanged:
+        sys.exit("podcost_core no longer gives the recorded orders and tier sums")
 
 
 if __name__ == "__main__":

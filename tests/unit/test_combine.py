@@ -310,3 +310,25 @@ def test_combined_keeps_the_policy_it_was_made_with() -> None:
     combined: Combined = rank(DISAGREE, policy("age"))
     assert combined.policy.names == ("age",)
     assert combined.normalized == {"age": [100, 0]}
+
+
+def test_the_points_of_every_tier_unpack_from_the_packed_key_that_sorts_like_them() -> None:
+    s = snapshot(
+        pod("a", node="n1"),
+        pod("b", node="n1", priority=5),
+        pod("c", node="n2", ready_since=NOW - 10),
+        pod("d", node="n3"),
+        pod("e", node=None, phase=Phase.PENDING, ready=False, ready_since=None),
+        nodes={"n1": {ZONE: "x"}, "n2": {ZONE: "y", **SPOT}, "n3": {ZONE: "y"}},
+    )
+    three_tiers = policy("topology-spread | capacity-type=2, priority-qos | age=3, co-location")
+    combined = rank(s, three_tiers)
+    assert len(combined.points) == 3
+    for index, uid in enumerate(combined.uids):
+        points = [0, 0, 0]
+        for part in combined.breakdown(uid):
+            points[three_tiers.tiers.index(part.tier)] += part.points
+        assert [tier[index] for tier in combined.points] == points
+        assert combined.key(uid) == tuple(points)
+    by_packed = sorted(range(len(combined.uids)), key=combined.packed.__getitem__)
+    assert [combined.keys[i] for i in by_packed] == sorted(combined.keys)

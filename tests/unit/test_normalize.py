@@ -112,3 +112,25 @@ def test_scale_is_the_affine_map_normalize_applies(
         mapped, low, factor = scaled
         expected = [math.floor((value - low) * factor + 0.5) for value in mapped]
         assert normalize(values, threshold) == expected
+
+
+@PROPERTY
+@given(
+    st.lists(st.floats(-1e6, 1e6), max_size=30),
+    st.one_of(st.none(), st.floats(1e-3, 1e6)),
+)
+def test_normalize_is_the_rule_written_out_with_min_and_max(
+    values: list[float], threshold: float | None
+) -> None:
+    if threshold is not None:
+        values_ = [value if value < threshold else threshold for value in values]
+        low, high = min([0.0, *values_]), threshold
+    else:
+        values_ = values
+        low, high = min(values, default=0.0), max(values, default=0.0)
+    if not values or (threshold is None and low == high):
+        expected = [0] * len(values)
+    else:
+        factor = MAX_SCORE / (high - low)
+        expected = [math.floor((value - low) * factor + 0.5) for value in values_]
+    assert normalize(values, threshold) == expected

@@ -30,6 +30,7 @@ from podcost_core.strategies import (
     untolerated_taints,
     work_in_progress,
 )
+from podcost_core.strategies.base import active_pods, node_lookup, scores_by_uid
 
 ZONE = "topology.kubernetes.io/zone"
 
@@ -433,3 +434,34 @@ def test_node_consolidation_count_measure_ignores_the_numbers() -> None:
     )
     args = node_consolidation.Args(measure="count")
     assert by_name(s, node_consolidation.score(s, args)) == {"a": 2.0, "b": 2.0}
+
+
+# --- shared helpers ----------------------------------------------------------------------------
+
+
+def test_an_answer_built_for_the_active_pods_keeps_snapshot_order_and_scores_the_rest_apart() -> (
+    None
+):
+    s = snap(
+        pod("a", node="n1"),
+        pod("done", node="n1", phase=Phase.SUCCEEDED),
+        pod("b", node="n2"),
+        pod("going", node="n2", deleting=True),
+    )
+    active = active_pods(s)
+    answer = scores_by_uid(s, active, [1.0, 2.0], inactive=-7.0)
+    assert list(answer) == [p.uid for p in s.pods]
+    assert by_name(s, answer) == {"a": 1.0, "done": -7.0, "b": 2.0, "going": -7.0}
+    everyone = snap(pod("a"), pod("b"))
+    assert scores_by_uid(everyone, active_pods(everyone), [3.0, 4.0]) == {
+        PodUID("uid-a"): 3.0,
+        PodUID("uid-b"): 4.0,
+    }
+
+
+def test_the_node_lookup_finds_the_node_and_nothing_for_unscheduled_or_unknown_pods() -> None:
+    n1 = node("n1")
+    node_of = node_lookup(snap(pod("a", node="n1"), nodes=(n1,)))
+    assert node_of("n1") is n1
+    assert node_of(None) is None
+    assert node_of("gone") is None

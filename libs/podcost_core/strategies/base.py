@@ -9,7 +9,9 @@ of the whole policy (see ``podcost_core.combine``).
 
 Callers: the registry (collects wrappers), the policy (builds ``Args`` from annotation or file data
 with :meth:`Strategy.args_from_mapping`), the combiner and the generic ranker service (call
-``score``). Pure: stdlib only, no client library.
+``score``), and the strategies themselves, which share the helpers here (active pods, node lookup,
+building the answer, the ReplicaSet controller's own order, spread levels). Pure: stdlib only, no
+client library.
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ import types
 import typing
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar, cast
 
-from podcost_core.model import Phase, Pod, PodUID, Snapshot
+from podcost_core.model import Node, Phase, Pod, PodUID, Snapshot
 
 ArgsT = TypeVar("ArgsT")
 
@@ -107,6 +109,24 @@ def active_pods(snapshot: Snapshot) -> list[Pod]:
     return [pod for pod in snapshot.pods if not pod.deleting and pod.phase not in finished]
 
 
+def node_lookup(snapshot: Snapshot) -> Callable[[str | None], Node | None]:
+    """``snapshot.nodes.get``, typed to take a pod's ``node`` as it is: ``None`` (unscheduled) is
+    no key, so it finds no node, like a node missing from the snapshot. Saves a test per pod."""
+    return cast(Callable[[str | None], Node | None], snapshot.nodes.get)
+
+
+def scores_by_uid(
+    snapshot: Snapshot, active: Sequence[Pod], values: Sequence[float], inactive: float = 0.0
+) -> dict[PodUID, float]:
+    """A strategy's answer: ``values`` for ``active`` (``active_pods(snapshot)``), aligned, and
+    ``inactive`` for every other pod of the snapshot, keyed by uid in snapshot order."""
+    if len(active) == len(snapshot.pods):  # the usual case: every pod is active
+        return {pod.uid: value for pod, value in zip(active, values, strict=True)}
+    out = dict.fromkeys([pod.uid for pod in snapshot.pods], inactive)
+    out.update(zip([pod.uid for pod in active], values, strict=True))
+    return out
+
+
 def controller_class(pod: Pod) -> int:
     """Rules 1-3 of the ReplicaSet controller's victim order as one int, lowest deleted first.
 
@@ -129,10 +149,12 @@ def controller_order_key(pod: Pod) -> tuple[int, float, int, float, str]:
     Spread strategies use it to order pods inside a domain when nothing else tells them apart, so
     podcost agrees with what the controller would have done anyway.
     """
+    restarts, sidecar_restarts = pod.restarts, pod.sidecar_restarts
     return (
         controller_class(pod),
         -(pod.ready_since or 0.0) if pod.ready else 0.0,
-        -max(pod.restarts, pod.sidecar_restarts),
+        # max() inlined: spread levelling computes this key for every tied pod it orders.
+        -(restarts if restarts >= sidecar_restarts else sidecar_restarts),
         -(pod.created or 0.0),
         pod.uid,
     )

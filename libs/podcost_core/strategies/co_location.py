@@ -22,10 +22,17 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import compress
 
 from podcost_core.model import AffinityTerm, Pod, PodUID, Snapshot
-from podcost_core.strategies.base import ArgError, Strategy, active_pods, require_finite
+from podcost_core.strategies.base import (
+    ArgError,
+    Strategy,
+    active_pods,
+    node_lookup,
+    require_finite,
+    scores_by_uid,
+)
 
 NAME = "co-location"
 HOSTNAME_KEY = "kubernetes.io/hostname"
@@ -63,37 +70,43 @@ def score(snapshot: Snapshot, args: Args) -> dict[PodUID, float]:
     # Bystanders (pods the workload's selectors match but does not own) are counted, as the
     # controller's rule 5 counts them, but not scored.
     population = active + [pod for pod in snapshot.bystanders if pod.active]
-    count = Counter(map(_node_of, population)).__getitem__
+    nodes = [pod.node for pod in population]
+    # The doubling-up penalty depends on the node alone, and most pods are alone on theirs.
+    # Scores are −penalty from the start (−0.0 for none) and each further penalty is subtracted:
+    # the same floats as negating the sum at the end, since rounding is symmetric.
     weight = args.same_node_weight
-    penalties = [weight * (count(pod.node) - 1) if pod.node is not None else 0.0 for pod in active]
-    if any(pod.anti_affinity for pod in active):
-        _add_anti_affinity(snapshot, population, args, penalties)
-    out = dict.fromkeys([pod.uid for pod in snapshot.pods], 0.0)
-    out.update(zip([pod.uid for pod in active], [-p for p in penalties], strict=True))
-    return out
+    doubled = {node: -(weight * (count - 1)) for node, count in Counter(nodes).items() if count > 1}
+    doubled.pop(None, None)  # unscheduled pods share a node with nobody
+    alone = doubled.get
+    scores = [alone(node, -0.0) for node in nodes[: len(active)]]
+    if any([pod.anti_affinity for pod in active]):
+        _subtract_anti_affinity(snapshot, population, args, scores)
+    return scores_by_uid(snapshot, active, scores)
 
 
-_node_of = attrgetter("node")
-
-
-def _add_anti_affinity(
-    snapshot: Snapshot, population: list[Pod], args: Args, penalties: list[float]
+def _subtract_anti_affinity(
+    snapshot: Snapshot, population: list[Pod], args: Args, scores: list[float]
 ) -> None:
-    """Add each term's penalty to ``penalties``, which covers the first pods of ``population``
-    (the active pods of the workload; bystanders follow them)."""
-    nodes = snapshot.nodes
+    """Subtract each term's penalty from ``scores``, which covers the first pods of
+    ``population`` (the active pods of the workload; bystanders follow them)."""
+    node_of = node_lookup(snapshot)
     domains_by_key: dict[str, list[str | None]] = {}
 
     def domains(key: str) -> list[str | None]:
         found = domains_by_key.get(key)
         if found is None:
-            found = []
-            for pod in population:
-                node = nodes.get(pod.node) if pod.node is not None else None
-                value = node.labels.get(key) if node is not None else None
-                if value is None and key == HOSTNAME_KEY:
-                    value = pod.node
-                found.append(value)
+            if key == HOSTNAME_KEY:  # a node without the label (or unknown) is its own
+                found = [
+                    pod.node
+                    if (node := node_of(pod.node)) is None
+                    else node.labels.get(key, pod.node)
+                    for pod in population
+                ]
+            else:
+                found = [
+                    None if (node := node_of(pod.node)) is None else node.labels.get(key)
+                    for pod in population
+                ]
             domains_by_key[key] = found
         return found
 
@@ -101,7 +114,7 @@ def _add_anti_affinity(
     # terms, then work term by term, computing once per distinct term which pods it matches and
     # how many of those each domain holds.
     holders: dict[int, tuple[tuple[AffinityTerm, ...], list[int]]] = {}
-    for index, pod in enumerate(population[: len(penalties)]):
+    for index, pod in enumerate(population[: len(scores)]):
         terms = pod.anti_affinity
         if terms:
             entry = holders.get(id(terms))
@@ -109,7 +122,7 @@ def _add_anti_affinity(
                 holders[id(terms)] = (terms, [index])
             else:
                 entry[1].append(index)
-    by_content: dict[object, tuple[list[bool], dict[str, int]]] = {}
+    by_content: dict[object, tuple[list[bool], dict[str | None, int]]] = {}
     for terms, indices in holders.values():
         for term in terms:
             if term.weight == 0:
@@ -129,12 +142,12 @@ def _add_anti_affinity(
             for index in indices:
                 own = where[index]
                 if own is not None:
-                    penalties[index] += weight * (count(own, 0) - matched[index])
+                    scores[index] -= weight * (count(own, 0) - matched[index])
 
 
 def _matches_by_domain(
     pods: list[Pod], term: AffinityTerm, where: list[str | None]
-) -> tuple[list[bool], dict[str, int]]:
+) -> tuple[list[bool], dict[str | None, int]]:
     """Which pods ``term`` selects, and how many selected pods each domain holds."""
     items = list(term.match_labels.items())
     if not term.exact or not items:
@@ -144,10 +157,8 @@ def _matches_by_domain(
         matched = [pod.labels.get(key) == value for pod in pods]
     else:
         matched = [_matches(pod, term) for pod in pods]
-    counts: dict[str, int] = {}
-    for domain, match in zip(where, matched, strict=True):
-        if match and domain is not None:
-            counts[domain] = counts.get(domain, 0) + 1
+    counts: dict[str | None, int] = Counter(compress(where, matched))
+    counts.pop(None, None)  # pods without a domain are not counted
     return matched, counts
 
 

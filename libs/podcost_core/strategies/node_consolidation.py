@@ -14,13 +14,11 @@ inactive pods score 0. Callers: the registry, the combiner, the generic ranker.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass
-from operator import attrgetter
 
 from podcost_core.model import Node, PodUID, Snapshot
-from podcost_core.strategies.base import Strategy, active_pods, require_choice
+from podcost_core.strategies.base import Strategy, active_pods, require_choice, scores_by_uid
 
 NAME = "node-consolidation"
 MEASURES = ("dominant", "cpu", "memory", "count")
@@ -57,33 +55,28 @@ def score(snapshot: Snapshot, args: Args) -> dict[PodUID, float]:
     values: list[float] = []
     if args.measure != "count":
         measure = args.measure
+        dominant = measure == "dominant"
         by_node: dict[str | None, float] = {None: 0.0}  # unscheduled pods score 0
         for name, node in snapshot.nodes.items():
-            alloc = node.allocatable
+            alloc, requested = node.allocatable, node.requested
             # The usual case inlined (both amounts known, the larger share): a call per node
             # costs as much as the arithmetic.
-            if measure == "dominant" and alloc.cpu_milli > 0 and alloc.memory_bytes > 0:
-                cpu = node.requested.cpu_milli / alloc.cpu_milli
-                memory = node.requested.memory_bytes / alloc.memory_bytes
+            if dominant and alloc.cpu_milli > 0 and alloc.memory_bytes > 0:
+                cpu = requested.cpu_milli / alloc.cpu_milli
+                memory = requested.memory_bytes / alloc.memory_bytes
                 by_node[name] = cpu if cpu >= memory else memory
                 continue
             used = utilization(node, measure)
             if used is not None:
                 by_node[name] = used
-        of = by_node.get
-        values = [of(pod.node, _UNKNOWN) for pod in active]
-        if _UNKNOWN in values:  # a node without the numbers: count pods everywhere instead
+        try:
+            values = [by_node[pod.node] for pod in active]
+        except KeyError:  # a node without the numbers: count pods everywhere instead
             values = []
     if not values:
-        counts = Counter(map(_node_of, active))
+        counts = Counter([pod.node for pod in active])
         values = [float(counts[pod.node]) if pod.node is not None else 0.0 for pod in active]
-    out = dict.fromkeys([pod.uid for pod in snapshot.pods], 0.0)
-    out.update(zip([pod.uid for pod in active], values, strict=True))
-    return out
-
-
-_UNKNOWN = -math.inf  # utilizations are finite ratios of non-negative ints: never equal to it
-_node_of = attrgetter("node")
+    return scores_by_uid(snapshot, active, values)
 
 
 STRATEGY: Strategy[Args] = Strategy(

@@ -34,13 +34,17 @@ class Args:
 def score(snapshot: Snapshot, args: Args) -> dict[PodUID, float]:
     """``3 · priority rank + QoS rank``; higher = keep."""
     pods = snapshot.pods
+    # In floats from the start (small integers, so exactly the same sums): no float() per pod.
     rank = {
-        priority: 3 * index for index, priority in enumerate(sorted({p.priority for p in pods}))
+        priority: 3.0 * index for index, priority in enumerate(sorted({p.priority for p in pods}))
     }
     if not args.qos:
-        return {pod.uid: float(rank[pod.priority]) for pod in pods}
-    qos_rank = QOS_RANK.get
-    return {pod.uid: float(rank[pod.priority] + qos_rank(pod.qos, 0)) for pod in pods}
+        return {pod.uid: rank[pod.priority] for pod in pods}
+    qos_rank = _QOS_RANK_FLOAT.get
+    return {pod.uid: rank[pod.priority] + qos_rank(pod.qos, 0.0) for pod in pods}
+
+
+_QOS_RANK_FLOAT = {qos: float(rank) for qos, rank in QOS_RANK.items()}
 
 
 STRATEGY: Strategy[Args] = Strategy(

@@ -28,6 +28,7 @@ from podcost_core.strategies.base import (
     Strategy,
     active_pods,
     controller_order_key,
+    node_lookup,
     require_label_key,
     spread_levels,
 )
@@ -50,12 +51,11 @@ class Args:
 def domains(snapshot: Snapshot, args: Args) -> dict[PodUID, str | None]:
     """Each pod's domain: its node's ``topology_key`` value; ``None`` = the shared extra domain."""
     key = args.topology_key
-    nodes = snapshot.nodes
-    out: dict[PodUID, str | None] = {}
-    for pod in snapshot.pods:
-        node = nodes.get(pod.node) if pod.node is not None else None
-        out[pod.uid] = node.labels.get(key) if node is not None else None
-    return out
+    node_of = node_lookup(snapshot)
+    return {
+        pod.uid: None if (node := node_of(pod.node)) is None else node.labels.get(key)
+        for pod in snapshot.pods
+    }
 
 
 def score(snapshot: Snapshot, args: Args) -> dict[PodUID, float]:

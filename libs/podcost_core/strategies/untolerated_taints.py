@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from podcost_core.model import PodUID, Snapshot
+from podcost_core.model import PodUID, Snapshot, Taint
 from podcost_core.strategies.base import ArgError, Strategy, require_choice
 
 NAME = "untolerated-taints"
@@ -40,14 +40,15 @@ def score(snapshot: Snapshot, args: Args) -> dict[PodUID, float]:
     """−(number of untolerated taints with a counted effect); higher = keep."""
     effects = frozenset(args.effects)
     # Only the counted taints of each node; most nodes have none, so most pods skip the inner loop.
-    counted = {
+    counted: dict[str | None, tuple[Taint, ...]] = {
         name: tuple(taint for taint in node.taints if taint.effect in effects)
         for name, node in snapshot.nodes.items()
         if node.taints
     }
+    taints_of = counted.get  # an unscheduled pod's node None is no key: no taints
     out: dict[PodUID, float] = {}
     for pod in snapshot.pods:
-        taints = counted.get(pod.node) if pod.node is not None else None
+        taints = taints_of(pod.node)
         if not taints:
             out[pod.uid] = 0.0
             continue

@@ -47,7 +47,11 @@ def work(raw: str | None) -> float:
 def score(snapshot: Snapshot, args: Args) -> dict[PodUID, float]:
     """The reported work; higher = keep."""
     key = args.annotation
-    return {pod.uid: work(pod.annotations.get(key)) for pod in snapshot.pods}
+    # Most pods carry no such annotation: no call for those.
+    return {
+        pod.uid: 0.0 if (raw := pod.annotations.get(key)) is None else work(raw)
+        for pod in snapshot.pods
+    }
 
 
 STRATEGY: Strategy[Args] = Strategy(
