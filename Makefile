@@ -17,7 +17,7 @@ help:  ## list the targets
 
 setup:  ## install uv and the locked Python environment (.venv)
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet "uv==$(UV_VERSION)"
-	@$(UV) sync --frozen --python $(PYTHON) --quiet
+	@$(UV) sync --frozen --all-extras --python $(PYTHON) --quiet
 
 tools: setup  ## build the Kafka broker and the control plane into ~/.cache/podcost (once)
 	@$(RUN) podcost-localinfra build
