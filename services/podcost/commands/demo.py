@@ -1,36 +1,57 @@
-"""``podcost demo``: the embedded-default demo on a local control plane, end to end.
+"""``podcost demo``: podcost in embedded mode on a local control plane, end to end.
 
 Brings up the project's own control plane (``podcost_localinfra``: real kube-apiserver,
-kube-controller-manager, kube-scheduler, etcd and kwok nodes), builds a small fleet-like
-cluster (3 zones, spot and on-demand nodes, one PreferNoSchedule-tainted node), deploys an
-opted-in workload whose pods end up unevenly spread, and shows what happens on scale-in: what
-Kubernetes deletes by itself (the victim model over the pods as they are) against what it
-deletes once podcost has written its costs — and then lets the real controller do it and
-checks that prediction. Stops everything it started. Called by ``make demo``.
+kube-controller-manager, kube-scheduler, etcd and kwok nodes) and builds a small fleet-like
+cluster: 3 zones, spot and on-demand nodes, one node tainted ``PreferNoSchedule``. Deploys two
+opted-in workloads that Kubernetes places unevenly (zone-c is cordoned while they start) and
+that ask for different strategies: ``shop/web`` keeps its zones balanced, ``shop/worker``
+deletes spot pods first. Runs podcost embedded (watcher, rankers, aggregator and annotator over
+the in-process bus) until the costs on the pods converge, scales both in, and shows side by
+side what the real controller deleted with podcost and what it would have deleted without (the
+victim model on the same pods with no costs, ``demo_compare``), as a table, a PNG chart
+(``demo_chart``) and, with ``--json``, a machine-readable record of what it read from the
+cluster. Stops everything it started, also on Ctrl-C and on error. Called by ``make demo``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib.util
+import json
+import logging
+import shutil
 import tempfile
 import time
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from podcost.commands.demo_chart import ChartUnavailable, draw, require_matplotlib
+from podcost.commands.demo_compare import CAPACITY, ZONE, Comparison, Outcome, compare, skew
+from podcost.commands.demo_progress import Step, Steps
+from podcost.embedded import Pipeline, bootstrap
+from podcost.runtime.settings import ServiceSettings
+from podcost.watcher.service import WatcherSettings
+from podcost_bus import BusSettings, MemoryBus
 from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.model import Snapshot
-from podcost_core.policy import DEFAULT_POLICY
-from podcost_core.simulate import SimulationResult, simulate
+from podcost_core.policy import DEFAULT_POLICY, policy_from_annotations
+from podcost_core.simulate import simulate
 from podcost_kube.client import Kube, connect
 
+log = logging.getLogger("podcost.demo")
+
 NAMESPACE = "shop"
-WORKLOAD = "web"
-ZONE = "topology.kubernetes.io/zone"
-CAPACITY = "karpenter.sh/capacity-type"
+#: Replicas each workload starts with (zone-c cordoned), then grows to once zone-c is back.
+STARTING, FULL = 9, 12
 NODES = [
     # name, zone, capacity type, taint effect
     ("node-a1", "zone-a", "on-demand", None),
@@ -40,6 +61,31 @@ NODES = [
     ("node-c1", "zone-c", "on-demand", None),
     ("node-c2", "zone-c", "spot", None),
 ]
+WAIT = 120.0
+"""Seconds any one wait on the cluster may take before the demo gives up."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One opted-in Deployment of the demo and the policy its annotations ask for."""
+
+    name: str
+    strategies: str
+    """``podcost.dev/strategies``."""
+    aim: str
+    spread_by: str | None = None
+    """``podcost.dev/spread-by`` (only with ``topology-spread``)."""
+
+
+WORKLOADS = (
+    Workload("web", "topology-spread", "keep its zones balanced", spread_by=ZONE),
+    Workload("worker", "capacity-type=3, untolerated-taints=1",
+             "delete spot pods first, then pods on the tainted node"),
+)  # fmt: skip
+
+
+class DemoError(RuntimeError):
+    """The demo cannot go on; the message says what went wrong, in one line."""
 
 
 def _node(name: str, zone: str, capacity: str, taint: str | None, cordoned: bool) -> Any:
@@ -60,19 +106,23 @@ def _node(name: str, zone: str, capacity: str, taint: str | None, cordoned: bool
     }  # fmt: skip
 
 
-def _deployment(replicas: int) -> Any:
-    labels = {"app": WORKLOAD}
+def _deployment(workload: Workload, replicas: int) -> Any:
+    labels = {"app": workload.name}
+    annotations = {"podcost.dev/enabled": "true", "podcost.dev/strategies": workload.strategies}
+    if workload.spread_by:
+        annotations["podcost.dev/spread-by"] = workload.spread_by
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": WORKLOAD, "namespace": NAMESPACE, "labels": labels,
-                     "annotations": {"podcost.dev/enabled": "true"}},
+        "metadata": {"name": workload.name, "namespace": NAMESPACE, "labels": labels,
+                     "annotations": annotations},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {"containers": [{"name": "web", "image": "registry.local/shop/web:1",
+                "spec": {"containers": [{"name": workload.name,
+                                         "image": f"registry.local/shop/{workload.name}:1",
                                          "resources": {"requests": {"cpu": "100m"}}}],
                          "terminationGracePeriodSeconds": 0},
             },
@@ -80,163 +130,353 @@ def _deployment(replicas: int) -> Any:
     }  # fmt: skip
 
 
-async def _until(check: Any, what: str, limit: float = 90) -> None:
-    deadline = time.monotonic() + limit
+async def _until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + WAIT
     while not await check():
         if time.monotonic() > deadline:
-            raise TimeoutError(f"gave up after {limit:.0f}s waiting for {what}")
+            raise DemoError(f"gave up after {WAIT:.0f}s waiting for {what}")
         await asyncio.sleep(0.25)
 
 
-async def _snapshot(kube: Kube) -> Snapshot:
-    objects = load_objects(await kube.dump())
-    return snapshot_for_workload(objects, NAMESPACE, WORKLOAD, kind="Deployment")
-
-
-async def _ready_pods(kube: Kube) -> list[dict[str, Any]]:
-    pods = (await kube.dump(NAMESPACE))["items"]
-    return [
-        pod for pod in pods
-        if pod["kind"] == "Pod" and not pod["metadata"].get("deletionTimestamp")
-        and any(c["type"] == "Ready" and c["status"] == "True"
-                for c in pod.get("status", {}).get("conditions", []))
-    ]  # fmt: skip
-
-
-async def _wait_ready(kube: Kube, count: int) -> None:
-    async def ready() -> bool:
-        return len(await _ready_pods(kube)) == count
-
-    await _until(ready, f"{count} ready pods")
-
-
-def _placement_table(console: Console, snapshot: Snapshot) -> None:
-    table = Table(title="Nodes and the pods of shop/web on them")
-    for column in ("node", "zone", "capacity", "taint", "pods"):
-        table.add_column(column)
-    per_node: dict[str, int] = {}
-    for pod in snapshot.pods:
-        if pod.node:
-            per_node[pod.node] = per_node.get(pod.node, 0) + 1
-    for name, zone, capacity, taint in NODES:
-        table.add_row(name, zone, capacity, taint or "", str(per_node.get(name, 0)))
-    console.print(table)
-
-
-def _comparison_table(console: Console, baseline: SimulationResult, ours: SimulationResult,
-                      snapshot: Snapshot) -> None:  # fmt: skip
-    capacity = {
-        pod.name: snapshot.nodes[pod.node].labels.get(CAPACITY, "?")
-        for pod in snapshot.pods
-        if pod.node and pod.node in snapshot.nodes
-    }
-    table = Table(title=f"Scale-in {ours.replicas_before} → {ours.replicas_after}: who goes")
-    table.add_column("")
-    table.add_column("without podcost (Kubernetes today)")
-    table.add_column("with podcost")
-
-    def describe(result: SimulationResult) -> str:
-        return "\n".join(
-            f"{pod.name} ({result.pod_domains.get(pod.name)}, {capacity.get(pod.name, '?')})"
-            for pod in result.victims
+async def _snapshots(
+    kube: Kube, *, include_inactive: bool = True
+) -> tuple[dict[str, Any], dict[str, Snapshot]]:
+    """The namespace's dump, and each workload's snapshot from it (with ``include_inactive``,
+    the terminating pods too)."""
+    dump = await kube.dump(NAMESPACE)
+    objects = load_objects(dump)
+    return dump, {
+        w.name: snapshot_for_workload(
+            objects, NAMESPACE, w.name, "Deployment", include_inactive=include_inactive
         )
-
-    def spread(result: SimulationResult) -> str:
-        return ", ".join(f"{d}={n}" for d, n in sorted(result.domains_after.items()))
-
-    def spot_left(result: SimulationResult) -> str:
-        gone = {pod.name for pod in result.victims}
-        left = [name for name in capacity if name not in gone]
-        return f"{sum(capacity[name] == 'spot' for name in left)} of {len(left)}"
-
-    table.add_row("victims", describe(baseline), describe(ours))
-    before = ", ".join(f"{d}={n}" for d, n in sorted(ours.domains_before.items()))
-    table.add_row("zones before", before, before)
-    table.add_row("zones after", spread(baseline), spread(ours))
-    table.add_row("zone skew", f"{baseline.skew_before} → {baseline.skew_after}",
-                  f"{ours.skew_before} → {ours.skew_after}")  # fmt: skip
-    table.add_row("spot pods left", spot_left(baseline), spot_left(ours))
-    console.print(table)
+        for w in WORKLOADS
+    }
 
 
-async def _run_demo(console: Console, kubeconfig: Path, target: int) -> bool:
-    async with connect(str(kubeconfig)) as kube:
-        with console.status("Creating 6 nodes in 3 zones (zone-c cordoned) ..."):
-            await kube.create([_node(*spec, cordoned=spec[1] == "zone-c") for spec in NODES])
-            await kube.create([{"apiVersion": "v1", "kind": "Namespace",
-                                "metadata": {"name": NAMESPACE}}])  # fmt: skip
+def _settled(snapshot: Snapshot) -> int:
+    """How many pods of ``snapshot`` are active and ready (none of them terminating)."""
+    return sum(pod.active and pod.ready for pod in snapshot.pods)
 
-            async def has_service_account() -> bool:
-                accounts = await kube.core.list_namespaced_service_account(NAMESPACE)
-                return bool(accounts.items)
 
-            await _until(has_service_account, "the namespace's default service account")
-        with console.status("Deploying shop/web (9 replicas) while zone-c is cordoned ..."):
-            await kube.create([_deployment(9)])
-            await _wait_ready(kube, 9)
-        with console.status("zone-c is back: uncordoning it and scaling shop/web to 12 ..."):
-            for name, zone, *_ in NODES:
-                if zone == "zone-c":
-                    await kube.core.patch_node(name, {"spec": {"unschedulable": False}})
-            await kube.scale(NAMESPACE, "Deployment", WORKLOAD, 12)
-            await _wait_ready(kube, 12)
+async def _wait_settled(kube: Kube, step: Step, replicas: int) -> None:
+    """Until every workload has exactly ``replicas`` pods, all ready, none terminating."""
 
-        snapshot = await _snapshot(kube)
-        _placement_table(console, snapshot)
-        now = time.time()
-        baseline = simulate(snapshot, target, now, policy=None)
-        ours = simulate(snapshot, target, now, policy=DEFAULT_POLICY)
-        _comparison_table(console, baseline, ours, snapshot)
+    async def settled() -> bool:
+        _, snapshots = await _snapshots(kube)
+        step.advance_to(sum(min(_settled(s), replicas) for s in snapshots.values()))
+        return all(len(s.pods) == replicas == _settled(s) for s in snapshots.values())
 
-        with console.status(f"podcost writes {len(ours.writes)} deletion costs ..."):
-            by_name = {pod.name: pod for pod in snapshot.pods}
-            for name, cost in ours.writes.items():
-                await kube.patch_deletion_cost(by_name[name].namespace, name, cost)
-            # The controller decides from its informer cache: let it see the writes.
+    await _until(settled, f"{replicas} ready pods in each workload")
+
+
+def _unconverged(snapshot: Snapshot) -> int:
+    """How many active pods still lack the cost podcost's current decision gives them."""
+    active = [pod for pod in snapshot.pods if pod.active]
+    policy = policy_from_annotations(snapshot.annotations, default=DEFAULT_POLICY)
+    writes = simulate(snapshot, len(active), time.time(), policy=policy).writes
+    return sum(pod.name in writes or pod.deletion_cost_raw is None for pod in active)
+
+
+@contextlib.asynccontextmanager
+async def _podcost(kube: Kube) -> AsyncIterator[Callable[[], None]]:
+    """podcost in embedded mode, watching the demo's namespace, for as long as the block runs.
+
+    Runs the services as tasks rather than through ``runner.serve``: that one takes over
+    SIGINT, and the demo wants Ctrl-C to stop the demo. Yields a check that raises if a
+    service stopped by itself.
+    """
+    settings = ServiceSettings(cluster="demo", http_port=0, dry_run=False, policy_file=None)
+    pipeline: Pipeline = bootstrap(
+        settings, BusSettings(bootstrap_servers=None), kube=kube, bus=MemoryBus(),
+        watcher_settings=WatcherSettings(namespace=NAMESPACE, debounce_seconds=0.2,
+                                         max_delay_seconds=1.0, leader_election=False),
+    )  # fmt: skip
+    await pipeline.bus.start()
+    tasks = [asyncio.create_task(s.run(), name=s.name) for s in pipeline.services]
+
+    def healthy() -> None:
+        for task in tasks:
+            if task.done():
+                error = None if task.cancelled() else task.exception()
+                raise DemoError(f"podcost's {task.get_name()} stopped: {error or 'cancelled'}")
+
+    try:
+        yield healthy
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await pipeline.bus.stop()
+
+
+@dataclass(frozen=True)
+class Result:
+    """What the demo read from the cluster: the comparison and the pods left, per workload."""
+
+    comparisons: list[Comparison]
+    remaining: dict[str, list[dict[str, object]]]
+    dump: dict[str, Any]
+    """The namespace as podcost left it before the scale-in (``kubectl get -o json`` shape)."""
+
+
+async def _scenario(kube: Kube, steps: Steps, target: int) -> Result:
+    with steps.step("Creating 6 nodes in 3 zones (spot and on-demand; zone-c cordoned)"):
+        await kube.create([_node(*spec, cordoned=spec[1] == "zone-c") for spec in NODES])
+        await kube.create([{"apiVersion": "v1", "kind": "Namespace",
+                            "metadata": {"name": NAMESPACE}}])  # fmt: skip
+
+        async def has_service_account() -> bool:
+            accounts = await kube.core.list_namespaced_service_account(NAMESPACE)
+            return bool(accounts.items)
+
+        await _until(has_service_account, "the namespace's default service account")
+    names = " and ".join(f"{NAMESPACE}/{w.name}" for w in WORKLOADS)
+    total = STARTING * len(WORKLOADS)
+    with steps.step(f"Deploying {names} ({STARTING} replicas each)", total) as step:
+        await kube.create([_deployment(w, STARTING) for w in WORKLOADS])
+        await _wait_settled(kube, step, STARTING)
+    total = FULL * len(WORKLOADS)
+    with steps.step(f"zone-c is back: uncordoning it, scaling both to {FULL}", total) as step:
+        for name, zone, *_ in NODES:
+            if zone == "zone-c":
+                await kube.core.patch_node(name, {"spec": {"unschedulable": False}})
+        for workload in WORKLOADS:
+            await kube.scale(NAMESPACE, "Deployment", workload.name, FULL)
+        await _wait_settled(kube, step, FULL)
+
+    async with _podcost(kube) as healthy:
+        with steps.step("podcost (embedded) ranks the pods and writes costs", total) as step:
+
+            async def converged() -> bool:
+                healthy()
+                _, snapshots = await _snapshots(kube, include_inactive=False)
+                missing = sum(_unconverged(s) for s in snapshots.values())
+                step.advance_to(total - missing)
+                return missing == 0
+
+            await _until(converged, "podcost's costs to converge")
+            # The controller decides from its informer cache: give it a moment to see the writes.
             await asyncio.sleep(1.0)
-        with console.status(f"Scaling shop/web to {target}: the real controller chooses ..."):
-            before = {pod.name for pod in snapshot.pods if pod.active}
-            await kube.scale(NAMESPACE, "Deployment", WORKLOAD, target)
-            await _wait_ready(kube, target)
-            remaining = {pod["metadata"]["name"] for pod in await _ready_pods(kube)}
-        deleted = before - remaining
-        predicted = {pod.name for pod in ours.victims}
-        tied = {pod.name for pod in ours.tied}
-        agrees = deleted - tied == predicted - tied and len(deleted) == len(predicted)
-        console.print(f"The real kube-controller-manager deleted: {', '.join(sorted(deleted))}")
-        verdict = "[green]as podcost predicted[/green]" if agrees else "[red]NOT as predicted[/red]"
-        console.print(f"That is {verdict}.")
-        return agrees
+        dump, before = await _snapshots(kube, include_inactive=False)
+        deletions = (FULL - target) * len(WORKLOADS)
+        with steps.step(
+            f"Scaling both to {target}: the real controller chooses", deletions
+        ) as step:
+            now = time.time()
+            for workload in WORKLOADS:
+                await kube.scale(NAMESPACE, "Deployment", workload.name, target)
+
+            async def scaled_in() -> bool:
+                healthy()
+                _, snapshots = await _snapshots(kube)
+                step.advance_to(sum(FULL - _settled(s) for s in snapshots.values()))
+                return all(len(s.pods) == target == _settled(s) for s in snapshots.values())
+
+            await _until(scaled_in, f"the scale-in to {target}")
+        _, after = await _snapshots(kube)
+
+    comparisons: list[Comparison] = []
+    remaining: dict[str, list[dict[str, object]]] = {}
+    for workload in WORKLOADS:
+        snapshot = before[workload.name]
+        left = {pod.name for pod in after[workload.name].pods if pod.active}
+        strays = left - {pod.name for pod in snapshot.pods}
+        if strays:
+            raise DemoError(f"{workload.name}: pods appeared during the scale-in: {sorted(strays)}")
+        deleted = [pod.name for pod in snapshot.pods if pod.active and pod.name not in left]
+        comparison = compare(snapshot, target, deleted, now, strategies=workload.strategies)
+        comparisons.append(comparison)
+        remaining[comparison.workload] = [
+            place.to_json() for place in comparison.before if place.name in left
+        ]
+    return Result(comparisons, remaining, dump)
+
+
+def _counts(counts: Mapping[str, int]) -> str:
+    return " ".join(f"{key}={value}" for key, value in sorted(counts.items()))
+
+
+def _victims(outcome: Outcome) -> str:
+    tied = set(outcome.tied)
+    lines = [
+        f"{p.name}  {p.zone}  {p.capacity}{'  *' if p.name in tied else ''}"
+        for p in outcome.deleted
+    ]
+    if outcome.tie_picks:
+        lines.append(f"* {outcome.tie_picks} of {len(tied)} tied pods, picked at random")
+    return "\n".join(lines)
+
+
+def _table(console: Console, comparison: Comparison, aim: str) -> None:
+    without, ours = comparison.without, comparison.with_podcost
+    table = Table(
+        title=escape(
+            f"{comparison.workload} [{comparison.strategies}]: scale-in "
+            f"{comparison.replicas_before} → {comparison.replicas_after} ({aim})"
+        )
+    )
+    table.add_column("")
+    table.add_column("without podcost (victim model, no costs)", no_wrap=True)
+    table.add_column("with podcost (deleted by the real controller)", no_wrap=True)
+    table.add_row("deleted", _victims(without), _victims(ours))
+    table.add_row(
+        "zones before", _counts(comparison.zones_before), _counts(comparison.zones_before)
+    )
+    table.add_row("zones after", _counts(without.zones_after), _counts(ours.zones_after))
+    zones = skew(comparison.zones_before)
+    table.add_row("zone skew", f"{zones} → {without.zone_skew}", f"{zones} → {ours.zone_skew}")
+    capacity = _counts(comparison.capacity_before)
+    table.add_row("capacity before", capacity, capacity)
+    table.add_row("capacity after", _counts(without.capacity_after), _counts(ours.capacity_after))
+    console.print(table)
+    verdict = (
+        "[green]exactly what podcost's costs predicted[/green]"
+        if comparison.as_predicted
+        else f"[red]NOT what podcost's costs predicted ({', '.join(comparison.predicted)})[/red]"
+    )
+    console.print(f"{comparison.workload}: the real kube-controller-manager deleted {verdict}.")
+
+
+def _next_steps(console: Console, dump_path: Path) -> None:
+    tips = [
+        (f"podcost simulate --snapshot {dump_path} --workload {NAMESPACE}/worker --replicas 4 "
+         "--output table", "what-if on the demo's cluster as podcost left it, or on any "
+         "`kubectl get pods,nodes,replicasets,deployments -A -o json`"),
+        ("make cluster-up && export KUBECONFIG=<the path it prints> && podcost run",
+         "podcost on a control plane that stays up; opt a Deployment in with the annotation "
+         "podcost.dev/enabled: \"true\" (make cluster-down stops it)"),
+    ]  # fmt: skip
+    if importlib.util.find_spec("podcost.commands.explain") is not None:
+        tips.append(("podcost explain NAMESPACE/POD", "while podcost runs: why a pod carries "
+                     "its deletion cost, strategy by strategy"))  # fmt: skip
+    console.print("\nWhat to try next:")
+    for command, why in tips:
+        console.print(f"  {command}\n      {why}", highlight=False, soft_wrap=True)
+
+
+def _log_to(path: Path) -> logging.Handler:
+    """Send every log record (podcost's services, the clients) to ``path``, not the terminal."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    return handler
+
+
+@contextlib.contextmanager
+def _control_plane(steps: Steps, console: Console) -> Iterator[Path]:
+    """Build (once) and start the local control plane; yield its kubeconfig; stop it."""
+    try:
+        from podcost_localinfra import build, cluster, process
+    except ImportError:
+        raise DemoError("needs the local infrastructure; run `make demo` in a checkout") from None
+    with steps.step("Building the control plane (cached after the first time)"):
+        build.ensure_cluster_tools()
+    run_dir = Path(tempfile.mkdtemp(prefix="podcost-demo-"))
+    keep = False
+    try:
+        with steps.step("Starting etcd, kube-apiserver, controller-manager, scheduler, kwok"):
+            control_plane = cluster.start(run_dir)
+        console.print(f"Control plane up at {control_plane.server}", highlight=False)
+        yield control_plane.kubeconfig
+    except Exception:
+        keep = True  # the servers' logs say why
+        raise
+    finally:
+        with steps.step("Stopping the control plane"):
+            process.stop_all(run_dir)
+        if keep:
+            log.error("server logs kept in %s", run_dir / "logs")
+        else:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _default_out() -> Path:
+    try:
+        from podcost_localinfra import paths
+    except ImportError:
+        return Path.cwd() / "podcost-demo.png"
+    return paths.cache_dir() / "demo" / "podcost-demo.png"
+
+
+def _demo(console: Console, target: int, out: Path, json_path: Path | None) -> bool:
+    steps = Steps(console)
+    with _control_plane(steps, console) as kubeconfig:
+
+        async def scenario() -> Result:
+            async with connect(str(kubeconfig)) as kube:
+                return await _scenario(kube, steps, target)
+
+        result = asyncio.run(scenario())
+    for workload, comparison in zip(WORKLOADS, result.comparisons, strict=True):
+        console.print()
+        _table(console, comparison, workload.aim)
+    draw(result.comparisons, out)
+    console.print(f"\nChart: {out}", highlight=False, soft_wrap=True)
+    dump_path = out.with_name(f"{out.stem}-cluster.json")
+    dump_path.write_text(json.dumps(result.dump, indent=1))
+    if json_path is not None:
+        document = {
+            "version": 1,
+            "chart": str(out),
+            "workloads": [
+                comparison.to_json() | {"remaining": result.remaining[comparison.workload]}
+                for comparison in result.comparisons
+            ],
+        }
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(document, indent=1))
+        console.print(f"Result: {json_path}", highlight=False, soft_wrap=True)
+    _next_steps(console, dump_path)
+    return all(comparison.as_predicted for comparison in result.comparisons)
 
 
 def demo_command(
-    replicas: Annotated[int, typer.Option(help="The replica count to scale in to.")] = 6,
+    replicas: Annotated[
+        int, typer.Option(min=1, max=FULL - 1, help="The replica count both workloads scale to.")
+    ] = 6,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Where to write the PNG chart [~/.cache/podcost/demo/podcost-demo.png]."),
+    ] = None,
+    json_path: Annotated[
+        Path | None,
+        typer.Option("--json", help="Also write what the demo read from the cluster, as JSON."),
+    ] = None,
 ) -> None:
-    """Run the demo on a local control plane it starts and stops itself."""
-    console = Console()
+    """Run podcost embedded on a local control plane it starts and stops itself, and compare a
+    scale-in with and without it."""
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        # A pipe or a file has no width: keep the tables whole rather than cut at 80 columns.
+        console.width = max(console.width, 160)
+    out = (out or _default_out()).resolve()
+    log_path = out.with_suffix(".log")
     try:
-        from podcost_localinfra import build, cluster
-    except ImportError:
-        console.print("podcost demo: needs the local infrastructure; run `make demo` in a checkout")
+        require_matplotlib()
+    except ChartUnavailable as error:
+        typer.echo(f"podcost demo: {error}", err=True)
         raise typer.Exit(2) from None
-    with console.status("Building the control plane (cached after the first time) ..."):
-        build.ensure_cluster_tools()
-    with tempfile.TemporaryDirectory(prefix="podcost-demo-") as run_dir:
-        with console.status("Starting etcd, kube-apiserver, controller-manager, scheduler, kwok"):
-            control_plane = cluster.start(Path(run_dir))
-        console.print(f"Control plane up at {control_plane.server}")
-        try:
-            agrees = asyncio.run(_run_demo(console, control_plane.kubeconfig, replicas))
-        finally:
-            with console.status("Stopping the control plane ..."):
-                control_plane.stop()
-    console.print(
-        "Next: `podcost simulate --help` for what-if questions on your own cluster's dump "
-        "(kubectl get pods,nodes,replicasets,deployments -A -o json)."
-    )
+    handler = _log_to(log_path)
+    try:
+        agrees = _demo(console, replicas, out, json_path)
+    except KeyboardInterrupt:
+        typer.echo("\npodcost demo: interrupted; stopped everything it started", err=True)
+        raise typer.Exit(130) from None
+    except Exception as error:  # the demo's last word: one line here, the traceback in the log
+        log.error("the demo failed:\n%s", traceback.format_exc())
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        typer.echo(f"podcost demo: {first} (details: {log_path})", err=True)
+        raise typer.Exit(1) from None
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
     if not agrees:
         raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
+    """Add ``podcost demo`` to ``app``."""
     app.command("demo")(demo_command)
