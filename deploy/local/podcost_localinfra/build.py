@@ -5,9 +5,13 @@
   module in ``deploy/local/kube-build``.
 - etcd: built by the module in ``deploy/local/etcd-build``.
 - kwok: ``go install``-ed, and its stage definitions copied from the module cache.
+- helm: built by the module in ``deploy/local/helm-build``, for the chart tests
+  (``deploy/helm/podcost``), with prometheus-operator's ServiceMonitor CRD copied from its
+  module so the chart's ServiceMonitor can be checked by the API server.
 
 Each step is idempotent: a stamp records a hash of its inputs and the step is skipped while the
-stamp matches. A file lock serialises concurrent builds (two test runs, or make and pytest).
+stamp matches. A file lock serialises concurrent builds (two test runs, or make and pytest);
+helm has its own lock, so the chart tests never wait behind a long control-plane build.
 Called by ``podcost_localinfra.cli`` and by the test fixtures.
 """
 
@@ -45,8 +49,8 @@ def _log(message: str) -> None:
 
 
 @contextmanager
-def _build_lock() -> Iterator[None]:
-    lock_path = paths.cache_dir() / ".build.lock"
+def _build_lock(name: str = "build") -> Iterator[None]:
+    lock_path = paths.cache_dir() / f".{name}.lock"
     with lock_path.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -184,6 +188,46 @@ def ensure_kwok() -> None:
     stamp.write_text(digest)
 
 
+def ensure_helm() -> Path:
+    """helm in the cache's bin dir, stamped with its version (``paths.HELM_VERSION``)."""
+    internal = "helm.sh/helm/v4/internal/version"
+    ldflags = f"-s -w -X {internal}.version={paths.HELM_VERSION} -X {internal}.gitTreeState=clean"
+    _ensure_go_module_build(
+        "helm", paths.LOCAL_DIR / "helm-build", ["helm.sh/helm/v4/cmd/helm"], ldflags
+    )
+    return paths.helm_binary()
+
+
+PROMETHEUS_OPERATOR = "github.com/prometheus-operator/prometheus-operator"
+SERVICEMONITOR_CRD = "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"
+
+
+def ensure_servicemonitor_crd() -> Path:
+    """The ServiceMonitor CRD of ``paths.PROMETHEUS_OPERATOR_VERSION``, from the module proxy."""
+    target = paths.servicemonitor_crd_file()
+    if target.exists():
+        return target
+    version = paths.PROMETHEUS_OPERATOR_VERSION
+    env = _go_env()
+    _run("servicemonitor-crd", ["go", "mod", "download", f"{PROMETHEUS_OPERATOR}@{version}"],
+         cwd=paths.cache_dir(), env=env)  # fmt: skip
+    modcache = subprocess.run(
+        ["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True, env=env
+    ).stdout.strip()
+    source = Path(modcache) / f"{PROMETHEUS_OPERATOR}@{version}" / SERVICEMONITOR_CRD
+    partial = target.with_suffix(".partial")
+    shutil.copyfile(source, partial)
+    partial.rename(target)
+    return target
+
+
+def ensure_helm_tool() -> Path:
+    """helm and the ServiceMonitor CRD the chart tests use; returns helm's path."""
+    with _build_lock("helm-build"):
+        ensure_servicemonitor_crd()
+        return ensure_helm()
+
+
 def ensure_cluster_tools() -> None:
     with _build_lock():
         ensure_etcd()
@@ -196,6 +240,14 @@ def ensure_kafka_tools() -> Path:
         return ensure_kafka()
 
 
-def ensure_all() -> None:
-    ensure_kafka_tools()
-    ensure_cluster_tools()
+TOOL_GROUPS = ("kafka", "cluster", "helm")
+
+
+def ensure_all(only: str | None = None) -> None:
+    """Every tool, or only one group of ``TOOL_GROUPS``."""
+    if only in (None, "kafka"):
+        ensure_kafka_tools()
+    if only in (None, "cluster"):
+        ensure_cluster_tools()
+    if only in (None, "helm"):
+        ensure_helm_tool()

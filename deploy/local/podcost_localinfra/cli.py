@@ -80,10 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         "command",
         choices=["build", "kafka-up", "kafka-down", "cluster-up", "cluster-down"],
     )
+    parser.add_argument("--only", choices=build.TOOL_GROUPS, help="build: only this group of tools")
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
-            build.ensure_all()
+            build.ensure_all(args.only)
             return 0
         if args.command == "kafka-up":
             return kafka_up()

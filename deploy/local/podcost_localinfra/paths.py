@@ -14,6 +14,11 @@ KAFKA_VERSION = "3.9.2"
 KUBE_VERSION = "v1.36.3"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
+#: Must match the helm.sh/helm/v4 requirement in deploy/local/helm-build/go.mod.
+HELM_VERSION = "v4.3.1"
+#: The prometheus-operator module whose ServiceMonitor CRD the chart tests install (the newest
+#: version the Go module proxy serves for the root module).
+PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
 
 #: deploy/local in the repo: the pom and the Go modules that describe what to build.
 LOCAL_DIR = Path(__file__).resolve().parent.parent
@@ -34,6 +39,16 @@ def bin_dir() -> Path:
 
 def kafka_lib_dir() -> Path:
     return cache_dir() / f"kafka-{KAFKA_VERSION}" / "lib"
+
+
+def helm_binary() -> Path:
+    """The helm built by ``make tools`` (``podcost-localinfra build --only helm``)."""
+    return bin_dir() / "helm"
+
+
+def servicemonitor_crd_file() -> Path:
+    """prometheus-operator's ServiceMonitor CustomResourceDefinition, copied from its module."""
+    return cache_dir() / f"prometheus-operator-{PROMETHEUS_OPERATOR_VERSION}-servicemonitors.yaml"
 
 
 def kwok_stages_file() -> Path:

@@ -1,0 +1,407 @@
+{{/*
+One component's Deployment; every Deployment of the chart is rendered by this template, called
+with (dict "root" $ "item" <an item of podcost.components>). The item's role decides the
+command, which settings (environment variables) the container gets, whether it mounts the
+policy file and whether it may use the Kubernetes API:
+
+  role        command                        kube API  policy  settings read
+  watcher     podcost watcher                yes       yes     PODCOST_*, _KAFKA*, _WATCHER_*
+  annotator   podcost annotator [--dry-run]  yes       no      PODCOST_*, _KAFKA*, _ANNOTATOR_*
+  aggregator  podcost aggregator             no        yes     PODCOST_*, _KAFKA*, _AGGREGATOR_*
+  ranker      podcost ranker --strategy S    no        yes     PODCOST_*, _KAFKA*
+  embedded    podcost run --strategy S...    yes       yes     all of the above but Kafka
+*/}}
+{{- define "podcost.deployment" -}}
+{{- $root := .root -}}
+{{- $v := $root.Values -}}
+{{- $role := .item.role -}}
+{{- $strategy := .item.strategy | default "" -}}
+{{- $component := .item.component -}}
+{{- $name := include "podcost.componentName" (dict "root" $root "component" $component) -}}
+{{- $own := index $v (ternary "rankers" $role (eq $role "ranker")) -}}
+{{- $replicas := $own.replicaCount -}}
+{{- $resources := $own.resources | default $v.resources -}}
+{{- if and (eq $role "ranker") (hasKey $v.rankers.overrides $strategy) -}}
+{{- $override := index $v.rankers.overrides $strategy -}}
+{{- if hasKey $override "replicaCount" -}}
+{{- $replicas = $override.replicaCount -}}
+{{- end -}}
+{{- $resources = $override.resources | default $resources -}}
+{{- end -}}
+{{- $kube := has $role (list "watcher" "annotator" "embedded") -}}
+{{- $policy := ne $role "annotator" -}}
+{{- $kafka := ne $role "embedded" -}}
+{{- $watches := has $role (list "watcher" "embedded") -}}
+{{- $annotates := has $role (list "annotator" "embedded") -}}
+{{- $aggregates := has $role (list "aggregator" "embedded") -}}
+{{- $labels := dict "root" $root "component" $component -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ $name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "podcost.componentLabels" $labels | nindent 4 }}
+    {{- with $strategy }}
+    podcost.dev/strategy: {{ . }}
+    {{- end }}
+spec:
+  replicas: {{ $replicas | int }}
+  revisionHistoryLimit: 3
+  selector:
+    matchLabels:
+      {{- include "podcost.componentSelectorLabels" $labels | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "podcost.componentLabels" $labels | nindent 8 }}
+        {{- with $strategy }}
+        podcost.dev/strategy: {{ . }}
+        {{- end }}
+        {{- with $v.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- $annotations := deepCopy $v.podAnnotations }}
+      {{- if $policy }}
+      {{- /* A policy change rolls the pods that read it. */}}
+      {{- $_ := set $annotations "checksum/policy" (include (print $root.Template.BasePath "/policy-configmap.yaml") $root | sha256sum) }}
+      {{- end }}
+      {{- with $annotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      serviceAccountName: {{ include "podcost.serviceAccountName" $root }}
+      automountServiceAccountToken: {{ and $kube $v.serviceAccount.automount }}
+      {{- with $v.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      {{- with $v.podSecurityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      containers:
+        - name: {{ $role }}
+          image: {{ include "podcost.image" $root | quote }}
+          imagePullPolicy: {{ $v.image.pullPolicy }}
+          command: ["podcost"]
+          args:
+            {{- if eq $role "embedded" }}
+            - run
+            {{- range (include "podcost.rankerStrategies" $root | fromJson).names }}
+            - --strategy
+            - {{ . | quote }}
+            {{- end }}
+            {{- else }}
+            - {{ $role }}
+            {{- end }}
+            {{- if eq $role "ranker" }}
+            - --strategy
+            - {{ $strategy | quote }}
+            {{- end }}
+            {{- if and $v.dryRun $annotates }}
+            - --dry-run
+            {{- end }}
+          ports:
+            - name: http
+              containerPort: {{ $v.http.port | int }}
+              protocol: TCP
+          env:
+            {{- if $watches }}
+            # The watcher's Lease namespace and its identity in the Lease.
+            - name: POD_NAME
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.name
+            - name: POD_NAMESPACE
+              valueFrom:
+                fieldRef:
+                  fieldPath: metadata.namespace
+            {{- end }}
+            - name: PODCOST_CLUSTER
+              value: {{ $v.clusterName | quote }}
+            - name: PODCOST_HTTP_PORT
+              value: {{ $v.http.port | int | quote }}
+            - name: PODCOST_LOG_LEVEL
+              value: {{ $v.log.level | quote }}
+            - name: PODCOST_LOG_FORMAT
+              value: {{ $v.log.format | quote }}
+            {{- if $policy }}
+            - name: PODCOST_POLICY_FILE
+              value: {{ printf "%s/policy.json" (include "podcost.policyDir" $root) | quote }}
+            {{- end }}
+            {{- if $kafka }}
+            {{- include "podcost.kafkaEnv" (dict "Values" $v "component" $component) | trim | nindent 12 }}
+            {{- end }}
+            {{- if $watches }}
+            {{- include "podcost.watcherEnv" $root | trim | nindent 12 }}
+            {{- end }}
+            {{- if $annotates }}
+            {{- include "podcost.annotatorEnv" $root | trim | nindent 12 }}
+            {{- end }}
+            {{- if $aggregates }}
+            {{- include "podcost.aggregatorEnv" $root | trim | nindent 12 }}
+            {{- end }}
+            {{- with include "podcost.otelEnv" $root | trim }}
+            {{- . | nindent 12 }}
+            {{- end }}
+            {{- with $v.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+          {{- if $v.health.enabled }}
+          {{- with $v.livenessProbe }}
+          livenessProbe:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          {{- with $v.readinessProbe }}
+          readinessProbe:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          {{- with $v.startupProbe }}
+          startupProbe:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          {{- end }}
+          {{- with $resources }}
+          resources:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          {{- with $v.securityContext }}
+          securityContext:
+            {{- toYaml . | nindent 12 }}
+          {{- end }}
+          volumeMounts:
+            - name: tmp
+              mountPath: /tmp
+            {{- if $policy }}
+            - name: policy
+              mountPath: {{ include "podcost.policyDir" $root }}
+              readOnly: true
+            {{- end }}
+            {{- if and $kafka (include "podcost.kafkaTlsFiles" $root) }}
+            - name: kafka-tls
+              mountPath: {{ include "podcost.kafkaTlsDir" $root }}
+              readOnly: true
+            {{- end }}
+            {{- with $v.extraVolumeMounts }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+      volumes:
+        # A writable /tmp under a read-only root: Python's tempfile and faust's data directory.
+        - name: tmp
+          emptyDir: {}
+        {{- if $policy }}
+        - name: policy
+          configMap:
+            name: {{ include "podcost.fullname" $root }}-policy
+        {{- end }}
+        {{- if and $kafka (include "podcost.kafkaTlsFiles" $root) }}
+        {{- include "podcost.kafkaTlsVolume" $root | trim | nindent 8 }}
+        {{- end }}
+        {{- with $v.extraVolumes }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with ($own.nodeSelector | default $v.nodeSelector) }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with ($own.tolerations | default $v.tolerations) }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with ($own.affinity | default $v.affinity) }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with ($own.topologySpreadConstraints | default $v.topologySpreadConstraints) }}
+      topologySpreadConstraints:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+{{- end -}}
+
+{{/* PODCOST_KAFKA*, PODCOST_TOPIC_*: podcost_bus.BusSettings. Secrets by reference only.
+Called with (dict "Values" .Values "component" <component>): the client id names the component
+("<kafka.clientId>-ranker-age") in the broker's logs and quotas. */}}
+{{- define "podcost.kafkaEnv" -}}
+{{- $k := .Values.kafka -}}
+{{- $dir := include "podcost.kafkaTlsDir" . -}}
+- name: PODCOST_KAFKA
+  value: {{ $k.bootstrapServers | quote }}
+- name: PODCOST_KAFKA_CLIENT_ID
+  value: {{ printf "%s-%s" $k.clientId .component | quote }}
+- name: PODCOST_KAFKA_SECURITY_PROTOCOL
+  value: {{ $k.securityProtocol | quote }}
+{{- if $k.tls.caSecret.name }}
+- name: PODCOST_KAFKA_SSL_CAFILE
+  value: {{ printf "%s/ca.crt" $dir | quote }}
+{{- end }}
+{{- if $k.tls.clientSecret.name }}
+- name: PODCOST_KAFKA_SSL_CERTFILE
+  value: {{ printf "%s/tls.crt" $dir | quote }}
+- name: PODCOST_KAFKA_SSL_KEYFILE
+  value: {{ printf "%s/tls.key" $dir | quote }}
+{{- end }}
+{{- if $k.tls.keyPasswordSecret.name }}
+- name: PODCOST_KAFKA_SSL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $k.tls.keyPasswordSecret.name }}
+      key: {{ $k.tls.keyPasswordSecret.key }}
+{{- end }}
+{{- if $k.sasl.mechanism }}
+- name: PODCOST_KAFKA_SASL_MECHANISM
+  value: {{ $k.sasl.mechanism | quote }}
+- name: PODCOST_KAFKA_SASL_USERNAME
+  valueFrom:
+    secretKeyRef:
+      name: {{ $k.sasl.secretName }}
+      key: {{ $k.sasl.usernameKey }}
+- name: PODCOST_KAFKA_SASL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $k.sasl.secretName }}
+      key: {{ $k.sasl.passwordKey }}
+{{- end }}
+- name: PODCOST_KAFKA_COMPRESSION
+  value: {{ $k.compression | quote }}
+- name: PODCOST_KAFKA_PARTITIONS
+  value: {{ $k.partitions | int | quote }}
+- name: PODCOST_KAFKA_REPLICATION_FACTOR
+  value: {{ $k.replicationFactor | int | quote }}
+- name: PODCOST_TOPIC_WORKLOADS
+  value: {{ $k.topics.workloads | quote }}
+- name: PODCOST_TOPIC_RANKS
+  value: {{ $k.topics.ranks | quote }}
+- name: PODCOST_TOPIC_COSTS
+  value: {{ $k.topics.costs | quote }}
+- name: PODCOST_TOPIC_DEADLETTER
+  value: {{ $k.topics.deadletter | quote }}
+{{- end -}}
+
+{{/* The CA and client certificate Secrets, projected into one directory. */}}
+{{- define "podcost.kafkaTlsVolume" -}}
+{{- $tls := .Values.kafka.tls -}}
+- name: kafka-tls
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- if $tls.caSecret.name }}
+      - secret:
+          name: {{ $tls.caSecret.name }}
+          items:
+            - key: {{ $tls.caSecret.key }}
+              path: ca.crt
+      {{- end }}
+      {{- if $tls.clientSecret.name }}
+      - secret:
+          name: {{ $tls.clientSecret.name }}
+          items:
+            - key: {{ $tls.clientSecret.certKey }}
+              path: tls.crt
+            - key: {{ $tls.clientSecret.keyKey }}
+              path: tls.key
+      {{- end }}
+{{- end -}}
+
+{{/* PODCOST_WATCHER_*: podcost.watcher.service.WatcherSettings (the Lease's namespace and this
+replica's identity come from POD_NAMESPACE and POD_NAME). */}}
+{{- define "podcost.watcherEnv" -}}
+{{- $w := .Values.watch -}}
+{{- $le := .Values.leaderElection -}}
+{{- with $w.namespace }}
+- name: PODCOST_WATCHER_NAMESPACE
+  value: {{ . | quote }}
+{{- end }}
+{{- with $w.namespaceSelector }}
+- name: PODCOST_WATCHER_NAMESPACE_SELECTOR
+  value: {{ . | quote }}
+{{- end }}
+- name: PODCOST_WATCHER_DEFAULT_ENABLED
+  value: {{ $w.defaultEnabled | quote }}
+- name: PODCOST_WATCHER_DEBOUNCE_SECONDS
+  value: {{ .Values.watcher.debounceSeconds | quote }}
+- name: PODCOST_WATCHER_MAX_DELAY_SECONDS
+  value: {{ .Values.watcher.maxDelaySeconds | quote }}
+- name: PODCOST_WATCHER_LEADER_ELECTION
+  value: {{ $le.enabled | quote }}
+{{- if $le.enabled }}
+- name: PODCOST_WATCHER_LEASE_NAME
+  value: {{ include "podcost.leaseName" . | quote }}
+- name: PODCOST_WATCHER_LEASE_DURATION_SECONDS
+  value: {{ $le.leaseDurationSeconds | quote }}
+- name: PODCOST_WATCHER_RENEW_DEADLINE_SECONDS
+  value: {{ $le.renewDeadlineSeconds | quote }}
+- name: PODCOST_WATCHER_RETRY_PERIOD_SECONDS
+  value: {{ $le.retryPeriodSeconds | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* PODCOST_ANNOTATOR_*: podcost.annotator.settings.AnnotatorSettings. */}}
+{{- define "podcost.annotatorEnv" -}}
+{{- $a := .Values.annotator -}}
+- name: PODCOST_ANNOTATOR_QPS
+  value: {{ $a.qps | quote }}
+- name: PODCOST_ANNOTATOR_BURST
+  value: {{ $a.burst | int | quote }}
+- name: PODCOST_ANNOTATOR_MAX_IN_FLIGHT
+  value: {{ $a.maxInFlight | int | quote }}
+- name: PODCOST_ANNOTATOR_HIGH_WATER
+  value: {{ $a.highWater | int | quote }}
+- name: PODCOST_ANNOTATOR_LOW_WATER
+  value: {{ $a.lowWater | int | quote }}
+- name: PODCOST_ANNOTATOR_OVERWRITE_FOREIGN
+  value: {{ $a.overwriteForeign | quote }}
+{{- end -}}
+
+{{/* PODCOST_AGGREGATOR_*: podcost.aggregator.settings.AggregatorSettings. */}}
+{{- define "podcost.aggregatorEnv" -}}
+{{- $a := .Values.aggregator -}}
+- name: PODCOST_AGGREGATOR_ENGINE
+  value: {{ $a.engine | quote }}
+- name: PODCOST_AGGREGATOR_DEADLINE_S
+  value: {{ $a.deadlineSeconds | quote }}
+- name: PODCOST_AGGREGATOR_STANDBY_REPLICAS
+  value: {{ $a.standbyReplicas | int | quote }}
+- name: PODCOST_AGGREGATOR_OVERWRITE_FOREIGN
+  value: {{ $a.overwriteForeign | quote }}
+{{- end -}}
+
+{{/* The standard OTEL_* variables the OpenTelemetry SDK reads (podcost.runtime.telemetry). */}}
+{{- define "podcost.otelEnv" -}}
+{{- $o := .Values.opentelemetry -}}
+{{- with $o.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- if $o.headersSecret.name }}
+- name: OTEL_EXPORTER_OTLP_HEADERS
+  valueFrom:
+    secretKeyRef:
+      name: {{ $o.headersSecret.name }}
+      key: {{ $o.headersSecret.key }}
+{{- end }}
+{{- with $o.resourceAttributes }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: {{ include "podcost.otelAttributes" . | quote }}
+{{- end }}
+{{- with $o.sampler }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ . | quote }}
+{{- end }}
+{{- with $o.samplerArg }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "podcost.otelAttributes" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := . -}}
+{{- $pairs = append $pairs (printf "%s=%v" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

@@ -1,0 +1,186 @@
+{{/* The chart name, truncated to a DNS label. */}}
+{{- define "podcost.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The release-qualified name every object is named from. Component objects append
+"-<component>" (e.g. "-watcher", "-ranker-topology-spread"), so it keeps room for them.
+*/}}
+{{- define "podcost.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "podcost.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels that select this release's pods (stable across upgrades). */}}
+{{- define "podcost.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "podcost.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/* Labels on every object of the release. */}}
+{{- define "podcost.labels" -}}
+helm.sh/chart: {{ include "podcost.chart" . }}
+{{ include "podcost.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: podcost
+{{- end -}}
+
+{{/* The service account the pods run as. */}}
+{{- define "podcost.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "podcost.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Labels of one component's objects; call with (dict "root" $ "component" "watcher").
+The component's selector is podcost.selectorLabels plus app.kubernetes.io/component.
+*/}}
+{{- define "podcost.componentLabels" -}}
+{{ include "podcost.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "podcost.componentSelectorLabels" -}}
+{{ include "podcost.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/*
+"true" when the release runs everything in one `podcost run` Deployment: mode "all" and no
+Kafka bootstrap servers configured (the in-process bus). Empty otherwise.
+*/}}
+{{- define "podcost.embedded" -}}
+{{- if and (eq .Values.mode "all") (not .Values.kafka.bootstrapServers) -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the watcher runs (its own Deployment, or inside the embedded one). */}}
+{{- define "podcost.runsWatcher" -}}
+{{- if ne .Values.mode "core" -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the annotator runs (same rule as the watcher: modes all and agent). */}}
+{{- define "podcost.runsAnnotator" -}}
+{{- if ne .Values.mode "core" -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the rankers and the aggregator run (modes all and core). */}}
+{{- define "podcost.runsCore" -}}
+{{- if ne .Values.mode "agent" -}}true{{- end -}}
+{{- end -}}
+
+{{/* The Lease the watcher replicas campaign for, in the release namespace. */}}
+{{- define "podcost.leaseName" -}}
+{{- default (printf "%s-watcher" (include "podcost.fullname" .)) .Values.leaderElection.leaseName -}}
+{{- end -}}
+
+{{/*
+The name of one component's objects (Deployment, Service, PDB): "<fullname>-<component>".
+Fails, rather than truncating into a clash, when it is longer than a DNS label.
+*/}}
+{{- define "podcost.componentName" -}}
+{{- $name := printf "%s-%s" (include "podcost.fullname" .root) .component -}}
+{{- if gt (len $name) 63 -}}
+{{- fail (printf "object name %q is longer than 63 characters: set a shorter fullnameOverride" $name) -}}
+{{- end -}}
+{{- $name -}}
+{{- end -}}
+
+{{/* The strategies that get a ranker: the policy's, then rankers.extraStrategies, once each. */}}
+{{- define "podcost.rankerStrategies" -}}
+{{- $names := list -}}
+{{- range .Values.policy.strategies -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- range .Values.rankers.extraStrategies -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- dict "names" ($names | uniq) | toJson -}}
+{{- end -}}
+
+{{/*
+Every Deployment the release runs, as JSON {"items": [{"component", "role", "strategy"}]}:
+services.yaml and pdb.yaml range over it so each Deployment gets its Service and PDB.
+*/}}
+{{- define "podcost.components" -}}
+{{- $items := list -}}
+{{- if include "podcost.embedded" . -}}
+{{- $items = append $items (dict "component" "embedded" "role" "embedded") -}}
+{{- else -}}
+{{- if include "podcost.runsWatcher" . -}}
+{{- $items = append $items (dict "component" "watcher" "role" "watcher") -}}
+{{- $items = append $items (dict "component" "annotator" "role" "annotator") -}}
+{{- end -}}
+{{- if include "podcost.runsCore" . -}}
+{{- $items = append $items (dict "component" "aggregator" "role" "aggregator") -}}
+{{- range (include "podcost.rankerStrategies" . | fromJson).names -}}
+{{- $items = append $items (dict "component" (printf "ranker-%s" .) "role" "ranker" "strategy" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- dict "items" $items | toJson -}}
+{{- end -}}
+
+{{- define "podcost.image" -}}
+{{- $image := .Values.image -}}
+{{- $ref := printf "%s/%s" $image.registry $image.repository | trimPrefix "/" -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $ref $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $ref (default .Chart.AppVersion $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Where the policy ConfigMap is mounted, and the file the services read. */}}
+{{- define "podcost.policyDir" -}}/etc/podcost/policy{{- end -}}
+{{- define "podcost.kafkaTlsDir" -}}/etc/podcost/kafka-tls{{- end -}}
+
+{{/* The Kafka TLS volume is needed when a CA or a client certificate Secret is named. */}}
+{{- define "podcost.kafkaTlsFiles" -}}
+{{- $tls := .Values.kafka.tls -}}
+{{- if or $tls.caSecret.name $tls.clientSecret.name -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+Checks across values that the schema cannot express; each fails with one line naming the
+values. (The services check the same at start; failing here stops a bad release before it rolls.)
+*/}}
+{{- define "podcost.validate" -}}
+{{- $seen := dict -}}
+{{- range .Values.policy.strategies -}}
+{{- if hasKey $seen .name -}}
+{{- fail (printf "policy.strategies: %q appears more than once" .name) -}}
+{{- end -}}
+{{- $_ := set $seen .name true -}}
+{{- end -}}
+{{- $rankers := (include "podcost.rankerStrategies" . | fromJson).names -}}
+{{- range $name, $_ := .Values.rankers.overrides -}}
+{{- if not (has $name $rankers) -}}
+{{- fail (printf "rankers.overrides.%s: no ranker runs %q (not in policy.strategies or rankers.extraStrategies)" $name $name) -}}
+{{- end -}}
+{{- end -}}
+{{- $a := .Values.annotator -}}
+{{- if ge (float64 $a.lowWater) (float64 $a.highWater) -}}
+{{- fail (printf "annotator.lowWater (%v) must be below annotator.highWater (%v)" $a.lowWater $a.highWater) -}}
+{{- end -}}
+{{- $le := .Values.leaderElection -}}
+{{- if and $le.enabled (ge (float64 $le.renewDeadlineSeconds) (float64 $le.leaseDurationSeconds)) -}}
+{{- fail (printf "leaderElection.renewDeadlineSeconds (%v) must be below leaderElection.leaseDurationSeconds (%v)" $le.renewDeadlineSeconds $le.leaseDurationSeconds) -}}
+{{- end -}}
+{{- end -}}

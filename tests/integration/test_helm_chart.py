@@ -1,0 +1,587 @@
+"""The Helm chart (``deploy/helm/podcost``) rendered by the real helm and checked three ways.
+
+- helm itself: ``helm lint --strict`` passes and ``values.schema.json`` rejects bad values, for
+  the default values and one values file per way of running podcost (embedded, over Kafka,
+  agent, core, TLS + SASL, ServiceMonitor, a custom policy, dry-run).
+- podcost itself: every container's arguments parse with the real ``podcost`` CLI (the typer app
+  turned into its click command), every ``PODCOST_*`` variable is a field of a settings class
+  the command reads and that class accepts the rendered value, every ``OTEL_*`` variable is one
+  the OpenTelemetry SDK reads, and the policy ConfigMap is a policy file the core loads.
+- Kubernetes 1.36: every rendered object is server-side applied with ``dryRun=All`` and
+  ``fieldValidation=Strict`` against the real kube-apiserver (``control_plane``), after the real
+  ServiceMonitor CRD from the prometheus-operator module is installed.
+
+helm (``paths.HELM_VERSION``) and the CRD are built into the cache by ``make tools``
+(``podcost_localinfra.build.ensure_helm_tool``). Under ``CI=true`` a missing helm fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.core
+import typer.main
+import yaml
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.dynamic import DynamicClient
+from opentelemetry import environment_variables as otel_api_variables
+from opentelemetry.sdk import environment_variables as otel_sdk_variables
+from pydantic import AliasChoices
+from pydantic_settings import BaseSettings
+from tests.support.kube import KubeTestCluster
+
+from podcost.aggregator.settings import AggregatorSettings
+from podcost.annotator.settings import AnnotatorSettings
+from podcost.cli import app
+from podcost.runtime.settings import ServiceSettings
+from podcost.watcher.service import WatcherSettings
+from podcost_bus import BusSettings
+from podcost_core.policy import DEFAULT_POLICY, StrategySpec, load_policy_file
+from podcost_core.strategies.registry import default_registry
+from podcost_localinfra import build, paths
+
+pytestmark = pytest.mark.integration
+
+Manifest = dict[str, Any]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "podcost"
+RELEASE = "podcost"
+NAMESPACE = "podcost-chart"
+KUBE_VERSION = paths.KUBE_VERSION.lstrip("v")
+FIELD_MANAGER = "podcost-chart-test"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+KAFKA = {"bootstrapServers": "kafka-0.kafka:9092,kafka-1.kafka:9092"}
+CUSTOM_POLICY: list[Manifest] = [
+    {"name": "topology-spread", "tier": 0, "weight": 1},
+    {"name": "capacity-type", "tier": 1, "weight": 5, "args": {"price_annotation": "acme.io/p"}},
+    {"name": "age", "tier": 1, "weight": 2, "threshold": 3600},
+]
+
+#: Values files, by name, that must lint, render and pass the API server's strict validation.
+CASES: dict[str, Manifest] = {
+    "default": {},
+    "kafka": {"kafka": KAFKA, "pdb": {"enabled": True}, "watcher": {"replicaCount": 2}},
+    "agent": {"mode": "agent", "kafka": KAFKA, "watch": {"namespaceSelector": "team=a,tier=b"}},
+    "core": {"mode": "core", "kafka": KAFKA, "aggregator": {"engine": "consumer"}},
+    "tls-sasl": {
+        "kafka": {
+            **KAFKA,
+            "securityProtocol": "SASL_SSL",
+            "tls": {
+                "caSecret": {"name": "kafka-ca", "key": "ca.pem"},
+                "clientSecret": {"name": "kafka-client"},
+                "keyPasswordSecret": {"name": "kafka-key-password"},
+            },
+            "sasl": {"mechanism": "SCRAM-SHA-512", "secretName": "kafka-sasl"},
+        },
+        "opentelemetry": {
+            "endpoint": "http://otel-collector.observability:4318",
+            "headersSecret": {"name": "otel-headers"},
+            "resourceAttributes": {"deployment.environment": "prod"},
+            "sampler": "parentbased_traceidratio",
+            "samplerArg": "0.25",
+        },
+    },
+    "servicemonitor": {
+        "kafka": KAFKA,
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
+    },
+    "custom-policy": {
+        "kafka": KAFKA,
+        "policy": {"strategies": CUSTOM_POLICY},
+        "rankers": {
+            "extraStrategies": ["priority-qos"],
+            "overrides": {"topology-spread": {"replicaCount": 3}},
+        },
+        "annotator": {"highWater": 2_000_000, "lowWater": 1_000_000},
+    },
+    "dry-run": {"dryRun": True, "leaderElection": {"enabled": False}, "log": {"level": "DEBUG"}},
+    "dry-run-agent": {"mode": "agent", "kafka": KAFKA, "dryRun": True},
+}
+
+#: Values files helm must refuse, with a piece of the one-line reason it must give.
+SCHEMA_ERROR = "values don't meet the specifications of the schema"
+REJECTED: dict[str, tuple[Manifest, str]] = {
+    "agent-without-kafka": ({"mode": "agent"}, SCHEMA_ERROR),
+    "unknown-mode": ({"mode": "everything"}, SCHEMA_ERROR),
+    "unknown-key": ({"replicas": 2}, SCHEMA_ERROR),
+    "zero-weight": (
+        {"policy": {"strategies": [{"name": "age", "weight": 0}]}},
+        SCHEMA_ERROR,
+    ),
+    "sasl-without-mechanism": (
+        {"kafka": {**KAFKA, "securityProtocol": "SASL_SSL"}},
+        SCHEMA_ERROR,
+    ),
+    "tls-file-over-plaintext": (
+        {"kafka": {**KAFKA, "tls": {"caSecret": {"name": "kafka-ca"}}}},
+        SCHEMA_ERROR,
+    ),
+    "two-watchers-without-election": (
+        {"leaderElection": {"enabled": False}, "watcher": {"replicaCount": 2}},
+        SCHEMA_ERROR,
+    ),
+    "bad-log-level": ({"log": {"level": "verbose"}}, SCHEMA_ERROR),
+    "duplicate-strategy": (
+        {"policy": {"strategies": [{"name": "age"}, {"name": "age", "weight": 2}]}},
+        '"age" appears more than once',
+    ),
+    "override-of-a-strategy-no-ranker-runs": (
+        {"kafka": KAFKA, "rankers": {"overrides": {"work-in-progress": {"replicaCount": 2}}}},
+        'rankers.overrides.work-in-progress: no ranker runs "work-in-progress"',
+    ),
+    "names-longer-than-a-dns-label": (
+        {"kafka": KAFKA, "fullnameOverride": "p" * 40},
+        "is longer than 63 characters: set a shorter fullnameOverride",
+    ),
+    "low-water-above-high-water": (
+        {"annotator": {"highWater": 10, "lowWater": 10}},
+        "annotator.lowWater (10) must be below annotator.highWater (10)",
+    ),
+}
+
+#: The settings classes each ``podcost`` command reads from the environment.
+SETTINGS: dict[str, tuple[type[BaseSettings], ...]] = {
+    "watcher": (ServiceSettings, BusSettings, WatcherSettings),
+    "annotator": (ServiceSettings, BusSettings, AnnotatorSettings),
+    "aggregator": (ServiceSettings, BusSettings, AggregatorSettings),
+    "ranker": (ServiceSettings, BusSettings),
+    "run": (ServiceSettings, BusSettings, WatcherSettings, AnnotatorSettings, AggregatorSettings),
+}
+
+
+# --- helm ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The helm built by ``make tools`` (built now if it is missing)."""
+    try:
+        return build.ensure_helm_tool()
+    except (build.BuildError, OSError) as error:
+        message = f"helm is unavailable: {error}"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+def run_helm(helm: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm), *argv], capture_output=True, text=True, timeout=120)
+
+
+def values_file(directory: Path, name: str, values: Manifest) -> Path:
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def template_argv(values: Path) -> list[str]:
+    return ["template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+            "--kube-version", KUBE_VERSION, "--values", str(values)]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def rendered(
+    helm: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], list[Manifest]]:
+    """The objects ``helm template`` renders for a case of ``CASES`` (rendered once each)."""
+    directory = tmp_path_factory.mktemp("values")
+    cache: dict[str, list[Manifest]] = {}
+
+    def render(case: str) -> list[Manifest]:
+        if case not in cache:
+            result = run_helm(helm, *template_argv(values_file(directory, case, CASES[case])))
+            assert result.returncode == 0, f"helm template ({case}) failed: {result.stderr}"
+            cache[case] = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+        return cache[case]
+
+    return render
+
+
+def of_kind(objects: list[Manifest], kind: str) -> list[Manifest]:
+    return [obj for obj in objects if obj["kind"] == kind]
+
+
+def containers(objects: list[Manifest]) -> Iterator[tuple[Manifest, Manifest]]:
+    """(Deployment, container) for every container of every Deployment."""
+    for deployment in of_kind(objects, "Deployment"):
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            yield deployment, container
+
+
+def expected_deployments(values: Manifest) -> set[str]:
+    """The Deployment names a values file must give: the mode's components, a ranker each."""
+    mode = values.get("mode", "all")
+    if mode == "all" and not values.get("kafka", {}).get("bootstrapServers"):
+        return {f"{RELEASE}-embedded"}
+    strategies = [entry["name"] for entry in values.get("policy", {}).get("strategies", [])]
+    strategies = strategies or list(DEFAULT_POLICY.names)
+    strategies += values.get("rankers", {}).get("extraStrategies", [])
+    names = set()
+    if mode in ("all", "agent"):
+        names |= {f"{RELEASE}-watcher", f"{RELEASE}-annotator"}
+    if mode in ("all", "core"):
+        names |= {f"{RELEASE}-aggregator", *(f"{RELEASE}-ranker-{s}" for s in strategies)}
+    return names
+
+
+def test_helm_is_the_version_make_tools_pins(helm: Path) -> None:
+    result = run_helm(helm, "version", "--template", "{{ .Version }}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == paths.HELM_VERSION
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_chart_passes_strict_lint(helm: Path, tmp_path: Path, case: str) -> None:
+    values = values_file(tmp_path, case, CASES[case])
+    result = run_helm(helm, "lint", "--strict", str(CHART), "--namespace", NAMESPACE,
+                      "--kube-version", KUBE_VERSION, "--values", str(values))  # fmt: skip
+    assert result.returncode == 0, f"helm lint --strict ({case}):\n{result.stdout}{result.stderr}"
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("case", REJECTED)
+def test_bad_values_are_refused_before_anything_renders(
+    helm: Path, tmp_path: Path, case: str
+) -> None:
+    values, reason = REJECTED[case]
+    result = run_helm(helm, *template_argv(values_file(tmp_path, case, values)))
+    assert result.returncode != 0, f"helm accepted the {case} values"
+    assert reason in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_mode_runs_exactly_its_deployments_each_with_a_service(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    objects = rendered(case)
+    deployments = {obj["metadata"]["name"]: obj for obj in of_kind(objects, "Deployment")}
+    assert set(deployments) == expected_deployments(CASES[case])
+    services = of_kind(objects, "Service")
+    assert {service["metadata"]["name"] for service in services} == set(deployments)
+    for service in services:
+        pod_labels = deployments[service["metadata"]["name"]]["spec"]["template"]["metadata"]
+        selector = service["spec"]["selector"]
+        assert selector.items() <= pod_labels["labels"].items()
+        matched = [
+            name for name, deployment in deployments.items()
+            if selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+        ]  # fmt: skip
+        assert matched == [service["metadata"]["name"]], "a Service must select one component"
+    pdbs = of_kind(objects, "PodDisruptionBudget")
+    wants_pdb = CASES[case].get("pdb", {}).get("enabled", False)
+    assert {pdb["metadata"]["name"] for pdb in pdbs} == (set(deployments) if wants_pdb else set())
+
+
+def test_the_rankers_follow_the_policy_with_their_overrides(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    deployments = {
+        d["metadata"]["name"]: d for d in of_kind(rendered("custom-policy"), "Deployment")
+    }
+    for entry in [*CUSTOM_POLICY, {"name": "priority-qos"}]:
+        ranker = deployments[f"{RELEASE}-ranker-{entry['name']}"]
+        assert ranker["metadata"]["labels"]["podcost.dev/strategy"] == entry["name"]
+        args = ranker["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert args == ["ranker", "--strategy", entry["name"]]
+        assert ranker["spec"]["replicas"] == (3 if entry["name"] == "topology-spread" else 1)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_container_runs_a_podcost_command_with_options_it_has(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["podcost"] == "podcost.cli:main"
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    with pytest.raises(Exception, match="No such option: --no-such-option"):
+        group.commands["ranker"].make_context("podcost ranker", ["--no-such-option"])
+    registry = default_registry()
+    for _, container in containers(rendered(case)):
+        assert container["command"] == ["podcost"]
+        name, *options = container["args"]
+        command = group.commands[name]
+        context = command.make_context(f"podcost {name}", list(options))  # raises on a bad one
+        for strategy in _as_list(context.params.get("strategy")):
+            registry.get_strategy(strategy)
+        writes = name in ("annotator", "run")  # the only commands that write to the cluster
+        assert ("--dry-run" in options) == (writes and bool(CASES[case].get("dryRun"))), name
+        assert name in SETTINGS
+
+
+def _as_list(value: object) -> list[str]:
+    if value is None:
+        return []
+    return [str(item) for item in value] if isinstance(value, list | tuple) else [str(value)]
+
+
+def setting_variables(model: type[BaseSettings]) -> set[str]:
+    """The environment variables ``model`` reads (aliases, else env prefix + field name)."""
+    prefix = str(model.model_config.get("env_prefix", ""))
+    names = set()
+    for field_name, field in model.model_fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            choices = [c for c in alias.choices if isinstance(c, str) and c != field_name]
+            names |= {choice.upper() for choice in choices}
+        elif isinstance(alias, str):
+            names.add(alias.upper())
+        else:
+            names.add(f"{prefix}{field_name}".upper())
+    return names
+
+
+def otel_variables() -> set[str]:
+    return {
+        value
+        for module in (otel_api_variables, otel_sdk_variables)
+        for value in vars(module).values()
+        if isinstance(value, str) and value.startswith("OTEL_")
+    }
+
+
+@dataclass(frozen=True)
+class MountedFile:
+    """A file a container sees under one of its mounts, and where it comes from."""
+
+    source: str
+    content: str
+
+
+def mounted_files(
+    deployment: Manifest, container: Manifest, objects: list[Manifest]
+) -> dict[str, MountedFile]:
+    """Every file the container's ConfigMap and Secret volumes put in its filesystem."""
+    config_maps = {obj["metadata"]["name"]: obj for obj in of_kind(objects, "ConfigMap")}
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    files: dict[str, MountedFile] = {}
+    for mount in container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "configMap" in volume:
+            data = config_maps[volume["configMap"]["name"]]["data"]
+            for key, content in data.items():
+                files[f"{mount['mountPath']}/{key}"] = MountedFile("configmap", content)
+        for source in volume.get("projected", {}).get("sources", []):
+            secret = source["secret"]
+            for item in secret["items"]:
+                name = f"{secret['name']}/{item['key']}"
+                files[f"{mount['mountPath']}/{item['path']}"] = MountedFile(name, "from a secret")
+    return files
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_variable_is_a_setting_its_command_reads_and_accepts(
+    rendered: Callable[[str], list[Manifest]],
+    case: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    objects = rendered(case)
+    otel = otel_variables()
+    for deployment, container in containers(objects):
+        command = container["args"][0]
+        known = set().union(*(setting_variables(model) for model in SETTINGS[command]))
+        files = mounted_files(deployment, container, objects)
+        environment: dict[str, str] = {}
+        for variable in container["env"]:
+            name = variable["name"]
+            if name.startswith("OTEL_"):
+                assert name in otel, f"{command}: {name} is not an OpenTelemetry variable"
+                continue
+            assert name in known, f"{command}: {name} is not a setting `podcost {command}` reads"
+            environment[name] = _resolve(variable, files, tmp_path)
+        for name in list(os.environ):
+            if name.startswith(("PODCOST_", "POD_", "OTEL_")):
+                monkeypatch.delenv(name)
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        for model in SETTINGS[command]:
+            model()  # a value the service would refuse raises ValidationError here
+        if "PODCOST_POLICY_FILE" in environment:
+            load_policy_file(environment["PODCOST_POLICY_FILE"])
+
+
+def _resolve(variable: Manifest, files: Mapping[str, MountedFile], tmp_path: Path) -> str:
+    """The value a variable has in the pod; mounted files are copied under ``tmp_path``."""
+    if "valueFrom" in variable:
+        source = variable["valueFrom"]
+        if "fieldRef" in source:
+            return {"metadata.name": "podcost-watcher-0", "metadata.namespace": NAMESPACE}[
+                source["fieldRef"]["fieldPath"]
+            ]
+        return "from-a-secret"
+    value = str(variable["value"])
+    if not value.startswith("/"):
+        return value
+    assert value in files, f"{variable['name']}={value} is not a file any volume provides"
+    local = tmp_path / value.lstrip("/")
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_text(files[value].content)
+    return str(local)
+
+
+def _policy_in(objects: list[Manifest]) -> tuple[StrategySpec, ...]:
+    [config_map] = [
+        c for c in of_kind(objects, "ConfigMap") if c["metadata"]["name"].endswith("-policy")
+    ]
+    return tuple(
+        StrategySpec(e["name"], e.get("weight", 1), e.get("tier", 0), e.get("args", {}),
+                     e.get("threshold"))
+        for e in json.loads(config_map["data"]["policy.json"])["strategies"]
+    )  # fmt: skip
+
+
+def test_the_default_policy_file_is_podcosts_built_in_default(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    assert _policy_in(rendered("default")) == DEFAULT_POLICY.specs
+
+
+def test_a_custom_policy_reaches_the_policy_file_unchanged(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    expected = tuple(
+        StrategySpec(e["name"], e["weight"], e["tier"], e.get("args", {}), e.get("threshold"))
+        for e in CUSTOM_POLICY
+    )  # fmt: skip
+    assert _policy_in(rendered("custom-policy")) == expected
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_pods_run_locked_down_and_only_agents_get_an_api_token(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    for deployment, container in containers(rendered(case)):
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"]["drop"] == ["ALL"]
+        assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+        talks_to_kubernetes = container["args"][0] in ("watcher", "annotator", "run")
+        assert pod["automountServiceAccountToken"] is talks_to_kubernetes
+        assert pod["serviceAccountName"] == RELEASE
+        probes = {container[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")}
+        assert probes == {"/healthz", "/readyz"}
+
+
+def test_the_service_monitor_scrapes_every_metrics_service(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    objects = rendered("servicemonitor")
+    [monitor] = of_kind(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["path"] == "/metrics"
+    for service in of_kind(objects, "Service"):
+        assert selector.items() <= service["metadata"]["labels"].items()
+        assert endpoint["port"] in {port["name"] for port in service["spec"]["ports"]}
+    assert of_kind(rendered("kafka"), "ServiceMonitor") == []
+
+
+def test_the_dashboard_ships_in_a_configmap_grafana_picks_up(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    [dashboard] = [
+        c for c in of_kind(rendered("default"), "ConfigMap")
+        if c["metadata"]["name"].endswith("-dashboard")
+    ]  # fmt: skip
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads(dashboard["data"]["podcost.json"])
+    assert shipped == json.loads((CHART / "dashboards" / "podcost.json").read_text())
+
+
+# --- the API server --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+async def dynamic(
+    kube: KubeTestCluster, helm: Path, tmp_path_factory: pytest.TempPathFactory
+) -> DynamicClient:
+    """A dynamic client on the real API server, with the test namespace and the real
+    ServiceMonitor CRD in place."""
+    cache = tmp_path_factory.mktemp("discovery") / "discovery.json"
+    client: DynamicClient = await DynamicClient(kube.api, cache_file=str(cache))
+    namespaces = await client.resources.get(api_version="v1", kind="Namespace")
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
+    await client.server_side_apply(namespaces, namespace, field_manager=FIELD_MANAGER)
+    crds = await client.resources.get(
+        api_version="apiextensions.k8s.io/v1", kind="CustomResourceDefinition"
+    )
+    crd = yaml.safe_load(paths.servicemonitor_crd_file().read_text())
+    await client.server_side_apply(crds, crd, field_manager=FIELD_MANAGER, force_conflicts=True)
+    await _until_established(client, crds, crd["metadata"]["name"])
+    return client
+
+
+async def _until_established(client: DynamicClient, crds: Any, name: str) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        current = await client.get(crds, name=name)
+        conditions = (current.to_dict().get("status") or {}).get("conditions") or []
+        if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+            return
+        assert time.monotonic() < deadline, f"the CRD {name} was not Established within 30s"
+        await asyncio.sleep(0.2)
+
+
+async def refusal(dynamic: DynamicClient, obj: Manifest) -> str | None:
+    """Why the API server refuses to apply ``obj`` (dry run, strict field validation), or None.
+
+    The dynamic client hands back a failure as a ``Status`` object instead of raising."""
+    resource = await dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+    try:
+        applied = await dynamic.server_side_apply(
+            resource, obj, namespace=NAMESPACE if resource.namespaced else None,
+            field_manager=FIELD_MANAGER, dry_run="All",
+            query_params=[("fieldValidation", "Strict")],
+        )  # fmt: skip
+    except ApiException as error:
+        return f"{error.status} {error.body}"
+    answer: Manifest = applied.to_dict()
+    if answer["kind"] == "Status" and obj["kind"] != "Status":
+        return f"{answer.get('code')} {answer.get('message')}"
+    assert (answer["kind"], answer["metadata"]["name"]) == (obj["kind"], obj["metadata"]["name"])
+    return None
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_kubernetes_accepts_every_rendered_object_under_strict_validation(
+    dynamic: DynamicClient, rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    objects = rendered(case)
+    refused = []
+    for obj in objects:
+        reason = await refusal(dynamic, obj)
+        if reason is not None:
+            refused.append(f"{obj['kind']}/{obj['metadata']['name']}: {reason}")
+    assert not refused, "\n".join(refused)
+    assert {obj["kind"] for obj in objects} >= {"Deployment", "Service", "ConfigMap"}
+
+
+async def test_the_strict_check_refuses_a_field_kubernetes_does_not_know(
+    dynamic: DynamicClient, rendered: Callable[[str], list[Manifest]]
+) -> None:
+    [deployment] = of_kind(rendered("default"), "Deployment")
+    misspelt = json.loads(json.dumps(deployment))
+    misspelt["spec"]["template"]["spec"]["containers"][0]["readinessProbes"] = {}
+    reason = await refusal(dynamic, misspelt)
+    assert reason is not None
+    assert "readinessProbes: field not declared in schema" in reason
