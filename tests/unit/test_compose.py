@@ -1,0 +1,343 @@
+"""docker-compose.yml runs what the code is: every command parses with the real typer CLI,
+every ``PODCOST_*`` variable is a setting some service reads (and validates with its value), the
+rankers are exactly the default policy's strategies, and the plumbing (Kafka listeners, health
+checks, ports, the kubeconfig, the trace path through the collector to Jaeger) lines up.
+
+No Docker engine runs here, and this machine kind's docker client has no compose plugin, so the
+file is checked by reading it. ``docker compose config`` (which validates offline against the
+compose schema) runs too wherever the plugin is installed, as on a developer's laptop; it is
+skipped where it is not, CI included: its machines are this kind, so failing there would only
+say the plugin is missing, and everything the schema cannot know is checked below anyway.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import typer.main
+import yaml
+from tests.support.deploy_files import (
+    ROOT,
+    interpolate,
+    read_dockerfile,
+    service_env_names,
+    settings_classes,
+)
+
+from podcost.cli import app
+from podcost.runtime.settings import ServiceSettings
+from podcost.runtime.telemetry import setup_tracing
+from podcost_core.policy import DEFAULT_POLICY
+from podcost_core.strategies.registry import default_registry
+from podcost_localinfra.paths import KAFKA_VERSION
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+PODCOST = {name: service for name, service in SERVICES.items() if "build" in service}
+DOCKERFILE = read_dockerfile()
+IMAGE_ENV = DOCKERFILE.stages[-1].env(DOCKERFILE.global_args)
+CLI = typer.main.get_command(app)
+
+# The services that call the Kubernetes API (README: "Running podcost on a cluster").
+CLUSTER_CLIENTS = {"watcher", "annotator"}
+PIPELINE = {"watcher", "ranker", "aggregator", "annotator"}
+
+
+def resolve(value: object) -> str:
+    """A compose value as `docker compose up` sees it with none of its variables set."""
+    return interpolate(str(value), {})
+
+
+def environment(service: Mapping[str, Any]) -> dict[str, str]:
+    raw = service.get("environment", {})
+    if isinstance(raw, list):
+        raw = dict(item.partition("=")[::2] for item in raw)
+    return {name: resolve(value) for name, value in raw.items()}
+
+
+def container_env(service: Mapping[str, Any]) -> dict[str, str]:
+    """What the process in the container sees: the image's ENV, then the service's."""
+    return {**IMAGE_ENV, **environment(service)}
+
+
+def http_port(service: Mapping[str, Any]) -> int:
+    default = ServiceSettings.model_fields["http_port"].default
+    return int(container_env(service).get("PODCOST_HTTP_PORT", default))
+
+
+def parse_command(args: list[str]) -> tuple[str, dict[str, Any]]:
+    """``args`` through the real CLI parser: (subcommand, its parsed parameters); an unknown
+    command or option, or a missing or bad value, raises typer's usage error."""
+    with CLI.make_context("podcost", list(args)) as root:
+        name, command, rest = CLI.resolve_command(root, list(args))
+        assert name is not None
+        assert command is not None
+        with command.make_context(name, rest, parent=root) as sub:
+            return name, dict(sub.params)
+
+
+def ports(service: Mapping[str, Any]) -> list[tuple[str, int, int, str]]:
+    """Published ports as (host ip, host port, container port, protocol)."""
+    published = []
+    for entry in service.get("ports", []):
+        spec, _, protocol = resolve(entry).partition("/")
+        parts = spec.split(":")
+        assert len(parts) in (2, 3), f"{entry!r}: publish with an explicit host port"
+        ip = parts[0] if len(parts) == 3 else "0.0.0.0"
+        published.append((ip, int(parts[-2]), int(parts[-1]), protocol or "tcp"))
+    return published
+
+
+def depends_on(service: Mapping[str, Any]) -> dict[str, str]:
+    raw = service.get("depends_on", {})
+    if isinstance(raw, list):
+        return dict.fromkeys(raw, "service_started")
+    return {name: spec.get("condition", "service_started") for name, spec in raw.items()}
+
+
+def tmpfs_paths(service: Mapping[str, Any]) -> list[PurePosixPath]:
+    raw = service.get("tmpfs", [])
+    entries = [raw] if isinstance(raw, str) else raw
+    return [PurePosixPath(entry.split(":")[0]) for entry in entries]
+
+
+def service_running(image_prefix: str) -> str:
+    names = [n for n, s in SERVICES.items() if str(s.get("image", "")).startswith(image_prefix)]
+    assert len(names) == 1, f"expected one service running {image_prefix}*, found {names}"
+    return names[0]
+
+
+def test_every_podcost_service_is_built_once_from_the_dockerfile() -> None:
+    builds = [service["build"] for service in PODCOST.values()]
+    assert all(build == builds[0] for build in builds), "the services build different images"
+    assert (ROOT / builds[0]["context"] / builds[0]["dockerfile"]).is_file()
+    images = {service["image"] for service in PODCOST.values()}
+    assert images == {f"podcost:{PYPROJECT['project']['version']}"}
+
+
+@pytest.mark.parametrize("name", sorted(PODCOST))
+def test_the_command_parses_with_the_real_cli(name: str) -> None:
+    command, _ = parse_command([str(arg) for arg in PODCOST[name]["command"]])
+    assert command in PIPELINE
+
+
+def test_one_ranker_runs_for_each_strategy_of_the_default_policy() -> None:
+    commands = [parse_command([str(a) for a in s["command"]]) for s in PODCOST.values()]
+    strategies = [params["strategy"] for command, params in commands if command == "ranker"]
+    assert len(strategies) == len(set(strategies)), f"a strategy runs twice: {strategies}"
+    assert set(strategies) == {spec.name for spec in DEFAULT_POLICY.specs}
+    registry = default_registry()
+    for strategy in strategies:
+        registry.get_strategy(strategy)
+    others = sorted(command for command, _ in commands if command != "ranker")
+    assert others == ["aggregator", "annotator", "watcher"]
+
+
+@pytest.mark.parametrize("name", sorted(PODCOST))
+def test_every_podcost_variable_is_a_setting_the_service_reads(name: str) -> None:
+    known = service_env_names()
+    for variable in environment(PODCOST[name]):
+        if variable.startswith("PODCOST_"):
+            assert variable in known, f"{name}: {variable} is no podcost setting"
+
+
+@pytest.mark.parametrize("name", sorted(PODCOST))
+def test_every_setting_validates_with_the_services_environment(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for variable in list(os.environ):
+        if variable.startswith(("PODCOST_", "OTEL_", "KUBECONFIG", "POD_")):
+            monkeypatch.delenv(variable)
+    for variable, value in container_env(PODCOST[name]).items():
+        monkeypatch.setenv(variable, value)
+    for model in settings_classes():
+        model()  # a bad value raises, naming the variable
+
+
+def test_the_services_reach_kafka_on_the_listener_it_advertises_to_containers() -> None:
+    kafka = environment(SERVICES["kafka"])
+    advertised = dict(
+        reversed(entry.split("://")) for entry in kafka["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    )
+    for name, service in PODCOST.items():
+        bootstrap = container_env(service)["PODCOST_KAFKA"]
+        assert bootstrap in advertised, f"{name}: {bootstrap} is not an advertised listener"
+        host, _, port = bootstrap.partition(":")
+        assert host == "kafka"
+        listeners = kafka["KAFKA_LISTENERS"].split(",")
+        assert f"{advertised[bootstrap]}://:{port}" in listeners
+        assert advertised[bootstrap] == kafka["KAFKA_INTER_BROKER_LISTENER_NAME"]
+
+
+def test_the_broker_is_the_kafka_release_the_tests_run_against() -> None:
+    assert SERVICES["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+
+
+@pytest.mark.parametrize("name", sorted(PODCOST))
+def test_the_container_runs_read_only_as_a_numeric_non_root_user(name: str) -> None:
+    service = PODCOST[name]
+    assert service.get("read_only") is True
+    uid, _, gid = resolve(service["user"]).partition(":")
+    assert uid.isdigit(), f"{name}: user {service['user']!r} is not numeric"
+    assert int(uid) > 0, f"{name}: runs as root"
+    assert not gid or (gid.isdigit() and int(gid) > 0), f"{name}: group {gid!r}"
+    writable = tmpfs_paths(service)
+    env = container_env(service)
+    for variable in ("HOME", "TMPDIR", "PODCOST_AGGREGATOR_DATA_DIR"):
+        path = PurePosixPath(env[variable])
+        assert any(path.is_relative_to(w) for w in writable), f"{name}: {variable} not on tmpfs"
+
+
+@pytest.mark.parametrize("name", sorted(PODCOST))
+def test_the_health_check_probes_healthz_on_the_services_http_port(name: str) -> None:
+    service = PODCOST[name]
+    port = http_port(service)
+    probe = " ".join(str(word) for word in service["healthcheck"]["test"])
+    assert f"http://127.0.0.1:{port}/healthz" in probe
+    assert service["healthcheck"]["test"][0] == "CMD"  # the image has no shell tools to lean on
+    assert [container for _, _, container, _ in ports(service)] == [port]
+
+
+@pytest.mark.parametrize("name", sorted(PODCOST))
+def test_only_the_services_that_call_the_api_server_get_the_kubeconfig(name: str) -> None:
+    service = PODCOST[name]
+    command, _ = parse_command([str(arg) for arg in service["command"]])
+    env = container_env(service)
+    if command not in CLUSTER_CLIENTS:
+        assert "KUBECONFIG" not in env
+        assert not service.get("volumes")
+        return
+    (mount,) = service["volumes"]
+    assert mount["type"] == "bind"
+    assert mount["read_only"] is True
+    assert env["KUBECONFIG"] == mount["target"]
+    assert mount["source"].startswith("${KUBECONFIG:-"), "the user's own KUBECONFIG goes first"
+    assert resolve(mount["source"]) == "~/.kube/config"
+
+
+def test_every_dependency_exists_and_podcost_waits_for_a_healthy_broker() -> None:
+    for name, service in SERVICES.items():
+        for target, condition in depends_on(service).items():
+            assert target in SERVICES, f"{name} depends on a missing service {target}"
+            if condition == "service_healthy":
+                assert "healthcheck" in SERVICES[target], f"{target} has no health check"
+    for name, service in PODCOST.items():
+        assert depends_on(service).get("kafka") == "service_healthy", name
+
+
+def test_no_two_services_publish_the_same_host_port() -> None:
+    seen: dict[tuple[int, str], str] = {}
+    for name, service in SERVICES.items():
+        for ip, host_port, _, protocol in ports(service):
+            assert ip == "127.0.0.1", f"{name} publishes {host_port} beyond this machine"
+            other = seen.setdefault((host_port, protocol), name)
+            assert other == name, f"{name} and {other} both publish {host_port}/{protocol}"
+
+
+def test_the_third_party_images_are_pinned() -> None:
+    for name, service in SERVICES.items():
+        if name in PODCOST:
+            continue
+        image = str(service["image"])
+        tag = image.rpartition(":")[2]
+        assert ":" in image, f"{name}: {image} has no tag"
+        assert tag not in ("", "latest"), f"{name}: {image} is not pinned"
+
+
+def collector_config() -> tuple[dict[str, Any], str]:
+    """The collector's config file and the name of its service."""
+    name = service_running("otel/opentelemetry-collector-contrib:")
+    collector = SERVICES[name]
+    config_flag = next(a for a in collector["command"] if str(a).startswith("--config="))
+    in_container = config_flag.partition("=")[2]
+    mounts = dict(reversed(v.split(":")[:2]) for v in collector["volumes"])
+    source = ROOT / mounts[in_container]
+    assert source.is_file(), f"{source} is mounted into the collector but does not exist"
+    return yaml.safe_load(source.read_text()), name
+
+
+def endpoint_port(endpoint: str) -> int:
+    return int(endpoint.rpartition(":")[2])
+
+
+def test_the_services_send_their_traces_to_a_receiver_of_the_collector(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config, collector = collector_config()
+    protocols = config["receivers"]["otlp"]["protocols"]
+    for name, service in PODCOST.items():
+        env = container_env(service)
+        # podcost exports OTLP over HTTP (runtime/telemetry.py); the variable says so too.
+        assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf", name
+        url = urlsplit(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+        assert url.hostname == collector, f"{name} sends its spans to {url.hostname}"
+        assert url.port == endpoint_port(protocols["http"]["endpoint"])
+        assert depends_on(service).get(collector) is not None
+    # And the real tracing set-up, given that environment, exports there.
+    endpoint = container_env(next(iter(PODCOST.values())))["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    provider = setup_tracing("podcost-compose-test", set_global=False)
+    try:
+        processors = provider._active_span_processor._span_processors
+        exporters = [getattr(p, "span_exporter", None) for p in processors]
+        assert [getattr(e, "_endpoint", None) for e in exporters] == [f"{endpoint}/v1/traces"]
+    finally:
+        provider.shutdown()
+
+
+def test_the_collector_forwards_traces_to_the_trace_viewer() -> None:
+    config, _ = collector_config()
+    viewer = service_running("jaegertracing/all-in-one:")
+    assert environment(SERVICES[viewer]).get("COLLECTOR_OTLP_ENABLED") == "true"
+    pipeline = config["service"]["pipelines"]["traces"]
+    for kind in ("receivers", "processors", "exporters"):
+        for component in pipeline[kind]:
+            assert component in config[kind], f"the pipeline names an undefined {component}"
+    for extension in config["service"].get("extensions", []):
+        assert extension in config["extensions"]
+    for exporter in pipeline["exporters"]:
+        endpoint = config["exporters"][exporter]["endpoint"]
+        host, _, port = endpoint.rpartition(":")
+        assert host == viewer, f"{exporter} exports to {host}, not the viewer {viewer}"
+        assert exporter.partition("/")[0] == "otlp"
+        assert int(port) == 4317  # Jaeger's OTLP/gRPC receiver
+
+
+def test_docker_compose_config_accepts_the_file(tmp_path: Path) -> None:
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker client on this machine")
+    if subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
+        pytest.skip("this docker client has no compose plugin (`docker compose`)")
+    env = {**os.environ, "KUBECONFIG": str(tmp_path)}
+    result = subprocess.run(
+        [docker, "compose", "-f", str(COMPOSE_FILE), "config", "--quiet"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("value", "env", "expected"),
+    [
+        ("${A:-x}", {}, "x"),
+        ("${A:-x}", {"A": ""}, "x"),
+        ("${A-x}", {"A": ""}, ""),
+        ("${A:-65532:65532}", {}, "65532:65532"),
+        ("${A}/b", {"A": "a"}, "a/b"),
+        ("$A-$$", {"A": "a"}, "a-$"),
+        ("${UNSET}", {}, ""),
+    ],
+)
+def test_interpolation_follows_compose(value: str, env: dict[str, str], expected: str) -> None:
+    assert interpolate(value, env) == expected
