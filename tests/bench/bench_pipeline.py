@@ -1,0 +1,1232 @@
+"""Benchmark of the whole pipeline, in embedded mode (in-memory bus) and over the real Kafka
+broker side by side: sustained pod events per second with bounded consumer lag, Ready → cost
+annotation latency on the real control plane, and PATCH requests against the minimum.
+
+A script, not a test (``python -m tests.bench.bench_pipeline [--rates 250,1000,...]``); it prints
+numbers and asserts nothing. It starts its own control plane and Kafka broker in temporary
+directories (``podcost_localinfra``) unless ``PODCOST_USE_KUBECONFIG=1`` with ``KUBECONFIG``, and
+``PODCOST_KAFKA``, point it at running ones. Every service runs in this one process and event
+loop (one core), wired as ``podcost run`` wires them: the watcher, one ranker per strategy of the
+default policy, the aggregator (the faust app over Kafka, the consumer loop in memory) and the
+annotator; only the bus differs between the two modes.
+
+a. Throughput. The watcher runs for real (its informer lists and watches the API server), but a
+   2-core kube-apiserver cannot itself produce thousands of pod events per second, so a separate
+   process (this module with ``--churn-from``) makes up watch lines and streams them over a pipe
+   at the offered rate: pods made from a real kwok pod of this control plane, churning over many
+   workloads (pods replaced through their whole lifecycle, readiness flaps with restarts, and
+   status noise the watcher must drop). Each line goes through ``decode_event``, ``Store.apply``
+   and the watcher's informer handler, exactly as a line read from the API server's socket does;
+   the rest of the pipeline runs untouched. The annotator runs in dry-run mode and reads the pods
+   from the watcher's cache: the synthetic pods exist only there (the API server would answer
+   404), and at thousands of events per second the API server's write budget, not the pipeline,
+   would be the limit (``bench_annotator.py`` measures that; b and c below write for real). The
+   offered rate goes up in steps; every half second the script samples each consumer's lag
+   (records published to its topics minus records it has processed, from the services' own
+   counters, the same way over both buses) and how far the watcher is behind the offer. A rate
+   is sustained (lag bounded) when neither climbs during the step and, once the offer stops,
+   everything pending is done within two seconds (``judge``).
+b. Latency. Opted-in Deployments are created and scaled up on kwok nodes; a separate watch on
+   their pods records the local time each pod first shows Ready and the time its cost annotation
+   first shows (0 when it already carried one at Ready). The annotator writes for real, with its
+   default budget.
+c. During b, the PATCH requests the annotator sent, against the minimum the labelling asked for:
+   per pod, each change of its decided cost across the decisions on the costs topic (from what
+   the pod carried when first decided).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import fcntl
+import gc
+import heapq
+import itertools
+import json
+import os
+import pstats
+import random
+import select
+import statistics
+import string
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import config
+from tests.support.costs import CountingPods
+from tests.support.kube import KubeTestCluster
+
+from podcost import aggregator, ranker
+from podcost.aggregator import AggregatorSettings
+from podcost.annotator import AnnotatorSettings, PodAPI
+from podcost.annotator import bootstrap as bootstrap_annotator
+from podcost.runtime.metrics import Metrics
+from podcost.runtime.runner import Service, serve
+from podcost.runtime.settings import ServiceSettings
+from podcost.watcher.service import WatcherService, WatcherSettings
+from podcost.watcher.service import bootstrap as bootstrap_watcher
+from podcost_bus import Bus, BusSettings, open_bus
+from podcost_contracts.messages import DesiredCostsMessage, decode
+from podcost_core.combine import answers_needed
+from podcost_core.model import DELETION_COST_ANNOTATION
+from podcost_core.policy import DEFAULT_POLICY
+from podcost_kube.client import Kube, PodGone
+from podcost_kube.informer import POD, Informer, decode_event
+from podcost_kube.store import Change, ChangeType, RawObject, Store
+from podcost_localinfra import cluster, kafka
+
+GOAL_EVENTS_PER_S = 5_000
+GOAL_P99_S = {"embedded": 0.5, "kafka": 1.0}
+GOAL_PATCH_RATIO = 1.0
+SAMPLE_EVERY_S = 0.5
+DRAINED_WITHIN_S = 2.0
+ZONES = ("zone-a", "zone-b", "zone-c")
+CLUSTER = "bench"
+REPO = Path(__file__).resolve().parents[2]
+F_SETPIPE_SZ = 1031  # Linux fcntl
+
+
+# --- the two modes -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Embedded (in-memory bus) or Kafka (the real broker, faust aggregator)."""
+
+    name: str
+    kafka: str | None
+
+    @property
+    def label(self) -> str:
+        return "embedded (in-memory bus)" if self.kafka is None else "Kafka (faust aggregator)"
+
+    def bus_settings(self, run: str) -> BusSettings:
+        """Topics of their own, so runs never read each other's records."""
+        return BusSettings(
+            bootstrap_servers=self.kafka,
+            client_id=f"bench-{run}",
+            topic_workloads=f"bench-{run}.workloads",
+            topic_ranks=f"bench-{run}.ranks",
+            topic_costs=f"bench-{run}.costs",
+            topic_deadletter=f"bench-{run}.deadletter",
+        )
+
+
+@dataclass
+class Pipeline:
+    """The services of ``podcost run`` over one bus (``podcost.embedded.bootstrap``'s wiring,
+    with the annotator's pod API chosen here)."""
+
+    bus: Bus
+    bus_settings: BusSettings
+    watcher: WatcherService
+    rankers: list[Service]
+    aggregator: Service
+    annotator: Service
+    data_dir: tempfile.TemporaryDirectory[str]
+
+    @property
+    def services(self) -> list[Service]:
+        return [self.watcher, *self.rankers, self.aggregator, self.annotator]
+
+
+def build_pipeline(
+    mode: Mode, kube: Kube, namespace: str, pods: Callable[[WatcherService], PodAPI],
+    annotator: AnnotatorSettings, *, dry_run: bool,
+) -> Pipeline:  # fmt: skip
+    """The pipeline watching ``namespace`` (and every node); ``pods`` gives the annotator's pod
+    API, from the watcher."""
+    run = uuid.uuid4().hex[:8]
+    bus_settings = mode.bus_settings(run)
+    bus = open_bus(bus_settings)
+    settings = ServiceSettings(cluster=CLUSTER, http_port=0, dry_run=dry_run)
+    data_dir = tempfile.TemporaryDirectory(prefix="podcost-bench-")
+    watcher = bootstrap_watcher(
+        settings, bus_settings, WatcherSettings(namespace=namespace), kube=kube, bus=bus
+    )
+    return Pipeline(
+        bus=bus,
+        bus_settings=bus_settings,
+        watcher=watcher,
+        rankers=[
+            ranker.bootstrap(settings, bus_settings, strategy=name, bus=bus)
+            for name in answers_needed(DEFAULT_POLICY)
+        ],
+        aggregator=aggregator.bootstrap(
+            settings,
+            bus_settings,
+            bus=bus,
+            config=AggregatorSettings(
+                app_id=f"bench-{run}-aggregator", data_dir=Path(data_dir.name)
+            ),
+        ),
+        annotator=bootstrap_annotator(
+            settings, bus_settings, annotator, bus=bus, kube=pods(watcher)
+        ),
+        data_dir=data_dir,
+    )
+
+
+async def holds_within(check: Callable[[], bool], timeout: float) -> bool:
+    """Whether ``check()`` holds within ``timeout`` seconds (returns as soon as it does)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def until(check: Callable[[], bool], what: str, timeout: float) -> None:
+    if not await holds_within(check, timeout):
+        raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+@contextlib.asynccontextmanager
+async def running(pipeline: Pipeline) -> AsyncIterator[None]:
+    """Serve the pipeline (as ``podcost run`` does) until the block ends; ready before it."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        serve(pipeline.services, ServiceSettings(http_port=0), bus=pipeline.bus, stop=stop)
+    )
+    try:
+        await until(
+            lambda: task.done() or all(s.ready() for s in pipeline.services),
+            "every service ready", 120,
+        )  # fmt: skip
+        if task.done():
+            task.result()
+        yield
+        if task.done():
+            task.result()
+            raise RuntimeError("the pipeline stopped by itself")
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 60)
+        pipeline.data_dir.cleanup()
+
+
+# --- counters ----------------------------------------------------------------------------------
+
+
+def counter(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def produced(metrics: Metrics, topic: str) -> float:
+    return counter(metrics, "podcost_messages_produced_total", topic=topic)
+
+
+def consumed(metrics: Metrics, topic: str) -> float:
+    return sum(
+        counter(metrics, "podcost_messages_consumed_total", topic=topic, outcome=outcome)
+        for outcome in ("ok", "dead_letter", "other_cluster")
+    )
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The pipeline at one instant."""
+
+    at: float
+    offered: int
+    """Synthetic events due by now at the offered rate."""
+    fed: int
+    """Events the watcher has taken in."""
+    snapshots: float
+    records: float
+    """Records published to the workloads, ranks and costs topics."""
+    decisions: float
+    dry_runs: float
+    lags: Mapping[str, float]
+    """Per consumer: records published to the topics it reads that it has not processed yet."""
+    queue: float
+    """Pod writes pending in the annotator."""
+
+    @property
+    def behind(self) -> int:
+        return max(0, self.offered - self.fed)
+
+    @property
+    def lag(self) -> float:
+        return max(self.lags.values())
+
+    @property
+    def laggard(self) -> str:
+        return max(self.lags, key=lambda name: self.lags[name])
+
+
+def probe(pipeline: Pipeline, offered: int, fed: int) -> Sample:
+    topics = pipeline.bus_settings.topics
+    snapshots = produced(pipeline.watcher.metrics, topics.workloads)
+    ranks = sum(produced(r.metrics, topics.ranks) for r in pipeline.rankers)
+    agg, ann = pipeline.aggregator.metrics, pipeline.annotator.metrics
+    decisions = produced(agg, topics.costs)
+    lags = {r.name: snapshots - consumed(r.metrics, topics.workloads) for r in pipeline.rankers}
+    lags["aggregator"] = (
+        snapshots - consumed(agg, topics.workloads) + ranks - consumed(agg, topics.ranks)
+    )
+    lags["annotator"] = decisions - consumed(ann, topics.costs)
+    return Sample(
+        at=time.monotonic(),
+        offered=offered,
+        fed=fed,
+        snapshots=snapshots,
+        records=snapshots + ranks + decisions,
+        decisions=decisions,
+        dry_runs=counter(ann, "podcost_patches_total", result="dry_run"),
+        lags=lags,
+        queue=ann.registry.get_sample_value("podcost_queue_depth") or 0.0,
+    )
+
+
+# --- synthetic churn ---------------------------------------------------------------------------
+
+
+def rfc3339(at: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def copy_of(obj: Mapping[str, Any]) -> RawObject:
+    copied: RawObject = json.loads(json.dumps(obj))
+    return copied
+
+
+@dataclass(frozen=True)
+class Templates:
+    """Real objects of this control plane, read once, that the synthetic ones are made from."""
+
+    pod: RawObject
+    replicaset: RawObject
+    deployment: RawObject
+    node: RawObject
+
+
+Event = tuple[str, bytes]
+"""A kind and one watch line (``{"type": ..., "object": ...}``) as the API server sends it."""
+
+
+@dataclass
+class Workload:
+    namespace: str
+    name: str
+    replicaset: str
+    replicaset_uid: str
+    template_hash: str
+
+
+@dataclass(order=True)
+class _FollowUp:
+    due: float
+    order: int
+    step: Callable[[float], Event] = field(compare=False)
+
+
+class Churn:
+    """A synthetic fleet and an endless stream of watch events over it.
+
+    Each new action picks a random pod: status noise the watcher must ignore (40 %), a readiness
+    flap with a container restart (30 %, Ready again 0.3–1 s later), or a replacement (30 %: the
+    pod terminates and is deleted, its successor is added Pending, scheduled, then Running and
+    Ready, a few tenths of a second apart, as the ReplicaSet controller, the scheduler and the
+    kubelet would). Follow-up events come out when due, before new actions.
+    """
+
+    def __init__(
+        self, templates: Templates, *, workloads: int, pods: int, namespaces: int, nodes: int,
+        seed: int = 1,
+    ) -> None:  # fmt: skip
+        self.templates = templates
+        self.per_workload = pods
+        self.rng = random.Random(seed)
+        self._resource_version = itertools.count(10**9)
+        self._order = itertools.count()
+        self._followups: list[_FollowUp] = []
+        self.node_names = [f"synthetic-node-{i:04d}" for i in range(nodes)]
+        self.workloads = [
+            Workload(
+                namespace=f"synthetic-{i % namespaces:02d}",
+                name=f"app-{i:04d}",
+                replicaset=f"app-{i:04d}-{self._suffix(10)}",
+                replicaset_uid=str(uuid.UUID(int=self.rng.getrandbits(128))),
+                template_hash="",
+            )
+            for i in range(workloads)
+        ]
+        for workload in self.workloads:
+            workload.template_hash = workload.replicaset.rsplit("-", 1)[1]
+        self.pods: list[RawObject] = []
+        self.owner: list[int] = []
+        """Per slot: the index of its workload. A replacement takes its predecessor's slot."""
+        self.busy: set[int] = set()
+        """Slots in a flap or a replacement: no new action until it is over."""
+        self.absent: set[int] = set()
+        """Slots between a deletion and the successor's arrival."""
+        now = time.time()
+        for index in range(workloads):
+            for _ in range(pods):
+                created = now - self.rng.uniform(60, 7 * 86_400)  # ages from a minute to a week
+                pod = self._new_pod(index, created)
+                self._schedule(pod)
+                self._run(pod, created + 1)
+                self.pods.append(pod)
+                self.owner.append(index)
+
+    # --- the fleet, as ADDED events ----------------------------------------------------------
+
+    def fleet(self) -> Iterator[Event]:
+        """Every node, Deployment, ReplicaSet and pod of the fleet, added."""
+        for index, name in enumerate(self.node_names):
+            yield self._emit("Node", "ADDED", self._node(index, name))
+        for workload in self.workloads:
+            deployment, replicaset = self._workload_objects(workload)
+            yield self._emit("Deployment", "ADDED", deployment)
+            yield self._emit("ReplicaSet", "ADDED", replicaset)
+        for pod in self.pods:
+            yield self._emit("Pod", "ADDED", pod)
+
+    def _node(self, index: int, name: str) -> RawObject:
+        node = copy_of(self.templates.node)
+        meta = node["metadata"]
+        meta.update(name=name, uid=str(uuid.uuid4()))
+        meta["labels"] = {
+            **meta.get("labels", {}),
+            "kubernetes.io/hostname": name,
+            "topology.kubernetes.io/zone": ZONES[index % len(ZONES)],
+            "karpenter.sh/capacity-type": "spot" if index % 4 == 3 else "on-demand",
+        }
+        taints = [{"key": "maintenance", "value": "soon", "effect": "PreferNoSchedule"}]
+        node["spec"] = {**node.get("spec", {}), "taints": taints if index % 10 == 9 else []}
+        return node
+
+    def _workload_objects(self, workload: Workload) -> tuple[RawObject, RawObject]:
+        replicas = self.per_workload
+        deployment = copy_of(self.templates.deployment)
+        uid = str(uuid.uuid4())
+        labels = {"app": workload.name}
+        meta = deployment["metadata"]
+        meta.update(name=workload.name, namespace=workload.namespace, uid=uid, labels=labels)
+        meta["annotations"] = {**meta.get("annotations", {}), "podcost.dev/enabled": "true"}
+        deployment["spec"]["replicas"] = replicas
+        deployment["spec"]["selector"] = {"matchLabels": labels}
+        deployment["spec"]["template"]["metadata"]["labels"] = labels
+        replicaset = copy_of(self.templates.replicaset)
+        rs_labels = {**labels, "pod-template-hash": workload.template_hash}
+        meta = replicaset["metadata"]
+        meta.update(
+            name=workload.replicaset, namespace=workload.namespace, uid=workload.replicaset_uid,
+            labels=rs_labels,
+            ownerReferences=[{"apiVersion": "apps/v1", "kind": "Deployment",
+                              "name": workload.name, "uid": uid, "controller": True,
+                              "blockOwnerDeletion": True}],
+        )  # fmt: skip
+        meta["annotations"] = {
+            k: v for k, v in meta.get("annotations", {}).items() if not k.startswith("podcost")
+        }
+        replicaset["spec"]["replicas"] = replicas
+        replicaset["spec"]["selector"] = {"matchLabels": rs_labels}
+        replicaset["spec"]["template"]["metadata"]["labels"] = rs_labels
+        return deployment, replicaset
+
+    # --- pods --------------------------------------------------------------------------------
+
+    def _suffix(self, length: int) -> str:
+        return "".join(self.rng.choices(string.ascii_lowercase + string.digits, k=length))
+
+    def _new_pod(self, index: int, created: float) -> RawObject:
+        """A Pending, unscheduled pod of workload ``index``, created at ``created``."""
+        workload = self.workloads[index]
+        pod = copy_of(self.templates.pod)
+        meta = pod["metadata"]
+        meta.pop("deletionTimestamp", None)
+        meta.pop("deletionGracePeriodSeconds", None)
+        meta.update(
+            name=f"{workload.replicaset}-{self._suffix(5)}",
+            generateName=f"{workload.replicaset}-",
+            namespace=workload.namespace,
+            uid=str(uuid.UUID(int=self.rng.getrandbits(128))),
+            creationTimestamp=rfc3339(created),
+            labels={"app": workload.name, "pod-template-hash": workload.template_hash},
+            ownerReferences=[{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                              "name": workload.replicaset, "uid": workload.replicaset_uid,
+                              "controller": True, "blockOwnerDeletion": True}],
+        )  # fmt: skip
+        spec = pod["spec"]
+        spec.pop("nodeName", None)
+        spec["priority"] = self.rng.choice((0, 0, 0, 100, 1000))
+        burstable = self.rng.random() < 0.7
+        for container in spec["containers"]:
+            container["resources"] = (
+                {"requests": {"cpu": f"{self.rng.choice((50, 100, 250))}m", "memory": "128Mi"}}
+                if burstable
+                else {}
+            )
+        pod["status"] = {"phase": "Pending", "qosClass": "Burstable" if burstable else "BestEffort"}
+        return pod
+
+    def _schedule(self, pod: RawObject) -> None:
+        pod["spec"]["nodeName"] = self.rng.choice(self.node_names)
+        pod["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+             "lastTransitionTime": pod["metadata"]["creationTimestamp"]},
+        ]  # fmt: skip
+
+    def _run(self, pod: RawObject, at: float) -> None:
+        """Running and Ready since ``at``, shaped like the template's (kwok's) status."""
+        status = copy_of(self.templates.pod["status"])
+        since = rfc3339(at)
+        status["phase"] = "Running"
+        status["qosClass"] = pod["status"]["qosClass"]
+        status["startTime"] = since
+        status["podIP"] = ".".join(
+            ("10", str(self.rng.randrange(256)), str(self.rng.randrange(256)),
+             str(self.rng.randrange(1, 255)))
+        )  # fmt: skip
+        status["podIPs"] = [{"ip": status["podIP"]}]
+        for condition in status.get("conditions") or []:
+            condition["status"] = "True"
+            condition["lastTransitionTime"] = since
+        for container in status.get("containerStatuses") or []:
+            container.update(ready=True, restartCount=0, started=True)
+            container["state"] = {"running": {"startedAt": since}}
+        pod["status"] = status
+
+    def _emit(self, kind: str, event: str, obj: RawObject) -> Event:
+        obj["metadata"]["resourceVersion"] = str(next(self._resource_version))
+        return kind, json.dumps({"type": event, "object": obj}).encode()
+
+    def _later(self, due: float, step: Callable[[float], Event]) -> None:
+        heapq.heappush(self._followups, _FollowUp(due, next(self._order), step))
+
+    # --- the stream ----------------------------------------------------------------------------
+
+    def next_event(self, now: float) -> Event:
+        """The next watch event at wall time ``now``."""
+        if self._followups and self._followups[0].due <= now:
+            return heapq.heappop(self._followups).step(now)
+        slot = self.rng.randrange(len(self.pods))
+        while slot in self.absent:
+            slot = self.rng.randrange(len(self.pods))
+        roll = self.rng.random()
+        if slot in self.busy or roll < 0.4:
+            return self._noise(slot, now)
+        if roll < 0.7:
+            return self._flap(slot, now)
+        return self._replace(slot, now)
+
+    def _noise(self, slot: int, now: float) -> Event:
+        """A status update nothing in a snapshot reads (a probe time)."""
+        pod = self.pods[slot]
+        for condition in pod["status"].get("conditions") or []:
+            if condition["type"] != "Ready":
+                condition["lastProbeTime"] = rfc3339(now)
+                break
+        return self._emit("Pod", "MODIFIED", pod)
+
+    def _set_ready(self, pod: RawObject, ready: bool, now: float) -> None:
+        for condition in pod["status"].get("conditions") or []:
+            if condition["type"] in ("Ready", "ContainersReady"):
+                condition["status"] = "True" if ready else "False"
+                condition["lastTransitionTime"] = rfc3339(now)
+        for container in pod["status"].get("containerStatuses") or []:
+            container["ready"] = ready
+            if not ready:
+                container["restartCount"] = container.get("restartCount", 0) + 1
+
+    def _flap(self, slot: int, now: float) -> Event:
+        pod = self.pods[slot]
+        self.busy.add(slot)
+        self._set_ready(pod, False, now)
+
+        def ready_again(at: float) -> Event:
+            self._set_ready(pod, True, at)
+            self.busy.discard(slot)
+            return self._emit("Pod", "MODIFIED", pod)
+
+        self._later(now + self.rng.uniform(0.3, 1.0), ready_again)
+        return self._emit("Pod", "MODIFIED", pod)
+
+    def _replace(self, slot: int, now: float) -> Event:
+        old = self.pods[slot]
+        self.busy.add(slot)
+        old["metadata"]["deletionTimestamp"] = rfc3339(now)
+        old["metadata"]["deletionGracePeriodSeconds"] = 0
+        rng = self.rng
+
+        def deleted(at: float) -> Event:
+            self.absent.add(slot)
+            self._later(at + rng.uniform(0.01, 0.05), added)
+            return self._emit("Pod", "DELETED", old)
+
+        def added(at: float) -> Event:
+            new = self._new_pod(self.owner[slot], at)
+            self.pods[slot] = new
+            self.absent.discard(slot)
+            self._later(at + rng.uniform(0.05, 0.2), scheduled)
+            return self._emit("Pod", "ADDED", new)
+
+        def scheduled(at: float) -> Event:
+            pod = self.pods[slot]
+            self._schedule(pod)
+            self._later(at + rng.uniform(0.2, 0.8), started)
+            return self._emit("Pod", "MODIFIED", pod)
+
+        def started(at: float) -> Event:
+            pod = self.pods[slot]
+            self._run(pod, at)
+            self.busy.discard(slot)
+            return self._emit("Pod", "MODIFIED", pod)
+
+        self._later(now + rng.uniform(0.05, 0.3), deleted)
+        return self._emit("Pod", "MODIFIED", old)
+
+
+class CachedPods:
+    """The annotator's pod reads served from the watcher's informer cache, for the dry run over
+    synthetic pods (which exist only there). It never writes."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def read_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
+        pod = self.store.get("Pod", namespace, name)
+        if pod is None:
+            raise PodGone(f"pod {namespace}/{name} is not in the cache", status=404)
+        return pod
+
+    async def patch_deletion_cost_if_unchanged(
+        self, namespace: str, pod: str, cost: int, *, seen: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        raise RuntimeError("the throughput run is a dry run: nothing is written")
+
+
+FLEET_END = b"-\n"
+
+
+class Offer:
+    """Events due at a rate that changes now and then: what the API server would have sent."""
+
+    def __init__(self) -> None:
+        self.rate = 0.0
+        self._before = 0.0
+        self._since = time.monotonic()
+
+    def due(self, now: float) -> int:
+        return int(self._before + (now - self._since) * self.rate)
+
+    def set_rate(self, rate: float, now: float) -> None:
+        self._before += (now - self._since) * self.rate
+        self._since, self.rate = now, rate
+
+
+def churn_main(args: argparse.Namespace) -> None:
+    """The churn process (``--churn-from TEMPLATES``): the fleet as ADDED lines and a ``-`` line,
+    then events at the rate each line on stdin sets (``<events/s> <from, monotonic>``: the
+    clock both processes share), until stdin closes. An output line is ``<kind> <watch line>``.
+    Writes block while the reader is behind and the offer goes on: a reader that falls behind
+    finds the events waiting, as on a watch socket."""
+    raw = json.loads(Path(args.churn_from).read_text())
+    churn = Churn(Templates(**raw), workloads=args.workloads, pods=args.pods,
+                  namespaces=args.namespaces, nodes=args.nodes)  # fmt: skip
+    with contextlib.suppress(OSError):  # a pipe as deep as a socket's buffers, if allowed
+        fcntl.fcntl(1, F_SETPIPE_SZ, 1 << 20)
+    out = os.fdopen(1, "wb", buffering=1 << 20)
+    out.writelines(b"%s %s\n" % (kind.encode(), line) for kind, line in churn.fleet())
+    out.write(FLEET_END)
+    out.flush()
+    offer = Offer()
+    sent = 0
+    with contextlib.suppress(BrokenPipeError):
+        while True:
+            waiting, _, _ = select.select([sys.stdin], [], [], 0 if offer.rate else 0.05)
+            if waiting:
+                command = sys.stdin.readline()
+                if not command:
+                    return
+                rate, since = command.split()
+                offer.set_rate(float(rate), float(since))
+            due = offer.due(time.monotonic()) - sent
+            if due <= 0:
+                time.sleep(0.001)
+                continue
+            wall = time.time()
+            batch = [churn.next_event(wall) for _ in range(min(due, 200))]
+            out.writelines(b"%s %s\n" % (kind.encode(), line) for kind, line in batch)
+            out.flush()
+            sent += len(batch)
+
+
+class WatchStream:
+    """Watch lines from the churn process, handed to the watcher as its informer hands on each
+    line it reads from the API server: ``decode_event``, ``Store.apply``, then the informer's
+    handler. The lines come over a pipe from another process, as they come over a socket from
+    the API server, so making them up costs this process nothing."""
+
+    def __init__(self, watcher: WatcherService, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None, "started with stdout=PIPE"
+        self.watcher = watcher
+        self.process = process
+        self.lines = process.stdout
+        self.fed = 0
+        self.offer = Offer()
+
+    def offered(self) -> int:
+        return self.offer.due(time.monotonic())
+
+    def set_rate(self, rate: float) -> None:
+        """Ask the churn process for ``rate`` events/s from now on."""
+        assert self.process.stdin is not None, "started with stdin=PIPE"
+        now = time.monotonic()
+        self.process.stdin.write(f"{rate:g} {now!r}\n".encode())
+        self.offer.set_rate(rate, now)
+
+    def deliver(self, kind: str, line: bytes) -> None:
+        event = decode_event(line, f"{kind}: watch")
+        change = self.watcher.store.apply(kind, ChangeType(event.type), event.obj)
+        if change is not None:
+            # The informer's one handler: what the watcher subscribed with (Informer._dispatch).
+            self.watcher._on_change(change)
+
+    async def fleet(self) -> int:
+        """Take in the fleet's ADDED events; how many."""
+        count = 0
+        while (line := await self.lines.readline()) != FLEET_END:
+            if not line:
+                raise RuntimeError("the churn process ended before sending the fleet")
+            kind, _, event = line.partition(b" ")
+            self.deliver(kind.decode(), event)
+            count += 1
+        return count
+
+    async def run(self) -> None:
+        while line := await self.lines.readline():
+            kind, _, event = line.partition(b" ")
+            self.deliver(kind.decode(), event)
+            self.fed += 1
+            if self.fed % 50 == 0:
+                await asyncio.sleep(0)  # readline does not yield while lines are buffered
+
+
+# --- a. throughput -----------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    rate: float
+    seconds: float
+    samples: list[Sample]
+    first: Sample
+    bounded: bool = False
+    gc_seconds: float = 0.0
+    """Time spent in garbage collection during the step."""
+    gc_full: int = 0
+    """Full (generation 2) collections during the step."""
+    drain_s: float | None = None
+    """How long everything pending took to finish once the offer stopped (``None``: longer
+    than the bench waited)."""
+    cpu_seconds: float = 0.0
+    """CPU time this process used during the step: near the step's length means the one
+    core is the limit; well below it while the lag grows means waiting is."""
+
+    def per_second(self, of: Callable[[Sample], float]) -> float:
+        return (of(self.samples[-1]) - of(self.first)) / self.seconds
+
+    @property
+    def events_per_s(self) -> float:
+        return self.per_second(lambda s: s.fed)
+
+    @property
+    def max_lag(self) -> float:
+        return max(s.lag for s in self.samples)
+
+
+@dataclass
+class Throughput:
+    mode: Mode
+    fleet: str
+    warm_up_s: float
+    steps: list[Step]
+
+    @property
+    def best(self) -> Step | None:
+        bounded = [step for step in self.steps if step.bounded]
+        return bounded[-1] if bounded else None
+
+
+def growing(series: Sequence[float], floor: float) -> bool:
+    """Whether ``series`` climbs: its lowest point in the last quarter is above ``floor`` and
+    above its highest point in the first half (a ripple keeps coming back down)."""
+    quarter = series[-max(1, len(series) // 4) :]
+    half = series[: max(1, len(series) // 2)]
+    return min(quarter) > max(floor, max(half))
+
+
+def judge(step: Step) -> bool:
+    """Bounded: neither the watcher's backlog of events nor the consumers' lag climbed during
+    the step, and once the offer stopped everything still pending (events not taken in,
+    snapshots not published, records not processed, writes not decided) was done within
+    ``DRAINED_WITHIN_S``."""
+    return (
+        not growing([s.behind for s in step.samples], floor=50)
+        and not growing([s.lag for s in step.samples], floor=20)
+        and step.drain_s is not None
+        and step.drain_s <= DRAINED_WITHIN_S
+    )
+
+
+async def throughput(
+    mode: Mode, api: Any, helpers: KubeTestCluster, templates: Path, args: argparse.Namespace
+) -> Throughput:
+    namespace = await helpers.create_namespace(f"bench-pipeline-a-{uuid.uuid4().hex[:5]}")
+    kube = Kube(api)
+    # Reads come from the cache, not the API server: the request budget does not apply.
+    settings = AnnotatorSettings(group=f"bench-{uuid.uuid4().hex[:6]}", qps=10_000, burst=10_000)
+    pipeline = build_pipeline(
+        mode, kube, namespace, lambda watcher: CachedPods(watcher.store), settings, dry_run=True
+    )
+    fleet = (
+        f"{args.workloads} Deployments x {args.pods} pods in {args.namespaces} namespaces on "
+        f"{args.nodes} nodes"
+    )
+    steps: list[Step] = []
+    profile = cProfile.Profile() if args.profile else None
+    churn = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.bench.bench_pipeline", "--churn-from", str(templates),
+        "--workloads", str(args.workloads), "--pods", str(args.pods),
+        "--namespaces", str(args.namespaces), "--nodes", str(args.nodes),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, limit=1 << 22,
+        cwd=REPO,
+    )  # fmt: skip
+    try:
+        async with running(pipeline):
+            stream = WatchStream(pipeline.watcher, churn)
+            started = time.monotonic()
+            objects = await stream.fleet()
+            await until(lambda: settled(pipeline, stream), "the fleet's first decisions", 180)
+            warm_up = time.monotonic() - started
+            print(f"\n[{mode.name}] a. throughput: {fleet} ({objects} objects); first decisions "
+                  f"for all in {warm_up:.1f}s")  # fmt: skip
+            task = asyncio.create_task(stream.run(), name="watch-stream")
+            gc_clock = GcClock()
+            if profile is not None:
+                profile.enable()
+            try:
+                for rate in args.rates:
+                    step = await run_step(
+                        pipeline, stream, rate, args.step_seconds, gc_clock, args.drain_seconds
+                    )
+                    steps.append(step)
+                    report_step(step)
+            finally:
+                if profile is not None:
+                    profile.disable()
+                gc_clock.close()
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+    finally:
+        if churn.returncode is None:
+            churn.kill()
+        await churn.wait()
+        await helpers.delete_namespace(namespace)
+    if profile is not None:
+        path = Path(args.profile) / f"pipeline-{mode.name}.pstats"
+        profile.dump_stats(path)
+        print(f"  profile of the steps: {path}; the top by own time:")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(18)
+    return Throughput(mode, fleet, warm_up, steps)
+
+
+class GcClock:
+    """Time this process spends in garbage collection (a callback of the ``gc`` module)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self._started = 0.0
+        gc.callbacks.append(self)
+
+    def __call__(self, phase: str, info: Mapping[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._started
+        self.full += info["generation"] == 2
+
+    def close(self) -> None:
+        gc.callbacks.remove(self)
+
+
+def settled(pipeline: Pipeline, stream: WatchStream) -> bool:
+    """Every event taken in, every snapshot published, every record processed, every write
+    decided."""
+    return (
+        stream.fed >= stream.offered()
+        and pipeline.watcher.debouncer.pending == 0
+        and probe(pipeline, 0, 0).lag == 0
+        and (pipeline.annotator.metrics.registry.get_sample_value("podcost_queue_depth") or 0) == 0
+    )
+
+
+async def run_step(
+    pipeline: Pipeline, stream: WatchStream, rate: float, seconds: float, gc_clock: GcClock,
+    drain_seconds: float,
+) -> Step:  # fmt: skip
+    stream.set_rate(rate)
+    end = time.monotonic() + seconds
+    first = probe(pipeline, stream.offered(), stream.fed)
+    gc_before, full_before = gc_clock.seconds, gc_clock.full
+    cpu_before = time.process_time()
+    samples = []
+    while time.monotonic() < end:
+        await asyncio.sleep(min(SAMPLE_EVERY_S, max(0.0, end - time.monotonic())))
+        samples.append(probe(pipeline, stream.offered(), stream.fed))
+    step = Step(rate, samples[-1].at - first.at, samples, first)
+    step.gc_seconds = gc_clock.seconds - gc_before
+    step.gc_full = gc_clock.full - full_before
+    step.cpu_seconds = time.process_time() - cpu_before
+    # Stop the offer and time the drain; the next step then starts from nothing pending.
+    stream.set_rate(0)
+    stopped = time.monotonic()
+    if await holds_within(lambda: settled(pipeline, stream), drain_seconds):
+        step.drain_s = time.monotonic() - stopped
+    step.bounded = judge(step)
+    return step
+
+
+def report_step(step: Step) -> None:
+    last = step.samples[-1]
+    print(
+        f"  offered {step.rate:>6,.0f} events/s: took in {step.events_per_s:>6,.0f}/s, "
+        f"{step.per_second(lambda s: s.snapshots):>4.0f} snapshots/s, "
+        f"{step.per_second(lambda s: s.decisions):>4.0f} decisions/s, "
+        f"{step.per_second(lambda s: s.dry_runs):>6,.0f} pod writes decided/s; "
+        f"lag max {step.max_lag:.0f}, end {last.lag:.0f} records ({last.laggard}); watcher "
+        f"{last.behind:,} events behind; "
+        + (f"all drained {step.drain_s:.1f}s after the offer stopped"
+           if step.drain_s is not None else "not drained within the wait")
+        + f" -> {'bounded' if step.bounded else 'NOT bounded'}"
+    )  # fmt: skip
+    print(
+        f"    this process: {step.cpu_seconds:.1f}s of CPU in the {step.seconds:.1f}s step, of "
+        f"which garbage collection {step.gc_seconds:.2f}s ({step.gc_full} full collections)"
+    )
+    series = " ".join(f"{s.at - step.first.at:.1f}s:{s.lag:.0f}/{s.behind}" for s in step.samples)
+    print(f"    consumer lag (records) / watcher behind (events), sampled: {series}")
+
+
+# --- b and c. latency and PATCHes ------------------------------------------------------------
+
+
+@dataclass
+class Latency:
+    mode: Mode
+    pods: int
+    latencies: list[float]
+    before_ready: int
+    patches: int
+    minimum: int
+    decisions: int
+    wrong: int
+    """Pods whose annotation at the end is not their last decided cost."""
+
+    def quantile(self, q: float) -> float:
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class PodClock:
+    """A watch handler that notes when each pod first shows Ready, and its cost annotation."""
+
+    def __init__(self) -> None:
+        self.ready_at: dict[str, float] = {}
+        self.annotated_at: dict[str, float] = {}
+        self.before_ready = 0
+        self.costs: dict[str, int] = {}
+
+    def __call__(self, change: Change) -> None:
+        now = time.perf_counter()
+        pod = change.new
+        if pod is None:
+            return
+        name = pod["metadata"]["name"]
+        cost = (pod["metadata"].get("annotations") or {}).get(DELETION_COST_ANNOTATION)
+        if cost is not None:
+            self.costs[name] = int(cost)
+        conditions = pod.get("status", {}).get("conditions") or []
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        if ready and name not in self.ready_at:
+            self.ready_at[name] = now
+            if cost is not None:
+                self.before_ready += 1
+        if cost is not None and name in self.ready_at and name not in self.annotated_at:
+            self.annotated_at[name] = now
+
+
+async def latency(
+    mode: Mode, api: Any, helpers: KubeTestCluster, node_label: Mapping[str, str],
+    args: argparse.Namespace,
+) -> Latency:  # fmt: skip
+    namespace = await helpers.create_namespace(f"bench-pipeline-b-{uuid.uuid4().hex[:5]}")
+    kube = Kube(api)
+    counting = CountingPods(kube)
+    settings = AnnotatorSettings(group=f"bench-{uuid.uuid4().hex[:6]}")  # the default budget
+    pipeline = build_pipeline(mode, kube, namespace, lambda _: counting, settings, dry_run=False)
+    clock = PodClock()
+    decisions: list[DesiredCostsMessage] = []
+    deployments = [f"web-{i}" for i in range(args.deployments)]
+    replicas = dict.fromkeys(deployments, 2)
+    try:
+        async with running(pipeline):
+            topics = pipeline.bus_settings.topics
+            reader = pipeline.bus.consumer([topics.costs], group=f"bench-reader-{uuid.uuid4()}")
+            watch = Informer(kube, (POD,), namespace=namespace, handlers=(clock,))
+            async with reader, watch:
+                await watch.wait_synced()
+
+                async def read() -> None:
+                    while True:
+                        for record in await reader.poll(max_wait=0.5):
+                            decisions.append(
+                                decode(DesiredCostsMessage, record.value, record.headers)
+                            )
+
+                reading = asyncio.create_task(read(), name="decisions")
+                try:
+                    for name in deployments:
+                        await helpers.create_deployment(
+                            namespace, name, replicas[name], opt_in=True, node_selector=node_label
+                        )
+                    for round_ in range(args.rounds):
+                        await asyncio.sleep(args.round_seconds)
+                        name = deployments[round_ % len(deployments)]
+                        replicas[name] += args.scale_by
+                        await helpers.scale(namespace, name, replicas[name])
+                    total = sum(replicas.values())
+                    await until(lambda: len(clock.annotated_at) >= total,
+                                f"{total} pods Ready and annotated", 120)  # fmt: skip
+                    # Settle: the last decisions written, nothing more in flight.
+                    await until(
+                        lambda: (pipeline.annotator.metrics.registry.get_sample_value(
+                            "podcost_queue_depth") or 0) == 0, "the annotator idle", 60,
+                    )  # fmt: skip
+                    await asyncio.sleep(2.0)
+                finally:
+                    reading.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await reading
+    finally:
+        await helpers.delete_namespace(namespace)
+    minimum, last = minimum_writes(decisions)
+    wrong = sum(1 for pod, cost in last.items() if clock.costs.get(pod) != cost)
+    latencies = [clock.annotated_at[pod] - clock.ready_at[pod] for pod in clock.annotated_at]
+    print(f"\n[{mode.name}] b/c. {len(latencies)} pods of {len(deployments)} opted-in "
+          f"Deployments made Ready by kwok ({args.rounds} scale-ups of {args.scale_by}, every "
+          f"{args.round_seconds:g}s); {len(decisions)} decisions, {counting.total} PATCHes, "
+          f"minimum {minimum}")  # fmt: skip
+    return Latency(mode, len(latencies), latencies, clock.before_ready, counting.total, minimum,
+                   len(decisions), wrong)  # fmt: skip
+
+
+def minimum_writes(decisions: Sequence[DesiredCostsMessage]) -> tuple[int, dict[str, int]]:
+    """Writes the labelling asked for: per pod, each change of its decided cost, starting from
+    what it carried when first decided; and each pod's last decided cost."""
+    last: dict[str, int | None] = {}
+    needed = 0
+    for decision in decisions:
+        for pod in decision.costs:
+            before = last.get(pod.name, pod.previous)
+            if pod.cost != before:
+                needed += 1
+            last[pod.name] = pod.cost
+    return needed, {pod: cost for pod, cost in last.items() if cost is not None}
+
+
+# --- the report --------------------------------------------------------------------------------
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:,.0f} ms"
+
+
+ROWS = (
+    ("a. sustained pod events/s, lag bounded", f"{GOAL_EVENTS_PER_S:,}"),
+    ("   ratio to the goal", "1.00"),
+    ("   snapshots/s at that rate", ""),
+    ("   max consumer lag at that rate (records)", "bounded"),
+    ("   first offered rate not bounded (events/s)", ""),
+    ("b. Ready -> annotation p50", ""),
+    ("   Ready -> annotation p99", "<= 500 ms embedded, <= 1,000 ms Kafka"),
+    ("   pods measured (of which annotated before Ready)", ""),
+    ("c. PATCH requests / minimum", f"{GOAL_PATCH_RATIO:.2f}"),
+    ("   pods not at their last decided cost", "0"),
+)
+
+
+def column(throughput: Throughput, latency: Latency) -> list[str]:
+    """One mode's figures, in the order of ``ROWS``."""
+    best = throughput.best
+    unbounded = next((f"{s.rate:,.0f}" for s in throughput.steps if not s.bounded), "none")
+    ratio = latency.patches / latency.minimum if latency.minimum else float("nan")
+    return [
+        f"{best.rate:,.0f}" if best else "none",
+        f"{best.rate / GOAL_EVENTS_PER_S:.2f}" if best else "0",
+        f"{best.per_second(lambda s: s.snapshots):.0f}" if best else "-",
+        f"{best.max_lag:.0f}" if best else "-",
+        unbounded,
+        ms(statistics.median(latency.latencies)) if latency.latencies else "-",
+        ms(latency.quantile(0.99)) if latency.latencies else "-",
+        f"{latency.pods} ({latency.before_ready})",
+        f"{latency.patches} / {latency.minimum} = {ratio:.2f}",
+        str(latency.wrong),
+    ]
+
+
+def table(results: Sequence[tuple[Mode, Throughput, Latency]]) -> None:
+    """The summary: a column per mode, the goal last."""
+    columns = [column(throughput, latency) for _, throughput, latency in results]
+    headers = ["", *(mode.label for mode, _, _ in results), "goal"]
+    body = [
+        [label, *(cells[index] for cells in columns), goal]
+        for index, (label, goal) in enumerate(ROWS)
+    ]
+    widths = [max(len(r[i]) for r in [headers, *body]) for i in range(len(headers))]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    print(f"\n{rule}")
+    for index, cells in enumerate([headers, *body]):
+        print("| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |")
+        if index == 0:
+            print(rule)
+    print(rule)
+
+
+# --- setup -------------------------------------------------------------------------------------
+
+
+async def read_templates(api: Any, helpers: KubeTestCluster, label: Mapping[str, str]) -> Templates:
+    """One real pod, its ReplicaSet, Deployment and node, as the API serves them."""
+    namespace = await helpers.create_namespace(f"bench-pipeline-t-{uuid.uuid4().hex[:5]}")
+    try:
+        await helpers.create_deployment(namespace, "template", 1, node_selector=label)
+        await helpers.wait_ready(namespace, "template", 1)
+        objects = (await Kube(api).dump(namespace))["items"]
+    finally:
+        await helpers.delete_namespace(namespace)
+    pod = next(o for o in objects if o["kind"] == "Pod")
+
+    def one(kind: str, name: str) -> RawObject:
+        found: RawObject = next(
+            o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name
+        )
+        return found
+
+    replicaset = one("ReplicaSet", pod["metadata"]["ownerReferences"][0]["name"])
+    deployment = one("Deployment", replicaset["metadata"]["ownerReferences"][0]["name"])
+    return Templates(pod, replicaset, deployment, one("Node", pod["spec"]["nodeName"]))
+
+
+async def bench(kubeconfig: str, brokers: str | None, args: argparse.Namespace) -> None:
+    api = await config.new_client_from_config(config_file=kubeconfig)
+    async with api:
+        helpers = KubeTestCluster(api)
+        run = uuid.uuid4().hex[:5]
+        label = {"bench-pipeline": run}
+        nodes = {(zone, spot): f"bench-pipeline-{run}-{zone}-{'spot' if spot else 'od'}"
+                 for zone in ZONES for spot in (False, True)}  # fmt: skip
+        stack = contextlib.ExitStack()
+        try:
+            await asyncio.gather(*(
+                helpers.create_node(name, zone=zone, labels=label, pods="200",
+                                    capacity_type="spot" if spot else "on-demand")
+                for (zone, spot), name in nodes.items()
+            ))  # fmt: skip
+            templates = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "t.json"
+            templates.write_text(json.dumps(asdict(await read_templates(api, helpers, label))))
+            modes = []
+            if "embedded" in args.modes:
+                modes.append(Mode("embedded", None))
+            if "kafka" in args.modes and brokers:
+                modes.append(Mode("kafka", brokers))
+            results: list[tuple[Mode, Throughput, Latency]] = []
+            for mode in modes:
+                got_latency = (
+                    await latency(mode, api, helpers, label, args)
+                    if "b" in args.parts
+                    else Latency(mode, 0, [], 0, 0, 0, 0, 0)
+                )
+                got_throughput = (
+                    await throughput(mode, api, helpers, templates, args)
+                    if "a" in args.parts
+                    else Throughput(mode, "", 0, [])
+                )
+                results.append((mode, got_throughput, got_latency))
+            print(
+                "\nMethod: every service in this one process (one core of the 2); a: synthetic "
+                "watch events into the watcher's informer path, annotator in dry-run reading "
+                "the watcher's cache (the synthetic pods exist only there); b/c: the real "
+                "control plane, kwok making pods Ready, the annotator writing with its default "
+                "budget (20 requests/s, burst 40)."
+            )
+            table(results)
+        finally:
+            stack.close()
+            await helpers.delete_nodes(list(nodes.values()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument(
+        "--rates",
+        type=lambda value: [float(rate) for rate in value.split(",")],
+        default=[250, 1000, 2500, 5000],
+        help="offered pod events/s, one step each",
+    )
+    parser.add_argument("--step-seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--drain-seconds", type=float, default=8.0, help="longest wait for a step's backlog"
+    )
+    parser.add_argument("--workloads", type=int, default=40)
+    parser.add_argument("--pods", type=int, default=25, help="per workload")
+    parser.add_argument("--namespaces", type=int, default=10)
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--deployments", type=int, default=3, help="b: opted-in Deployments")
+    parser.add_argument("--rounds", type=int, default=12, help="b: scale-ups")
+    parser.add_argument("--scale-by", type=int, default=4, help="b: pods added per scale-up")
+    parser.add_argument("--round-seconds", type=float, default=1.5)
+    parser.add_argument("--modes", default="embedded,kafka")
+    parser.add_argument("--parts", default="a,b", help="a: throughput; b: latency and PATCHes")
+    parser.add_argument("--profile", default=None, help="directory for cProfile stats of a")
+    parser.add_argument("--churn-from", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.churn_from:
+        churn_main(args)
+        return
+    with contextlib.ExitStack() as stack:
+        if os.environ.get("PODCOST_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):
+            kubeconfig = os.environ["KUBECONFIG"]
+        else:
+            run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="podcost-")))
+            control_plane = cluster.start(run_dir / "cluster")
+            stack.callback(control_plane.stop)
+            kubeconfig = str(control_plane.kubeconfig)
+        brokers = os.environ.get("PODCOST_KAFKA")
+        if not brokers and "kafka" in args.modes:
+            run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="podcost-")))
+            broker = kafka.start(run_dir / "kafka")
+            stack.callback(broker.stop)
+            brokers = broker.bootstrap
+        asyncio.run(bench(kubeconfig, brokers, args))
+
+
+if __name__ == "__main__":
+    main()
