@@ -54,7 +54,7 @@ from aiokafka.helpers import create_ssl_context
 from aiokafka.partitioner import murmur2
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from podcost_bus.keyed import KeyedProcessor
+from podcost_bus.keyed import DROP, KeyedProcessor
 from podcost_bus.protocol import Record, TopicPartition
 from podcost_bus.settings import BusSettings
 
@@ -270,7 +270,9 @@ class FaustKeyedApp(Generic[S]):
             async with self._lock:
                 try:
                     new = await self.processor.on_record(record, self._state(record.key))
-                    if new is not None:
+                    if new is DROP:
+                        self._drop(record.key)
+                    elif new is not None:
                         self._store(record.key, new)
                 except Exception as error:  # escalated: see the module docstring
                     await self._fail(error)
@@ -326,6 +328,14 @@ class FaustKeyedApp(Generic[S]):
             self.tables[part][key] = value
         stored = tuple(self.tables[part].get(key) for part in self.processor.parts)
         self._decoded[key] = (stored, state)
+
+    def _drop(self, key: bytes | None) -> None:
+        if key is None:
+            return
+        for table in self.tables.values():
+            if key in table:
+                del table[key]  # a tombstone in the changelog: compaction forgets the key too
+        self._decoded.pop(key, None)
 
     async def _fail(self, error: BaseException) -> None:
         log.error("%s stops: %r", self.app_id, error, exc_info=error)

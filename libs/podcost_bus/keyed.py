@@ -23,13 +23,25 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Generic, Protocol, TypeVar
+from enum import Enum
+from typing import Final, Generic, Protocol, TypeVar
 
 from podcost_bus.protocol import Bus, BusError, Consumer, Record, TopicPartition
 
 log = logging.getLogger(__name__)
 
 S = TypeVar("S")
+
+
+class Drop(Enum):
+    """The type of :data:`DROP`."""
+
+    DROP = "drop"
+
+
+DROP: Final = Drop.DROP
+"""What :meth:`KeyedProcessor.on_record` returns to forget its key's state altogether (the key's
+workload is gone): the transport removes it, a faust table with a changelog tombstone."""
 
 
 class KeyedProcessor(Protocol[S]):
@@ -40,11 +52,11 @@ class KeyedProcessor(Protocol[S]):
         """The names of the parts a state is stored in (one faust table each)."""
         ...
 
-    async def on_record(self, record: Record, state: S | None) -> S | None:
+    async def on_record(self, record: Record, state: S | None) -> S | Drop | None:
         """Process ``record``; ``state`` is its key's (``None``: none yet). Returns the new state,
-        or ``None`` when the state is unchanged. Whatever must be published is acknowledged
-        before this returns; raising means the record cannot be processed and stops the
-        transport (decode errors are the processor's to dead-letter)."""
+        ``None`` when the state is unchanged, or :data:`DROP` to forget it. Whatever must be
+        published is acknowledged before this returns; raising means the record cannot be
+        processed and stops the transport (decode errors are the processor's to dead-letter)."""
         ...
 
     async def on_tick(self, key: bytes | None, state: S) -> S | None:
@@ -142,7 +154,9 @@ class KeyedConsumerLoop(Generic[S]):
                     key = record.key
                     new = await self.processor.on_record(record, self._states.get(key))
                     self._where[key] = record.tp
-                    if new is not None:
+                    if new is DROP:
+                        self._forget(key)
+                    elif new is not None:
                         self._keep(key, new, record)
                 await self._commit(consumer)
 
@@ -165,6 +179,11 @@ class KeyedConsumerLoop(Generic[S]):
                             changed = True
                 if changed:
                     await self._commit(consumer)
+
+    def _forget(self, key: bytes | None) -> None:
+        self._states.pop(key, None)
+        self._held.pop(key, None)  # its records are needed no more: the commit may pass them
+        self._where.pop(key, None)
 
     def _keep(self, key: bytes | None, state: S, record: Record | None) -> None:
         self._states[key] = state

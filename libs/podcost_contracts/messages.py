@@ -239,7 +239,13 @@ class WorkloadSnapshotMessage(WorkloadMessage):
     snapshot: Snapshot
     """Pods, nodes, policy annotations; ``snapshot.version`` equals ``version``."""
     emitted_at: float
-    """When the watcher published it (POSIX seconds)."""
+    """The order of the watcher's snapshots of this workload (POSIX seconds): when it first saw
+    the change this snapshot answers, or when it became the leader; the aggregator keeps the
+    latest."""
+    changed_at: float | None = None
+    """When the watcher saw the first event of the debounced burst that produced this snapshot
+    (POSIX seconds, wall clock): what event-to-annotation latency is measured from. ``None``
+    from a watcher older than this field."""
 
     @model_validator(mode="after")
     def _matches_snapshot(self) -> Self:
@@ -254,14 +260,45 @@ class WorkloadSnapshotMessage(WorkloadMessage):
         return self
 
     @classmethod
-    def of(cls, snapshot: Snapshot, *, emitted_at: float) -> WorkloadSnapshotMessage:
+    def of(
+        cls, snapshot: Snapshot, *, emitted_at: float, changed_at: float | None = None
+    ) -> WorkloadSnapshotMessage:
         """The message for ``snapshot``: key and version taken from it."""
         return cls(
             key=snapshot.workload.key,
             version=snapshot.version,
             snapshot=snapshot,
             emitted_at=emitted_at,
+            changed_at=changed_at,
         )
+
+
+class WorkloadGoneMessage(WorkloadMessage):
+    """The watcher no longer ranks a workload it published (topic ``workloads``, same key): it
+    was deleted, opted out, or its policy became invalid. Rankers skip it; the aggregator drops
+    what it kept for the key, unless it holds a later snapshot (the workload came back)."""
+
+    KIND: ClassVar[str] = "workload-gone"
+
+    schema_version: Literal[1] = 1
+    reason: str = Field(min_length=1)
+    """Why, for people: e.g. ``deleted``, ``opted out``, or the policy error."""
+    emitted_at: float
+    """Ordered with the snapshots' ``emitted_at``: it supersedes the snapshots before it."""
+    changed_at: float | None = None
+    """When the watcher saw the change that ended the workload (POSIX seconds)."""
+
+
+def decode_workload_record(
+    value: bytes, headers: Mapping[str, bytes] | None = None, *, key: str | bytes | None = None
+) -> WorkloadSnapshotMessage | WorkloadGoneMessage:
+    """A record of the workloads topic: a :class:`WorkloadGoneMessage` when its
+    ``podcost-schema`` header says so, else a :class:`WorkloadSnapshotMessage` (see
+    :func:`decode`, whose :class:`DecodeError` it raises)."""
+    raw = (headers or {}).get(SCHEMA_HEADER, b"")
+    if raw.decode("ascii", "replace").partition("/")[0] == WorkloadGoneMessage.KIND:
+        return decode(WorkloadGoneMessage, value, headers, key=key)
+    return decode(WorkloadSnapshotMessage, value, headers, key=key)
 
 
 class StrategyRanksMessage(WorkloadMessage):
@@ -279,6 +316,8 @@ class StrategyRanksMessage(WorkloadMessage):
     """How long the strategy took on this snapshot."""
     emitted_at: float
     """When the ranker published it (POSIX seconds)."""
+    changed_at: float | None = None
+    """The snapshot's ``changed_at``, carried along."""
 
 
 class StrategyTerm(BaseModel):
@@ -328,6 +367,9 @@ class DesiredCostsMessage(WorkloadMessage):
     """The enabled strategies that had not answered (empty exactly when ``complete``)."""
     emitted_at: float
     """When the aggregator published it (POSIX seconds)."""
+    changed_at: float | None = None
+    """The decided snapshot's ``changed_at`` (when the watcher saw the change that caused this
+    decision): the annotator measures event-to-annotation latency from it."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -22,6 +22,9 @@ The rules:
   ``early_versions`` versions and ``early_ttl_s`` seconds. Answers the workload's policy does not
   need (a strategy it does not enable, or a spread strategy, which the combiner levels itself:
   ``combine.answers_needed``) are ignored.
+- **A workload gone** (deleted or opted out, said by the watcher after its last snapshot) is
+  forgotten: its state is dropped, so states do not pile up. One older than the latest snapshot
+  (the workload came back since) is stale.
 - **A decision is due** when every needed strategy has answered for the latest version
   (complete), or once ``deadline_s`` has passed since the snapshot arrived, with what there is
   (incomplete; ``missing`` names the others). After an incomplete decision, answers that arrive
@@ -153,6 +156,8 @@ class Latest:
     trace: Mapping[str, str] = field(default_factory=dict)
     """The W3C trace context it came with (``traceparent``, ``tracestate``): a decision's span
     is a child of the snapshot's."""
+    changed_at: float | None = None
+    """When the watcher saw the change the snapshot answers (``None``: not said)."""
 
     @property
     def version(self) -> int:
@@ -255,6 +260,8 @@ class Decision:
     """The snapshot's trace context."""
     rejected: Mapping[str, str] = field(default_factory=dict)
     """Answers left out because they broke the score contract: strategy → reason."""
+    changed_at: float | None = None
+    """When the watcher saw the change the decided snapshot answers (``None``: not said)."""
 
     @property
     def version(self) -> int:
@@ -331,6 +338,7 @@ class Aggregator:
         emitted_at: float,
         now: float,
         trace: Mapping[str, str] | None = None,
+        changed_at: float | None = None,
     ) -> Step:
         """A snapshot arrived. Raises ``PolicyError`` (state unchanged) if the workload's
         annotations ask for an invalid policy: nothing can be decided for it."""
@@ -353,10 +361,20 @@ class Aggregator:
                 early.append(waiting)
         fresh = WorkloadState(
             state.key,
-            Latest(snapshot, emitted_at, now, dict(trace or {})),
+            Latest(snapshot, emitted_at, now, dict(trace or {}), changed_at),
             Progress(Verdict.PENDING, answers, tuple(early)),
         )
         return Step(fresh, Outcome.ACCEPTED)
+
+    @staticmethod
+    def on_gone(state: WorkloadState, *, emitted_at: float, version: int) -> Outcome:
+        """The watcher said the workload is no longer ranked (deleted or opted out).
+        ``ACCEPTED``: forget its state; ``STALE``: the state holds a later snapshot (the
+        workload came back), keep it."""
+        latest = state.latest
+        if latest is not None and (emitted_at, version) < (latest.emitted_at, latest.version):
+            return Outcome.STALE
+        return Outcome.ACCEPTED
 
     def on_ranks(
         self, state: WorkloadState, *, strategy: str, version: int, scores: Scores, now: float
@@ -450,7 +468,9 @@ class Aggregator:
             overwrite_foreign=self.config.overwrite_foreign,
             band=self.config.band,
         )
-        return Decision(key, snapshot, combined, labelling, current, latest.trace, rejected)
+        return Decision(
+            key, snapshot, combined, labelling, current, latest.trace, rejected, latest.changed_at
+        )
 
 
 # --- persistence ------------------------------------------------------------------------------

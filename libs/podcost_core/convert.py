@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -45,7 +45,7 @@ from podcost_core.model import (
     Toleration,
     WorkloadRef,
 )
-from podcost_core.victims import parse_deletion_cost
+from podcost_core.victims import deletion_cost_error, parse_deletion_cost
 
 
 class ConversionError(ValueError):
@@ -545,6 +545,14 @@ def pod_from_json(raw: Mapping[str, Any]) -> Pod:
     )
 
 
+def invalid_deletion_cost(pod: Pod) -> str | None:
+    """Why the deletion cost found on ``pod`` is one the controller cannot read (not an integer,
+    out of int32: it reads 0), ``None`` if it can or there is none. Such a pod counts as having
+    no cost (``labels.current_costs``); the watcher reports it."""
+    raw = pod.deletion_cost_raw
+    return None if raw is None else deletion_cost_error(raw)
+
+
 def node_from_json(raw: Mapping[str, Any], requested: Resources | None = None) -> Node:
     """One node; ``requested`` is the sum of the requests of the active pods on it, if known."""
     node: NodeJSON = _validate(_NODE, raw, "node")
@@ -733,6 +741,8 @@ def snapshot_for_workload(
     cluster: str = "local",
     *,
     include_inactive: bool = False,
+    convert_pod: Callable[[Mapping[str, Any]], Pod] = pod_from_json,
+    requests_of: Callable[[Mapping[str, Any]], Resources] | None = None,
 ) -> Snapshot:
     """The snapshot of one Deployment or ReplicaSet from a dump (``kind=None``: a Deployment if
     one has that name, else a ReplicaSet).
@@ -743,6 +753,8 @@ def snapshot_for_workload(
     deleted are left out unless ``include_inactive``: nothing ranks them and the controller
     neither deletes nor counts them. Active pods that a ReplicaSet selector matches without the
     workload owning them become ``bystanders``, which the controller counts in rule 5.
+    ``convert_pod`` is ``pod_from_json`` or a cache of it, ``requests_of`` (a raw pod's
+    ``pod_requests``, for the nodes' sums) too: the watcher's ``PodCache``.
     """
     if not isinstance(objects, ClusterObjects):
         objects = load_objects(objects)
@@ -805,7 +817,7 @@ def snapshot_for_workload(
             if not include_inactive and not _is_active(raw):
                 continue
             taken.add(key)
-            pod = pod_from_json(raw)
+            pod = convert_pod(raw)
             if adoptable:
                 pod = _adopted(pod, rs_meta)
             pods_of.setdefault(rs_meta.get("name", ""), []).append(pod)
@@ -817,7 +829,7 @@ def snapshot_for_workload(
             continue
         labels = meta.get("labels", {})
         if any(selector_matches(rs.get("spec", {}).get("selector"), labels) for rs in replicasets):
-            bystanders.append(pod_from_json(raw))
+            bystanders.append(convert_pod(raw))
     if kind_found == "ReplicaSet" and _controller_ref(workload_meta) is None:
         bystanders = []  # without an owner the controller relates no pods at all
 
@@ -833,7 +845,7 @@ def snapshot_for_workload(
             uid=workload_meta.get("uid", ""),
         ),
         pods=pods,
-        nodes=_nodes_for(objects, [*pods, *bystanders]),
+        nodes=_nodes_for(objects, [*pods, *bystanders], requests_of or _raw_requests),
         replicas=_replicas(workload),
         annotations=dict(workload_meta.get("annotations", {})),
         taken_at=objects.newest or 0.0,
@@ -870,14 +882,22 @@ def _replicaset_info(rs: WorkloadJSON) -> ReplicaSetInfo:
     )
 
 
-def _nodes_for(objects: ClusterObjects, pods: Sequence[Pod]) -> dict[str, Node]:
+def _raw_requests(raw: Mapping[str, Any]) -> Resources:
+    return pod_requests(raw.get("spec", {}))
+
+
+def _nodes_for(
+    objects: ClusterObjects,
+    pods: Sequence[Pod],
+    requests_of: Callable[[Mapping[str, Any]], Resources],
+) -> dict[str, Node]:
     """The nodes the pods run on, each with the requests of every active pod on it."""
     wanted = {pod.node for pod in pods if pod.node is not None}
     requested: dict[str, list[int]] = {name: [0, 0, 0] for name in wanted}
     for raw in objects.pods.values():
         node_name = raw.get("spec", {}).get("nodeName")
         if node_name in requested and _is_active(raw):
-            amount = pod_requests(raw.get("spec", {}))
+            amount = requests_of(raw)
             sums = requested[node_name]
             sums[0] += amount.cpu_milli
             sums[1] += amount.memory_bytes

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from podcost_core.model import CostOwner, Pod, PodUID
+from podcost_core.victims import deletion_cost_error
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -60,7 +61,7 @@ class CurrentCost:
 
     value: int | None = None
     """What the controller reads, ``None`` when podcost must write one anyway (no annotation,
-    or an invalid one of its own)."""
+    or an invalid one, whoever set it)."""
     foreign: bool = False
     """Set by someone else: kept as it is unless ``overwrite_foreign``."""
 
@@ -81,15 +82,17 @@ def current_costs(pods: Iterable[Pod]) -> dict[PodUID, CurrentCost]:
     """``CurrentCost`` per pod from what the converter read off the pods."""
     result: dict[PodUID, CurrentCost] = {}
     for pod in pods:
-        if pod.deletion_cost_raw is None:
+        raw = pod.deletion_cost_raw
+        if raw is None or deletion_cost_error(raw) is not None:
+            # None, or an invalid value (the controller reads 0), whoever set it: no cost to
+            # keep, so podcost writes one.
             result[pod.uid] = CurrentCost()
         elif pod.cost_owner is CostOwner.OTHER:
-            # The controller reads an invalid value as 0, and 0 is what the pod then holds.
             result[pod.uid] = CurrentCost(pod.deletion_cost, foreign=True)
-        elif str(pod.deletion_cost) == pod.deletion_cost_raw:
+        elif str(pod.deletion_cost) == raw:
             result[pod.uid] = CurrentCost(pod.deletion_cost)
         else:
-            result[pod.uid] = CurrentCost()  # our own unreadable value: rewrite it
+            result[pod.uid] = CurrentCost()  # our own, valid but not as we write it: rewrite
     return result
 
 

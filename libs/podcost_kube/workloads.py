@@ -42,6 +42,7 @@ from podcost_core.policy import (
     PolicyError,
     policy_from_annotations,
 )
+from podcost_kube.podcache import PodCache
 from podcost_kube.store import Change, ChangeType, RawObject, Store
 
 DEPLOYMENT = "Deployment"
@@ -510,13 +511,23 @@ def workload_snapshot(
     cluster: str = "local",
     version: int = 0,
     taken_at: float = 0.0,
+    pods: PodCache | None = None,
 ) -> Snapshot:
     """The whole current view of workload ``key``, as ``snapshot_for_workload`` builds it, with
-    the per-workload ``version`` and ``taken_at`` ("now") the caller gives.
+    the per-workload ``version`` and ``taken_at`` ("now") the caller gives; pods are converted
+    through ``pods`` when given (the watcher's cache).
 
     Raises ``UnknownWorkload`` when the workload is not in the store, ``ConversionError`` when
     an object cannot be read.
     """
     objects = workload_objects(store, key)
-    snapshot = snapshot_for_workload(objects, key.namespace, key.name, key.kind, cluster)
+    snapshot = snapshot_for_workload(
+        objects,
+        key.namespace,
+        key.name,
+        key.kind,
+        cluster,
+        convert_pod=pods.convert if pods is not None else pod_from_json,
+        requests_of=pods.requests if pods is not None else None,
+    )
     return replace(snapshot, version=version, taken_at=taken_at)

@@ -29,6 +29,7 @@ from podcost_contracts.messages import (
     DeadLetter,
     DesiredCostsMessage,
     StrategyRanksMessage,
+    WorkloadGoneMessage,
     WorkloadSnapshotMessage,
 )
 from podcost_core.model import Snapshot
@@ -72,9 +73,20 @@ class Kafka:
         )
         return aggregator.bootstrap(SETTINGS, self.settings, config=config, bus=self.bus)
 
-    async def publish(self, snapshot: Snapshot = SNAPSHOT) -> None:
-        message = WorkloadSnapshotMessage.of(snapshot, emitted_at=time.time())
+    async def publish(self, snapshot: Snapshot = SNAPSHOT, changed_at: float | None = None) -> None:
+        message = WorkloadSnapshotMessage.of(
+            snapshot, emitted_at=time.time(), changed_at=changed_at
+        )
         await publish_message(self.bus, self.topics.workloads, message, trace=TRACE)
+
+    async def gone(self, snapshot: Snapshot = SNAPSHOT) -> None:
+        message = WorkloadGoneMessage(
+            key=snapshot.workload.key,
+            version=snapshot.version + 1,
+            reason="deleted",
+            emitted_at=time.time(),
+        )
+        await publish_message(self.bus, self.topics.workloads, message)
 
 
 @pytest.fixture
@@ -226,3 +238,44 @@ async def test_the_consumer_loop_engine_over_kafka_decides_the_same(kafka: Kafka
         [decision] = await costs.take(1)
     assert decision.complete
     assert {pod.uid: pod.cost for pod in decision.costs} == expected_costs(SNAPSHOT, POLICY)
+
+
+def _stored_keys(service: AggregatorService) -> set[bytes]:
+    transport = service.transport
+    assert isinstance(transport, FaustKeyedApp)
+    return {key for table in transport.tables.values() for key in table}
+
+
+async def test_a_workload_gone_leaves_the_faust_tables_and_their_changelog_and_rankers_skip_it(
+    kafka: Kafka,
+) -> None:
+    key = SNAPSHOT.workload.key.encode()
+    changed_at = time.time() - 3.0
+    rankers = [kafka.ranker(CAP), kafka.ranker(AGE)]
+    first = kafka.aggregator()
+    async with (
+        Reader(kafka.bus, kafka.topics.costs, DesiredCostsMessage) as costs,
+        Reader(kafka.bus, kafka.topics.ranks, StrategyRanksMessage) as ranks,
+        Reader(kafka.bus, kafka.topics.deadletter, DeadLetter) as dead,
+    ):
+        async with running(*rankers, first):
+            await kafka.publish(changed_at=changed_at)
+            [decision] = await costs.take(1)
+            await ranks.take(2)
+            assert key in _stored_keys(first)
+            await kafka.gone()
+            await eventually(lambda: key not in _stored_keys(first), "the state to be dropped")
+            await ranks.nothing_more(1.0)  # the rankers read it and answer nothing
+            await dead.nothing_more(0.1)  # ... and do not dead-letter it either
+            assert consumed(first, kafka.topics.workloads) == 2
+        # Restarted, the aggregator recovers its tables from the changelog: the tombstones
+        # there keep the workload forgotten.
+        second = kafka.aggregator()
+        async with running(second):
+            assert _stored_keys(second) == set()
+            assert consumed(second, kafka.topics.workloads) == 0
+    assert decision.changed_at == changed_at
+    for ranker_service in rankers:
+        labels = {"topic": kafka.topics.workloads, "outcome": "ok"}
+        registry = ranker_service.metrics.registry
+        assert registry.get_sample_value("podcost_messages_consumed_total", labels) == 2

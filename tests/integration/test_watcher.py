@@ -1,23 +1,37 @@
 """The watcher against the real control plane: an opted-in Deployment's changes become
-debounced, versioned snapshots on the workloads topic; podcost's own cost writes do not; a
-workload that did not opt in is never published."""
+debounced, versioned snapshots on the workloads topic, stamped with when the change was seen;
+podcost's own cost writes do not; a workload that did not opt in is never published; one that
+opts out or is deleted is said to be gone; and a pod carrying an invalid deletion cost (written
+into etcd: the API server refuses one today) is reported and gets a valid cost from the whole
+pipeline."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 from kubernetes_asyncio import config
 from tests.conftest import ControlPlane
-from tests.support.kube import KubeTestCluster
+from tests.support.etcd import etcd_endpoint, put_pod
+from tests.support.kube import COST_ANNOTATION, KubeTestCluster
 
+from podcost import embedded
+from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherService, WatcherSettings, bootstrap
 from podcost_bus import BusSettings, Consumer, MemoryBus
-from podcost_contracts.messages import WorkloadSnapshotMessage, decode
+from podcost_contracts.messages import (
+    WorkloadGoneMessage,
+    WorkloadSnapshotMessage,
+    decode,
+    decode_workload_record,
+)
+from podcost_core.victims import deletion_cost_error
 from podcost_kube.client import Kube
 
 pytestmark = pytest.mark.integration
@@ -115,3 +129,141 @@ async def test_a_deployment_that_did_not_opt_in_is_never_published(
         await _no_snapshot(consumer, wait=1.5)
     published = watcher.metrics.registry.get_sample_value("podcost_snapshots_published_total")
     assert published == 0
+
+
+async def _next_message(
+    consumer: Consumer, timeout: float = 30
+) -> WorkloadSnapshotMessage | WorkloadGoneMessage:
+    records = await consumer.poll(max_wait=timeout, max_records=1)
+    assert records, f"no message within {timeout}s"
+    (record,) = records
+    await consumer.commit([record])
+    return decode_workload_record(record.value, record.headers, key=record.key)
+
+
+async def _until_gone(consumer: Consumer) -> WorkloadGoneMessage:
+    """Snapshots of the burst before it are skipped."""
+    while not isinstance(message := await _next_message(consumer), WorkloadGoneMessage):
+        pass
+    return message
+
+
+async def test_snapshots_carry_when_the_change_was_seen_and_a_workload_that_goes_is_said_gone(
+    running_watcher: tuple[WatcherService, MemoryBus, str], kube: KubeTestCluster
+) -> None:
+    watcher, bus, namespace = running_watcher
+    key = f"test/{namespace}/Deployment/web"
+    async with bus.consumer([watcher.topics.workloads], group="t") as consumer:
+        before = time.time()
+        await kube.create_deployment(
+            namespace, "web", 2, opt_in=True, node_selector={"watch": namespace}
+        )
+        first = await _next_snapshot(consumer)
+        assert first.changed_at is not None
+        # Seen after the create and before the snapshot came out of the debouncer.
+        assert before <= first.changed_at <= time.time() - 0.3
+
+        # Opting out is said once ...
+        await kube.apps.patch_namespaced_deployment(
+            "web", namespace, {"metadata": {"annotations": {"podcost.dev/enabled": "false"}}}
+        )
+        opted_out = await _until_gone(consumer)
+        assert (opted_out.key, opted_out.reason) == (key, "opted out")
+        await _no_snapshot(consumer, wait=1.0)
+        # ... opting in again publishes it again, and deleting it is said once too.
+        await kube.apps.patch_namespaced_deployment(
+            "web", namespace, {"metadata": {"annotations": {"podcost.dev/enabled": "true"}}}
+        )
+        back = await _next_snapshot(consumer)
+        assert back.version > opted_out.version > first.version
+        await kube.apps.delete_namespaced_deployment("web", namespace)
+        deleted = await _until_gone(consumer)
+        assert (deleted.key, deleted.reason) == (key, "deleted")
+        assert deleted.emitted_at > back.emitted_at
+        await _no_snapshot(consumer, wait=1.5)  # its ReplicaSet and pods going say nothing more
+
+
+def _invalid_counted(watcher: WatcherService) -> float:
+    labels = {"source": COST_ANNOTATION}
+    value = watcher.metrics.registry.get_sample_value("podcost_invalid_annotations_total", labels)
+    return value or 0.0
+
+
+async def test_a_pod_with_an_invalid_deletion_cost_is_reported_and_gets_a_valid_one(
+    control_plane: ControlPlane, kube: KubeTestCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    endpoint = etcd_endpoint(control_plane.kubeconfig)
+    if endpoint is None:
+        pytest.skip("needs the etcd of a control plane podcost_localinfra started here")
+    namespace = await kube.create_namespace(f"invalid-{uuid.uuid4().hex[:6]}")
+    node = f"invalid-node-{namespace}"
+    await kube.create_node(node, zone="zone-a", labels={"watch": namespace})
+    try:
+        # Not opted in yet: nothing writes a cost while the invalid one is put in place.
+        await kube.create_deployment(namespace, "web", 2, node_selector={"watch": namespace})
+        first, second = await kube.wait_ready(namespace, "web", 2)
+        raw = kube.api.sanitize_for_serialization(
+            await kube.core.read_namespaced_pod(first.name, namespace)
+        )
+        raw["metadata"].setdefault("annotations", {})[COST_ANNOTATION] = "abc"
+        await put_pod(endpoint, raw)
+
+        async def stored() -> bool:
+            pod = await kube.core.read_namespaced_pod(first.name, namespace)
+            return (pod.metadata.annotations or {}).get(COST_ANNOTATION) == "abc"
+
+        await kube.wait_for(stored, "the API server to serve the invalid cost", timeout=10)
+
+        api = await config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+        async with api:
+            pipeline = embedded.bootstrap(
+                ServiceSettings(cluster="test", http_port=0),
+                BusSettings(),
+                kube=Kube(api),
+                bus=MemoryBus(),
+                watcher_settings=WatcherSettings(
+                    namespace=namespace, debounce_seconds=0.2, max_delay_seconds=1.0
+                ),
+            )
+            stop = asyncio.Event()
+            task = asyncio.create_task(
+                serve(pipeline.services, ServiceSettings(http_port=0), bus=pipeline.bus,
+                      stop=stop)
+            )  # fmt: skip
+
+            async def costs() -> dict[str, str | None]:
+                pods = {p.name: p.raw for p in await kube.pods(namespace, "web")}
+                return {
+                    name: (pod.metadata.annotations or {}).get(COST_ANNOTATION)
+                    for name, pod in pods.items()
+                }
+
+            async def valid_costs() -> bool:
+                if task.done():
+                    task.result()
+                found = await costs()
+                return all(v is not None and deletion_cost_error(v) is None for v in found.values())
+
+            try:
+                with caplog.at_level(logging.WARNING, logger="podcost.watcher"):
+                    await kube.apps.patch_namespaced_deployment(
+                        "web", namespace,
+                        {"metadata": {"annotations": {"podcost.dev/enabled": "true"}}},
+                    )  # fmt: skip
+                    await kube.wait_for(valid_costs, "a valid cost on every pod", timeout=60)
+            finally:
+                stop.set()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait_for(task, 30)
+        found = await costs()
+        assert set(found) == {first.name, second.name}
+        assert _invalid_counted(pipeline.watcher) >= 1  # once per version of the pod
+        [warning] = [r for r in caplog.records if "is not a cost the controller" in r.message]
+        assert first.name in warning.message
+        assert (getattr(warning, "pod", None), getattr(warning, "value", None)) == (
+            f"{namespace}/{first.name}",
+            "abc",
+        )
+    finally:
+        await kube.delete_namespace(namespace)
+        await kube.delete_nodes([node])

@@ -40,8 +40,11 @@ def desired(
     version: int = 1,
     cluster: str = "local",
     emitted_at: float | None = None,
+    changed_at: float | None = None,
 ) -> DesiredCostsMessage:
-    """The aggregator's decision for ``namespace/workload`` (a Deployment) at ``version``."""
+    """The aggregator's decision for ``namespace/workload`` (a Deployment) at ``version``; the
+    change it answers was seen at ``changed_at`` (default: when it is emitted)."""
+    emitted_at = time.time() if emitted_at is None else emitted_at
     return DesiredCostsMessage(
         key=f"{cluster}/{namespace}/Deployment/{workload}",
         version=version,
@@ -56,7 +59,8 @@ def desired(
             for pod in pods
         ),
         complete=True,
-        emitted_at=time.time() if emitted_at is None else emitted_at,
+        emitted_at=emitted_at,
+        changed_at=emitted_at if changed_at is None else changed_at,
     )
 
 

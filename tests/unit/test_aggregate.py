@@ -3,6 +3,7 @@ is stored. Timelines are tables of inputs at fake times (``now`` is a parameter:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -489,3 +490,54 @@ def test_a_10000_pod_workload_state_fits_in_kafka_records() -> None:
 def test_a_stored_part_that_cannot_be_read_is_a_clear_error() -> None:
     with pytest.raises(StateDecodeError, match="cannot be read"):
         load_parts(KEY, {PROGRESS_PART: b'{"verdict": "maybe"}'})
+
+
+# --- the change time and workloads that are gone -----------------------------------------------
+
+
+def test_a_decision_carries_the_change_time_of_its_snapshot_and_a_stored_state_keeps_it() -> None:
+    aggregator = Aggregator()
+    state = aggregator.on_snapshot(
+        WorkloadState(KEY), snap(2), emitted_at=2.0, now=2.5, changed_at=1.25
+    ).state
+    assert load_parts(KEY, dump_parts(None, state)) == state
+    for name in (CAP, AGE):
+        state = aggregator.on_ranks(
+            state, strategy=name, version=2, scores=scores(snap(2), name), now=3
+        ).state
+    _, decision = aggregator.due(state, 3)
+    assert decision is not None
+    assert decision.changed_at == 1.25
+
+
+def test_a_state_stored_before_the_change_time_existed_still_loads_without_it() -> None:
+    state = Aggregator().on_snapshot(WorkloadState(KEY), snap(2), emitted_at=2.0, now=2.5).state
+    parts = dict(dump_parts(None, state))
+    stored = json.loads(parts[SNAPSHOT_PART])
+    del stored["changed_at"]
+    parts[SNAPSHOT_PART] = json.dumps(stored).encode()
+    loaded = load_parts(KEY, parts)
+    assert loaded == state
+    assert loaded.latest is not None
+    assert loaded.latest.changed_at is None
+
+
+@pytest.mark.parametrize(
+    ("emitted_at", "version", "outcome"),
+    [
+        (3.0, 3, Outcome.ACCEPTED),  # after the latest snapshot: forget the workload
+        (2.0, 3, Outcome.ACCEPTED),  # same time, later version
+        (2.0, 2, Outcome.ACCEPTED),  # said right after that very snapshot
+        (1.0, 9, Outcome.STALE),  # an older watcher's word: the workload came back since
+        (2.0, 1, Outcome.STALE),
+    ],
+)
+def test_a_workload_gone_is_forgotten_unless_a_later_snapshot_came_since(
+    emitted_at: float, version: int, outcome: Outcome
+) -> None:
+    state = Aggregator().on_snapshot(WorkloadState(KEY), snap(2), emitted_at=2.0, now=2.5).state
+    assert Aggregator.on_gone(state, emitted_at=emitted_at, version=version) is outcome
+
+
+def test_a_workload_gone_before_any_snapshot_has_nothing_to_keep() -> None:
+    assert Aggregator.on_gone(WorkloadState(KEY), emitted_at=0.0, version=0) is Outcome.ACCEPTED

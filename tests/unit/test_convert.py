@@ -16,6 +16,7 @@ from podcost_core.convert import (
     ConversionError,
     UnknownWorkload,
     compute_qos,
+    invalid_deletion_cost,
     load_objects,
     node_from_json,
     parse_quantity,
@@ -26,6 +27,7 @@ from podcost_core.convert import (
     snapshot_for_workload,
 )
 from podcost_core.model import (
+    DELETION_COST_ANNOTATION,
     AffinityTerm,
     CostOwner,
     Node,
@@ -611,3 +613,25 @@ def test_a_pod_whose_labels_left_the_selector_is_released_from_its_replicaset() 
     released["metadata"]["labels"] = {"app": "web-debug"}
     snapshot = snapshot_for_workload(dump, "shop", "web")
     assert "web-5d8f7-aaaaa" not in [pod.name for pod in snapshot.pods]
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        (None, None),
+        ("12", None),
+        ("-007", None),  # the controller reads -7
+        ("abc", "invalid value 'abc'"),
+        ("2147483648", "value out of int32 range '2147483648'"),
+        ("+1", "invalid value '+1'"),
+    ],
+)
+def test_an_invalid_deletion_cost_is_a_fact_of_the_pod_not_an_error(
+    value: str | None, problem: str | None
+) -> None:
+    annotations = {} if value is None else {DELETION_COST_ANNOTATION: value}
+    pod = pod_from_json(
+        {"metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": annotations}}
+    )
+    assert invalid_deletion_cost(pod) == problem
+    assert pod.deletion_cost == (int(value) if problem is None and value else 0)

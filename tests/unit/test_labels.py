@@ -162,7 +162,9 @@ def test_dense_baseline_numbers_the_groups_of_the_whole_order() -> None:
         (None, None, CurrentCost()),
         (CostOwner.PODCOST, "12", CurrentCost(12)),
         (CostOwner.OTHER, "12", CurrentCost(12, foreign=True)),
-        (CostOwner.OTHER, "oops", CurrentCost(0, foreign=True)),  # the controller reads 0
+        (CostOwner.OTHER, "oops", CurrentCost()),  # invalid: no cost, whoever set it
+        (CostOwner.OTHER, "2147483648", CurrentCost()),  # out of int32: invalid too
+        (CostOwner.OTHER, "-007", CurrentCost(-7, foreign=True)),  # valid, the controller's -7
         (CostOwner.PODCOST, "012", CurrentCost()),  # ours but unreadable: rewrite
     ],
 )

@@ -28,9 +28,11 @@ from podcost_contracts.messages import (
     PodCost,
     StrategyRanksMessage,
     StrategyTerm,
+    WorkloadGoneMessage,
     WorkloadKey,
     WorkloadSnapshotMessage,
     decode,
+    decode_workload_record,
     encode,
     trace_context,
 )
@@ -95,6 +97,17 @@ def letter() -> DeadLetter:
         group="ranker-age",
         failed_at=1_714_568_402.0,
     )
+
+
+def gone(**changes: Any) -> WorkloadGoneMessage:
+    fields: dict[str, Any] = {
+        "key": KEY,
+        "version": 6,
+        "reason": "deleted",
+        "emitted_at": 1_714_568_403.0,
+        "changed_at": 1_714_568_403.0,
+    }
+    return WorkloadGoneMessage(**(fields | changes))
 
 
 def reason_for(kind: type[Message], value: bytes, headers: dict[str, bytes] | None = None) -> str:
@@ -175,9 +188,18 @@ def test_two_kinds_cannot_share_a_topic() -> None:
         costs(),
         costs(complete=True, missing=()),
         letter(),
+        WorkloadSnapshotMessage.of(
+            snapshot(pods=2, version=5), emitted_at=1_714_568_400.5, changed_at=1_714_568_399.0
+        ),
+        ranks(changed_at=1_714_568_399.0),
+        costs(changed_at=1_714_568_399.0),
+        gone(),
     ],
-    ids=["snapshot", "ranks", "costs", "complete-costs", "dead-letter"],
-)
+    ids=[
+        "snapshot", "ranks", "costs", "complete-costs", "dead-letter", "snapshot-changed-at",
+        "ranks-changed-at", "costs-changed-at", "gone",
+    ],
+)  # fmt: skip
 def test_every_message_kind_comes_back_equal_after_encode_and_decode(message: Message) -> None:
     encoded = encode(message)
     assert decode(type(message), encoded.value, encoded.headers, key=encoded.key) == message
@@ -427,3 +449,38 @@ def test_unknown_fields_are_ignored_so_an_older_consumer_reads_a_newer_producer(
 def test_a_decode_error_is_never_worth_retrying() -> None:
     assert DecodeError.retriable is False
     assert MessageTooLarge.retriable is False
+
+
+# --- the change time and workloads that are gone ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "message",
+    [WorkloadSnapshotMessage.of(snapshot(pods=1), emitted_at=3.0), ranks(), costs()],
+    ids=["snapshot", "ranks", "costs"],
+)
+def test_a_message_from_a_producer_older_than_changed_at_still_decodes_without_it(
+    message: Message,
+) -> None:
+    payload = json.loads(message.model_dump_json())
+    del payload["changed_at"]
+    decoded = decode(type(message), json.dumps(payload).encode())
+    assert decoded.changed_at is None  # type: ignore[attr-defined]
+    assert decoded == message
+
+
+def test_a_workloads_record_is_read_as_a_snapshot_or_as_gone_by_its_schema_header() -> None:
+    taken = WorkloadSnapshotMessage.of(snapshot(pods=3, version=2), emitted_at=1.0, changed_at=0.5)
+    for message in (taken, gone()):
+        encoded = encode(message)
+        assert decode_workload_record(encoded.value, encoded.headers, key=encoded.key) == message
+    # Without a header (a producer that sets none), it is a snapshot.
+    assert decode_workload_record(encode(taken).value) == taken
+
+
+def test_a_gone_message_read_as_a_snapshot_is_refused_by_its_header() -> None:
+    encoded = encode(gone())
+    with pytest.raises(DecodeError, match="expected a workload-snapshot message"):
+        decode(WorkloadSnapshotMessage, encoded.value, encoded.headers)
+    with pytest.raises(DecodeError, match="record key"):
+        decode_workload_record(encoded.value, encoded.headers, key=b"c/ns/Deployment/other")

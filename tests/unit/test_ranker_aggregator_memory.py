@@ -33,13 +33,16 @@ from podcost.runtime.telemetry import (
     SPAN_STRATEGY,
 )
 from podcost_bus import BusSettings, MemoryBus, publish_message
+from podcost_bus.keyed import KeyedConsumerLoop
 from podcost_contracts.messages import (
     TRACEPARENT,
     DeadLetter,
     DesiredCostsMessage,
     StrategyRanksMessage,
+    WorkloadGoneMessage,
     WorkloadSnapshotMessage,
 )
+from podcost_core.aggregate import WorkloadState
 from podcost_core.model import PodUID, Snapshot
 from podcost_core.policy import PolicyError, policy_from_annotations
 from podcost_core.strategies.base import Strategy
@@ -81,9 +84,22 @@ class World:
             clock=self.clock, registry=self.registry, tracer_provider=self.provider,
         )  # fmt: skip
 
-    async def publish(self, snapshot: Snapshot = SNAPSHOT, trace: dict[str, str] = TRACE) -> None:
-        message = WorkloadSnapshotMessage.of(snapshot, emitted_at=self.clock.now())
+    async def publish(
+        self,
+        snapshot: Snapshot = SNAPSHOT,
+        trace: dict[str, str] = TRACE,
+        changed_at: float | None = None,
+    ) -> None:
+        message = WorkloadSnapshotMessage.of(
+            snapshot, emitted_at=self.clock.now(), changed_at=changed_at
+        )
         await publish_message(self.bus, TOPICS.workloads, message, trace=trace)
+
+    async def gone(self, version: int, emitted_at: float) -> None:
+        message = WorkloadGoneMessage(
+            key=SNAPSHOT.workload.key, version=version, reason="deleted", emitted_at=emitted_at
+        )
+        await publish_message(self.bus, TOPICS.workloads, message)
 
 
 @pytest.fixture
@@ -392,3 +408,65 @@ async def test_a_restarted_consumer_loop_aggregator_reads_again_what_its_waiting
         assert {pod.uid: pod.cost for pod in decision.costs} == expected_costs(SNAPSHOT, POLICY)
         # Decided: everything it read is committed now.
         assert sum(world.bus.committed("podcost-aggregator").values()) == 3
+
+
+async def test_the_time_of_the_change_travels_from_the_snapshot_through_the_ranks_to_the_costs(
+    world: World,
+) -> None:
+    changed_at = START - 2.5  # the watcher saw the change before it published
+    async with (
+        running(world.ranker(CAP), world.ranker(AGE), world.aggregator()),
+        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
+    ):
+        await world.publish(changed_at=changed_at)
+        [decision] = await costs.take(1)
+        answers = await ranks.take(2)
+
+    assert [answer.changed_at for answer in answers] == [changed_at, changed_at]
+    assert decision.changed_at == changed_at
+    assert decision.emitted_at == START  # its own hop's time stays its own
+
+
+def _states(service: AggregatorService) -> dict[bytes | None, WorkloadState]:
+    transport = service.transport
+    assert isinstance(transport, KeyedConsumerLoop)  # the in-memory bus's transport
+    return dict(transport.states)
+
+
+async def test_a_workload_gone_is_skipped_by_the_rankers_and_forgotten_by_the_aggregator(
+    world: World,
+) -> None:
+    key = SNAPSHOT.workload.key.encode()
+    cap, combiner = world.ranker(CAP), world.aggregator()
+    async with (
+        running(cap, world.ranker(AGE), combiner),
+        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
+        Reader(world.bus, TOPICS.deadletter, DeadLetter) as dead,
+    ):
+        await world.publish()
+        await costs.take(1)
+        await ranks.take(2)
+        assert key in _states(combiner)
+
+        # A gone older than the snapshot held (the workload came back since) changes nothing.
+        await world.gone(version=SNAPSHOT.version - 1, emitted_at=START - 1)
+        await eventually(
+            lambda: counted(cap, "podcost_messages_consumed_total", topic=TOPICS.workloads,
+                            outcome="ok") == 2,
+            "the ranker to skip the stale gone message",
+        )  # fmt: skip
+        await eventually(
+            lambda: counted(combiner, "podcost_messages_consumed_total", topic=TOPICS.workloads,
+                            outcome="ok") == 2,
+            "the aggregator to read the stale gone message",
+        )  # fmt: skip
+        assert key in _states(combiner)
+
+        await world.gone(version=SNAPSHOT.version + 1, emitted_at=START + 1)
+        await eventually(lambda: key not in _states(combiner), "the aggregator to forget it")
+        await ranks.nothing_more(0.2)
+        await costs.nothing_more(0.2)
+        await dead.nothing_more(0.2)
+    assert counted(cap, "podcost_snapshots_ranked_total", strategy=CAP) == 1

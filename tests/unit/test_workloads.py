@@ -21,8 +21,9 @@ from podcost_core.convert import (
     pod_from_json,
     snapshot_for_workload,
 )
-from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, Resources
+from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, Pod, Resources
 from podcost_core.policy import DEFAULT_POLICY, Policy, StrategySpec
+from podcost_kube.podcache import PodCache
 from podcost_kube.store import Change, ChangeType, Store
 from podcost_kube.workloads import (
     DEPLOYMENT,
@@ -794,3 +795,79 @@ def test_a_snapshot_from_the_cache_equals_the_one_from_a_whole_dump(kind: str, n
     expected = snapshot_for_workload(load_objects(dump), "shop", name, kind)
     got = workload_snapshot(store, WorkloadKey("shop", kind, name), taken_at=expected.taken_at)
     assert got == replace(expected, version=0)
+
+
+# --- the pod conversion cache -----------------------------------------------------------------
+
+
+def test_a_snapshot_through_the_cache_is_the_same_and_a_node_change_converts_no_pod_again() -> None:
+    store, pods = shop(), PodCache()
+    first = workload_snapshot(store, WEB, pods=pods)
+    assert first == workload_snapshot(store, WEB)
+    # Its 3 pods converted; the 4 others on its nodes only summed (api-1-a, batch-a, db-0, other).
+    assert (pods.misses, pods.hits, len(pods)) == (3, 0, 7)
+    # A node change re-publishes the workload: its pods did not change, none is converted.
+    node = bumped(raw_node("n1", "a"))
+    taint(node)
+    store.apply("Node", ChangeType.MODIFIED, node)
+    again = workload_snapshot(store, WEB, pods=pods)
+    assert (pods.misses, pods.hits) == (3, 3)
+    assert again.pods == first.pods
+    assert again.nodes != first.nodes
+
+
+def test_a_new_version_of_a_pod_is_converted_again_and_replaces_the_old_one() -> None:
+    store, pods = shop(), PodCache()
+    workload_snapshot(store, WEB, pods=pods)
+    old = store.get("Pod", NS, "web-1-a")
+    assert old is not None
+    new = bumped(old)
+    new["metadata"]["labels"]["extra"] = "x"
+    store.apply("Pod", ChangeType.MODIFIED, new)
+    [pod] = [p for p in workload_snapshot(store, WEB, pods=pods).pods if p.name == "web-1-a"]
+    assert pod.labels == {"app": "web", "extra": "x"}
+    assert (pods.misses, pods.hits, len(pods)) == (4, 2, 7)
+
+
+def test_a_deleted_pod_leaves_the_cache() -> None:
+    store, pods = shop(), PodCache()
+    workload_snapshot(store, WEB, pods=pods)
+    old = store.get("Pod", NS, "web-1-b")
+    assert old is not None
+    change = store.apply("Pod", ChangeType.DELETED, old)
+    assert change is not None
+    pods.observe(change)
+    pods.observe(Change("Node", ChangeType.DELETED, raw_node("n1", "a"), None))  # not a pod
+    assert len(pods) == 6
+    workload_snapshot(store, WEB, pods=pods)
+    assert (pods.misses, len(pods)) == (3, 6)
+
+
+def test_a_pod_without_a_resource_version_is_converted_every_time() -> None:
+    raw = raw_pod("p", rs="web-1", app="web", node="n1")
+    del raw["metadata"]["resourceVersion"]
+    pods = PodCache()
+    assert pods.convert(raw) == pods.convert(raw) == pod_from_json(raw)
+    assert (pods.misses, pods.hits, len(pods)) == (2, 0, 0)
+
+
+def test_each_version_of_a_pod_is_handed_to_on_convert_once() -> None:
+    seen: list[Pod] = []
+    pods = PodCache(on_convert=seen.append)
+    raw = raw_pod("p", rs="web-1", app="web", node="n1")
+    pods.convert(raw)
+    pods.convert(raw)
+    pods.convert(bumped(raw))
+    assert [pod.name for pod in seen] == ["p", "p"]
+
+
+def test_the_requests_of_a_pod_are_summed_once_per_version() -> None:
+    pods = PodCache()
+    raw = raw_pod("p", rs="web-1", app="web", node="n1", cpu="250m")
+    first = pods.requests(raw)
+    assert first == Resources(cpu_milli=250, memory_bytes=64 * 2**20, pods=1)
+    assert pods.requests(raw) is first
+    changed = bumped(raw)
+    changed["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1"
+    assert pods.requests(changed).cpu_milli == 1000
+    assert pods.convert(changed).requests is pods.requests(changed)

@@ -7,9 +7,11 @@ builds it. Per record: decode it as a snapshot (workloads topic) or a strategy's
 topic), an undecodable one, or one whose workload policy is invalid, going to the dead-letter
 topic with the reason; apply the transition; ask whether a decision is due and, if so, publish
 the desired costs in a ``podcost.combine`` span, child of the snapshot's trace, with the span's
-context in the record headers. Publishing retries transient bus errors until acknowledged, and
-returns only then: the transport persists the state and commits the record after that (at least
-once). Deciding is the core's; nothing here does anything but decode, call, encode and observe.
+context in the record headers. A ``WorkloadGoneMessage`` on the workloads topic drops the key's
+state instead (the transport forgets it), so states do not pile up. Publishing retries
+transient bus errors until acknowledged, and returns only then: the transport persists the
+state and commits the record after that (at least once). Deciding is the core's; nothing here
+does anything but decode, call, encode and observe.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from podcost.runtime.telemetry import (
     inject,
 )
 from podcost_bus import Bus, BusError, Delivery, Record
+from podcost_bus.keyed import DROP, Drop
 from podcost_bus.messaging import dead_letter
 from podcost_contracts.messages import (
     DecodeError,
@@ -47,8 +50,10 @@ from podcost_contracts.messages import (
     PodCost,
     StrategyRanksMessage,
     StrategyTerm,
+    WorkloadGoneMessage,
     WorkloadSnapshotMessage,
     decode,
+    decode_workload_record,
     encode,
     trace_context,
 )
@@ -57,6 +62,7 @@ from podcost_core.aggregate import (
     STATE_PARTS,
     Aggregator,
     Decision,
+    Outcome,
     StateDecodeError,
     WorkloadState,
     dump_parts,
@@ -96,6 +102,7 @@ def desired_costs(decision: Decision, *, emitted_at: float) -> DesiredCostsMessa
         complete=decision.complete,
         missing=decision.missing,
         emitted_at=emitted_at,
+        changed_at=decision.changed_at,
     )
 
 
@@ -125,24 +132,27 @@ class AggregationProcessor:
         self.clock = clock
         self.backoff = backoff
 
-    async def on_record(self, record: Record, state: WorkloadState | None) -> WorkloadState | None:
+    async def on_record(
+        self, record: Record, state: WorkloadState | None
+    ) -> WorkloadState | Drop | None:
         started = time.time_ns()
-        kind: type[WorkloadSnapshotMessage | StrategyRanksMessage]
-        if record.topic == self.topics.workloads:
-            kind = WorkloadSnapshotMessage
-        elif record.topic == self.topics.ranks:
-            kind = StrategyRanksMessage
-        else:
+        if record.topic not in (self.topics.workloads, self.topics.ranks):
             raise ValueError(f"the aggregator does not read {record.topic!r}")
         if record.key is None:
             reason = "the record has no key (expected cluster/namespace/kind/name)"
             await self._dead_letter(record, reason, None)
             return None
+        message: WorkloadSnapshotMessage | WorkloadGoneMessage | StrategyRanksMessage
         try:
-            message = decode(kind, record.value, record.headers, key=record.key)
+            if record.topic == self.topics.workloads:
+                message = decode_workload_record(record.value, record.headers, key=record.key)
+            else:
+                message = decode(StrategyRanksMessage, record.value, record.headers, key=record.key)
         except DecodeError as error:
             await self._dead_letter(record, error.reason, error)
             return None
+        if isinstance(message, WorkloadGoneMessage):
+            return self._gone(record, message, state)
         now = self.clock.now()
         current = state if state is not None else WorkloadState(message.key)
         if isinstance(message, WorkloadSnapshotMessage):
@@ -153,6 +163,7 @@ class AggregationProcessor:
                     emitted_at=message.emitted_at,
                     now=now,
                     trace=trace_context(record.headers),
+                    changed_at=message.changed_at,
                 )
             except PolicyError as error:
                 reason = f"the workload's policy is invalid: {error}"
@@ -170,6 +181,19 @@ class AggregationProcessor:
         log.debug("%s v%d from %s: %s", message.key, message.version, record.topic, step.outcome)
         new = await self._decide(step.state, now, started, record)
         return None if new is current else new
+
+    def _gone(
+        self, record: Record, message: WorkloadGoneMessage, state: WorkloadState | None
+    ) -> Drop | None:
+        self.metrics.consumed.labels(record.topic, "ok").inc()
+        outcome = (
+            Outcome.ACCEPTED
+            if state is None
+            else self.aggregator.on_gone(state, emitted_at=message.emitted_at,
+                                         version=message.version)
+        )  # fmt: skip
+        log.debug("%s gone (%s): %s", message.key, message.reason, outcome)
+        return DROP if outcome is Outcome.ACCEPTED and state is not None else None
 
     async def on_tick(self, key: bytes | None, state: WorkloadState) -> WorkloadState | None:
         new = await self._decide(state, self.clock.now(), time.time_ns(), None)

@@ -112,7 +112,8 @@ def decide(
         return Verdict.GONE
     if state.value is not None and state.invalid is None and int(state.value) == cost:
         return Verdict.UNCHANGED
-    if state.owner is CostOwner.OTHER and not overwrite_foreign:
+    # An invalid value is no cost (the controller reads 0), whoever set it: it is replaced.
+    if state.owner is CostOwner.OTHER and state.invalid is None and not overwrite_foreign:
         return Verdict.FOREIGN
     return Verdict.WRITE
 

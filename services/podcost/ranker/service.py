@@ -6,7 +6,8 @@ build it with :func:`bootstrap`. The same loop runs any strategy the registry kn
 installed by a package through the ``podcost.strategies`` entry points: adding a strategy never
 copies this code.
 
-For each snapshot read from the workloads topic: decode it (an undecodable record goes to the
+For each snapshot read from the workloads topic (a ``WorkloadGoneMessage`` there is skipped:
+there is nothing left to rank): decode it (an undecodable record goes to the
 dead-letter topic with the reason, and the ranker goes on), resolve the workload's policy (its
 annotations over the cluster default, with the aggregator's own resolver so both agree), and if
 the policy needs this strategy's answer, run the strategy in a span (``podcost.strategy``, a
@@ -54,8 +55,9 @@ from podcost_contracts.messages import (
     Encoded,
     MessageTooLarge,
     StrategyRanksMessage,
+    WorkloadGoneMessage,
     WorkloadSnapshotMessage,
-    decode,
+    decode_workload_record,
     encode,
 )
 from podcost_contracts.topics import Topics
@@ -172,10 +174,13 @@ class RankerService:
     async def _rank(self, record: Record) -> _Answer | None:
         """The answer to one record, or ``None`` if there is none to publish."""
         try:
-            message = decode(WorkloadSnapshotMessage, record.value, record.headers, key=record.key)
+            message = decode_workload_record(record.value, record.headers, key=record.key)
         except DecodeError as error:
             await self._dead_letter(record, error.reason, error)
             return None
+        if isinstance(message, WorkloadGoneMessage):
+            self.metrics.consumed.labels(record.topic, "ok").inc()
+            return None  # nothing to rank: the aggregator forgets the workload
         snapshot = message.snapshot
         try:
             policy = self.policies.of(snapshot)
@@ -229,6 +234,7 @@ class RankerService:
                 scores=dict(scores),
                 duration_seconds=duration,
                 emitted_at=self.clock.now(),
+                changed_at=message.changed_at,
             )
             try:
                 encoded = encode(answer, trace=inject())

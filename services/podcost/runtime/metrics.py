@@ -38,6 +38,11 @@ class Metrics:
             "podcost_leading", "1 while this watcher publishes: it holds the Lease, or runs "
             "without leader election; 0 while it stands by.", registry=r,
         )  # fmt: skip
+        self.invalid_annotations = Counter(
+            "podcost_invalid_annotations", "Pod versions seen with an annotation podcost reads "
+            "that cannot be parsed, by source annotation (the pod is ranked as without it).",
+            ["source"], registry=r,
+        )  # fmt: skip
         self.snapshots_ranked = Counter(
             "podcost_snapshots_ranked", "Snapshots ranked, by strategy.", ["strategy"], registry=r
         )

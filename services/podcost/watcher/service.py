@@ -20,6 +20,16 @@ becomes the leader touches every opted-in workload once, so nothing that changed
 by is left unpublished; one that stops leading drops what is still pending. A snapshot that was
 being published as leadership was lost may still go out; the aggregator keeps the latest by
 ``emitted_at``, and the new leader stamps its snapshots from the moment it took over.
+
+Workloads that go. When a workload this watcher published is no longer ranked (deleted, opted
+out, or its policy became invalid), the watcher publishes a ``WorkloadGoneMessage`` under its
+key, once: rankers skip it and the aggregator drops its state. (A restarted watcher publishes
+every opted-in workload again, so it knows them all; one deleted while no watcher ran is never
+said to be gone.)
+
+Pods are converted through a ``PodCache`` (once per pod version), which is also where a pod
+with an invalid deletion cost is reported, once per version: counted in
+``podcost_invalid_annotations`` and logged; it is ranked as a pod without a cost.
 """
 
 from __future__ import annotations
@@ -48,14 +58,20 @@ from podcost.runtime.telemetry import (
     tracer,
 )
 from podcost_bus import Bus, BusSettings, open_bus, publish_message
-from podcost_contracts.messages import MessageTooLarge, WorkloadSnapshotMessage
+from podcost_contracts.messages import (
+    MessageTooLarge,
+    WorkloadGoneMessage,
+    WorkloadSnapshotMessage,
+)
 from podcost_contracts.topics import Topics
-from podcost_core.convert import ConversionError, LabelSelectorJSON
+from podcost_core.convert import ConversionError, LabelSelectorJSON, invalid_deletion_cost
+from podcost_core.model import DELETION_COST_ANNOTATION, Pod
 from podcost_core.policy import PolicyError, load_policy_file
 from podcost_kube.client import Kube
 from podcost_kube.debounce import Debouncer, Emission
 from podcost_kube.informer import NAMESPACE, WORKLOAD_RESOURCES, Informer
 from podcost_kube.leader import LeaderElector, check_timing
+from podcost_kube.podcache import PodCache
 from podcost_kube.store import Change, Store
 from podcost_kube.workloads import (
     OptInRules,
@@ -195,6 +211,9 @@ class WatcherService:
         )
         self._ready = False
         self._change_seen_at: dict[WorkloadKey, float] = {}
+        self.pods = PodCache(on_convert=self._check_pod)
+        self._published: set[WorkloadKey] = set()
+        """The workloads this watcher published a snapshot of and no tombstone since."""
         self.elector: LeaderElector | None = None
         if self.settings.leader_election:
             self.elector = LeaderElector(
@@ -219,6 +238,7 @@ class WatcherService:
         return self.elector is None or self.elector.is_leader
 
     def _on_change(self, change: Change) -> None:
+        self.pods.observe(change)
         if not self.leading():
             return  # the store is updated all the same; becoming the leader touches everything
         for key in touched_by(change, self.store):
@@ -237,6 +257,7 @@ class WatcherService:
 
     def _on_stopped_leading(self) -> None:
         self._change_seen_at.clear()
+        self._published.clear()  # the next leader says what is gone
         self.metrics.leading.set(0)
         log.info("standing by: no longer publishing")
 
@@ -287,14 +308,20 @@ class WatcherService:
         key = emission.key
         changed_at = self._change_seen_at.pop(key, emission.first_touch)
         policy = workload_policy(self.store, key, self.rules)
+        version = self.incarnation * VERSION_SPAN + emission.version
         if not policy.enabled:
             if policy.error is not None:
                 log.warning("not ranking %s: %s", key.bus_key(self.cluster), policy.error)
+            await self._gone(key, version, changed_at, policy.error)
             return False
-        version = self.incarnation * VERSION_SPAN + emission.version
         try:
             snapshot = workload_snapshot(
-                self.store, key, cluster=self.cluster, version=version, taken_at=self.clock.now()
+                self.store,
+                key,
+                cluster=self.cluster,
+                version=version,
+                taken_at=self.clock.now(),
+                pods=self.pods,
             )
         except ConversionError as error:
             log.warning("cannot snapshot %s: %s", key.bus_key(self.cluster), error)
@@ -303,18 +330,54 @@ class WatcherService:
             span.set_attribute(ATTR_WORKLOAD, snapshot.workload.key)
             span.set_attribute(ATTR_VERSION, version)
             span.set_attribute(ATTR_PODS, len(snapshot.pods))
-            # emitted_at is when the change was first seen: what event-to-annotation latency
-            # is measured from.
-            message = WorkloadSnapshotMessage.of(snapshot, emitted_at=changed_at)
+            # Both are when the burst's first change was seen: it orders the snapshots, and
+            # event-to-annotation latency is measured from it.
+            message = WorkloadSnapshotMessage.of(
+                snapshot, emitted_at=changed_at, changed_at=changed_at
+            )
             try:
                 await publish_message(self.bus, self.topics.workloads, message, trace=inject())
             except MessageTooLarge as error:
                 log.error("snapshot of %s is too large to publish: %s", snapshot.workload.key,
                           error)  # fmt: skip
                 return False
+        self._published.add(key)
         self.metrics.snapshots_published.inc()
         self.metrics.produced.labels(self.topics.workloads).inc()
         return True
+
+    async def _gone(
+        self, key: WorkloadKey, version: int, changed_at: float, error: PolicyError | None
+    ) -> None:
+        """Tell the rankers and the aggregator that ``key`` is no longer ranked (deleted, opted
+        out, invalid policy), once, if this watcher published it."""
+        if key not in self._published:
+            return  # not ranked as far as this watcher knows (or already said): nothing to say
+        self._published.discard(key)
+        deleted = self.store.get(key.kind, key.namespace, key.name) is None
+        reason = "deleted" if deleted else "opted out" if error is None else f"invalid: {error}"
+        message = WorkloadGoneMessage(
+            key=key.bus_key(self.cluster),
+            version=version,
+            reason=reason,
+            emitted_at=changed_at,
+            changed_at=changed_at,
+        )
+        await publish_message(self.bus, self.topics.workloads, message)
+        self.metrics.produced.labels(self.topics.workloads).inc()
+        log.info("%s is gone (%s): told the pipeline to forget it", message.key, reason)
+
+    def _check_pod(self, pod: Pod) -> None:
+        """Report what is wrong in a pod as converted (once per version of the pod)."""
+        problem = invalid_deletion_cost(pod)
+        if problem is not None:
+            self.metrics.invalid_annotations.labels(DELETION_COST_ANNOTATION).inc()
+            log.warning(
+                "pod %s/%s: its %s is not a cost the controller can read (%s): ranked as a pod "
+                "without one",
+                pod.namespace, pod.name, DELETION_COST_ANNOTATION, problem,
+                extra={"pod": f"{pod.namespace}/{pod.name}", "value": pod.deletion_cost_raw},
+            )  # fmt: skip
 
 
 def bootstrap(
