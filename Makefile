@@ -35,7 +35,7 @@ contracts: setup  ## import-linter layer contracts
 check: lint typecheck contracts  ## every static check
 
 unit: setup  ## the pure tier: no servers
-	$(RUN) pytest tests/unit
+	$(RUN) pytest tests/unit examples/podcost-strategy-example/tests
 
 integration: tools  ## real Kafka broker and real control plane
 	$(RUN) pytest tests/integration
@@ -44,7 +44,7 @@ e2e: tools  ## the whole pipeline against the real control plane
 	$(RUN) pytest tests/e2e
 
 test: check tools  ## everything CI runs: static checks, then all test tiers
-	$(RUN) pytest tests
+	$(RUN) pytest tests examples/podcost-strategy-example/tests
 
 test-long: tools  ## opt-in long runs (e.g. 300 differential scenarios)
 	PODCOST_LONG=1 $(RUN) pytest tests -m long
@@ -54,6 +54,7 @@ bench: setup  ## benchmarks that print numbers (not tests)
 	$(RUN) python tests/bench/bench_labels.py
 	$(RUN) python tests/bench/bench_rank_aggregate.py
 	$(RUN) python -m tests.bench.bench_annotator
+	$(RUN) python -m tests.bench.bench_pipeline
 
 demo: tools  ## the demo on an embedded default cluster
 	$(RUN) podcost demo

@@ -2,32 +2,166 @@
 
 The ``podcost`` entry point (pyproject ``podcost = "podcost.cli:main"``) runs ``main``. Each
 command lives in ``podcost.commands.<name>`` with a ``register(app)`` function, so adding a
-command is one module and one line here; tests drive ``app`` with typer's ``CliRunner``.
+command is one module and one line here; tests drive ``app`` with typer's ``CliRunner``. The
+examples and environment variables every ``--help`` ends with are kept here, in one place
+(:data:`EPILOGS`).
+
+``main`` is where errors stop: a command reports what it expects itself (one line, exit 2 for
+bad input or settings, 1 when something it needs fails); whatever still reaches ``main`` — a
+bad argument, an error of a kind a command did not catch — becomes one line on stderr too, never
+a traceback (:func:`exit_code_for`).
 """
 
 from __future__ import annotations
 
-import typer
+import sys
+from collections.abc import Sequence
 
-from podcost.commands import aggregator, annotator, demo, ranker, run, simulate, watcher
+import typer
+from pydantic import ValidationError
+from typer.exceptions import TyperException
+
+from podcost.commands import (
+    aggregator,
+    annotator,
+    demo,
+    explain,
+    ranker,
+    run,
+    simulate,
+    watcher,
+)
+from podcost.commands.startup import EXIT_BAD_CONFIG, EXIT_FAILED
+from podcost_bus import BusError
+from podcost_core.convert import ConversionError
+from podcost_core.policy import PolicyError
+from podcost_core.strategies.registry import BUILTIN, PluginError, UnknownStrategyError
+from podcost_kube.client import KubeError
+
+#: Exit code after Ctrl-C, as shells report SIGINT.
+EXIT_INTERRUPTED = 130
+
+HELP = """Steer Kubernetes scale-in with `controller.kubernetes.io/pod-deletion-cost`.
+
+podcost watches the cluster, ranks the pods of every opted-in workload with pluggable
+strategies, combines the ranks and writes each pod's deletion cost, so that a scale-in removes
+the pods you would have chosen. Opt a Deployment in with the annotation
+`podcost.dev/enabled: "true"`; `podcost.dev/strategies` picks the strategies and weights.
+"""
+
+_ENV = (
+    "Settings are environment variables, validated at start (a bad value exits 2 naming it): "
+    "`PODCOST_CLUSTER`, `PODCOST_HTTP_PORT` (`/healthz`, `/readyz`, `/metrics`), "
+    "`PODCOST_LOG_LEVEL`, `PODCOST_LOG_FORMAT`, `PODCOST_POLICY_FILE`, `PODCOST_DRY_RUN`"
+)
+_KAFKA = "`PODCOST_KAFKA` (bootstrap servers), `PODCOST_KAFKA_*` (TLS, SASL), `PODCOST_TOPIC_*`"
+
+EPILOGS: dict[str, str] = {
+    "": """**Examples**
+
+```
+podcost run                          # the whole pipeline, one process
+podcost run --kafka kafka:9092       # the same services over Kafka
+podcost simulate --snapshot dump.json --workload shop/web --replicas 6
+podcost explain shop/web-5d8f7-x2x9k
+```
+
+Run `podcost COMMAND --help` for a command's options, settings and examples.
+""",
+    "run": f"""**Examples**
+
+```
+podcost run                          # in-process bus (embedded mode)
+podcost run --kafka kafka:9092       # over Kafka
+podcost run --dry-run                # decide and log, write nothing
+podcost run --strategy topology-spread --strategy age
+```
+
+{_ENV}; {_KAFKA}; `PODCOST_WATCHER_*`, `PODCOST_AGGREGATOR_*`, `PODCOST_ANNOTATOR_*`.
+Cluster access: `$KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
+""",
+    "watcher": f"""**Example**
+
+```
+PODCOST_KAFKA=kafka:9092 podcost watcher
+```
+
+{_ENV}; {_KAFKA}; `PODCOST_WATCHER_NAMESPACE`, `PODCOST_WATCHER_NAMESPACE_SELECTOR`,
+`PODCOST_WATCHER_DEFAULT_ENABLED`, `PODCOST_WATCHER_DEBOUNCE_SECONDS`,
+`PODCOST_WATCHER_LEADER_ELECTION` (and the Lease settings). Cluster access: `$KUBECONFIG`,
+`~/.kube/config` or the in-cluster service account.
+""",
+    "ranker": f"""**Examples**
+
+```
+PODCOST_KAFKA=kafka:9092 podcost ranker --strategy capacity-type
+PODCOST_KAFKA=kafka:9092 podcost ranker --strategy restarts   # a plugin
+```
+
+One ranker per strategy, consumer group `podcost-ranker-NAME`. Built-in strategies:
+{", ".join(BUILTIN)}; installed packages add more through the `podcost.strategies` entry
+points. {_ENV}; {_KAFKA}.
+""",
+    "aggregator": f"""**Example**
+
+```
+PODCOST_KAFKA=kafka:9092 podcost aggregator
+```
+
+{_ENV}; {_KAFKA}; `PODCOST_AGGREGATOR_DEADLINE_S` (how long to wait for every strategy),
+`PODCOST_AGGREGATOR_ENGINE` (faust or consumer) and the other `PODCOST_AGGREGATOR_*`.
+""",
+    "annotator": f"""**Examples**
+
+```
+PODCOST_KAFKA=kafka:9092 podcost annotator
+PODCOST_KAFKA=kafka:9092 podcost annotator --dry-run
+```
+
+Serves `GET /explain/NAMESPACE/POD` on its HTTP port for `podcost explain`. {_ENV}; {_KAFKA};
+`PODCOST_ANNOTATOR_QPS`, `PODCOST_ANNOTATOR_BURST`, `PODCOST_ANNOTATOR_MAX_IN_FLIGHT`,
+`PODCOST_ANNOTATOR_OVERWRITE_FOREIGN` and the other `PODCOST_ANNOTATOR_*`.
+""",
+    "simulate": """**Examples**
+
+```
+kubectl get pods,nodes,replicasets,deployments -A -o json > dump.json
+podcost simulate --snapshot dump.json --workload shop/web --replicas 6
+podcost simulate --snapshot dump.json --workload shop/web --replicas 6 --baseline
+podcost simulate ... --policy policy.yaml --output table
+```
+
+`--baseline` keeps the costs the pods carry now: what Kubernetes does today. Bad input exits 2
+with one line saying what is wrong.
+""",
+    "demo": """**Example**
+
+```
+make demo        # builds the local servers once, then runs this
+```
+""",
+}
 
 app = typer.Typer(
     name="podcost",
-    help="Steer Kubernetes scale-in with pod-deletion-cost.",
+    help=HELP,
+    epilog=EPILOGS[""],
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
 
 
 @app.callback()
 def _root() -> None:
-    """Steer Kubernetes scale-in with pod-deletion-cost."""
     # A callback keeps typer in group mode: with a single command it would otherwise run that
     # command bare, and ``podcost simulate ...`` would stop working.
+    pass
 
 
 simulate.register(app)
+explain.register(app)
 demo.register(app)
 annotator.register(app)
 ranker.register(app)
@@ -35,7 +169,66 @@ aggregator.register(app)
 watcher.register(app)
 run.register(app)
 
+for _command in app.registered_commands:
+    if _command.name in EPILOGS and _command.epilog is None:
+        _command.epilog = EPILOGS[_command.name]
+
+
+#: Errors a command may let through that say what is wrong with the input or the settings
+#: (exit 2), and errors of the outside world: an API server, a broker, a file (exit 1).
+BAD_INPUT: tuple[type[BaseException], ...] = (
+    PolicyError, PluginError, UnknownStrategyError, ConversionError, ValidationError,
+    FileNotFoundError, IsADirectoryError, NotADirectoryError,
+)  # fmt: skip
+FAILED: tuple[type[BaseException], ...] = (KubeError, BusError, TimeoutError, OSError)
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The exit code of an error that reached ``main``: 2 for bad input, else 1."""
+    return EXIT_BAD_CONFIG if isinstance(error, BAD_INPUT) else EXIT_FAILED
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _command_of(args: Sequence[str]) -> str:
+    """``podcost NAME`` when ``args`` start with a known command, else ``podcost``."""
+    names = {command.name for command in app.registered_commands}
+    first = next((arg for arg in args if not arg.startswith("-")), None)
+    return f"podcost {first}" if first in names else "podcost"
+
+
+def run_cli(args: Sequence[str] | None = None) -> int:
+    """Run the command line on ``args`` (default: ``sys.argv[1:]``); the exit code."""
+    argv = list(sys.argv[1:] if args is None else args)
+    if not argv:
+        argv = ["--help"]  # what no_args_is_help does, without click's exit code 2
+    try:
+        result = app(args=argv, prog_name="podcost", standalone_mode=False)
+    except TyperException as error:  # bad arguments: a usage error names its command
+        context = getattr(error, "ctx", None)
+        where = str(getattr(context, "command_path", "")) or _command_of(argv)
+        message = _one_line(error.format_message())
+        typer.echo(f"{where}: {message} (see '{where} --help')", err=True)
+        return error.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo(f"{_command_of(argv)}: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    except (*BAD_INPUT, *FAILED) as error:
+        reason = _one_line(str(error)) or type(error).__name__
+        typer.echo(f"{_command_of(argv)}: {reason}", err=True)
+        return exit_code_for(error)
+    except Exception as error:  # a bug: still one line, naming what broke
+        typer.echo(
+            f"{_command_of(argv)}: internal error, {type(error).__name__}: "
+            f"{_one_line(str(error))} (please report it)",
+            err=True,
+        )
+        return EXIT_FAILED
+    return result if isinstance(result, int) else 0
+
 
 def main() -> None:
-    """Run the command line."""
-    app()
+    """Run the command line and exit with its code (the ``podcost`` entry point)."""
+    sys.exit(run_cli())

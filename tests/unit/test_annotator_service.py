@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
@@ -393,3 +394,27 @@ async def test_one_trace_runs_from_the_records_context_through_the_annotate_span
     }
     assert seen == {("shop/a", 1, "ok"), ("shop/b", 2, "ok"), ("shop/gone", 3, "gone")}
     provider.shutdown()
+
+
+async def test_event_to_annotation_is_measured_from_the_change_the_watcher_saw(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    uids = [pods.add(name) for name in ("a", "b")]
+    harness = await start(pods)
+    now = time.time()
+    # The watcher saw the change 30 s before the aggregator published its decision.
+    message = desired(NS, "web", [Desire("a", uids[0], 5)], emitted_at=now, changed_at=now - 30)
+    await publish_costs(harness.bus, TOPICS.costs, message)
+    # A decision from an aggregator older than changed_at says nothing to measure from.
+    older = desired(NS, "web", [Desire("b", uids[1], 6)], version=2).model_copy(
+        update={"changed_at": None}
+    )
+    await publish_costs(harness.bus, TOPICS.costs, older)
+    await until(lambda: harness.patches("ok") == 2, "both pods written")
+
+    registry = harness.service.metrics.registry
+    observed = registry.get_sample_value("podcost_event_to_annotation_seconds_count")
+    total = registry.get_sample_value("podcost_event_to_annotation_seconds_sum") or 0.0
+    assert observed == 1
+    assert 30 <= total < 30 + (time.time() - now) + 1

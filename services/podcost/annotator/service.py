@@ -7,6 +7,8 @@ topic with its reason) and queues one write per pod; ``max_in_flight`` writer ta
 off the queue and, for each, read the pod, decide (``plan.decide``), and write its cost with
 one conditional PATCH; a commit task commits offsets past the records whose every write is done.
 All the deciding is in ``plan`` and ``pacing``; this module only waits, talks and records.
+It also keeps the last decision per pod and what became of its write (``decisions``), served as
+``GET /explain/{namespace}/{pod}`` for ``podcost explain``.
 
 A write is a read and a compare-and-swap: the read gives the value on the pod now and who set
 it; the PATCH (a JSON patch that tests the pod's uid and that one annotation) only lands if
@@ -32,8 +34,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from fastapi import APIRouter
 from opentelemetry import trace
 
+from podcost.annotator.decisions import DecisionLog, Written, trace_id_of
 from podcost.annotator.pacing import (
     Clock,
     Flow,
@@ -150,6 +154,8 @@ class AnnotatorService:
         self._ready: asyncio.Queue[PodUID] = asyncio.Queue()
         self._progress = asyncio.Event()
         self._consumer: Consumer | None = None
+        self.decisions = DecisionLog()
+        """The last decision per pod and what became of it, for ``GET /explain/...``."""
 
     @property
     def dry_run(self) -> bool:
@@ -162,6 +168,10 @@ class AnnotatorService:
 
     def ready(self) -> bool:
         return self._consumer is not None
+
+    def routes(self) -> APIRouter:
+        """``GET /explain/{namespace}/{pod}``, served by the runner on the HTTP port."""
+        return self.decisions.router()
 
     async def run(self) -> None:
         """Consume and write until cancelled; connects to the cluster if no ``kube`` was given."""
@@ -274,6 +284,7 @@ class AnnotatorService:
         )
         batch = _Batch(record, message, span)
         self._open.add(batch)
+        self.decisions.record(message, trace_id_of(record.headers))
         ticket = self._ledger.open(record.tp, record.offset, len(message.costs), batch)
         if not message.costs:
             self._finish(batch)
@@ -294,8 +305,24 @@ class AnnotatorService:
         self.metrics.patches.labels(result.value).inc()
         ticket = want.origin
         ticket.item.results[result] += 1
+        self._explain(want, result)
         if self._ledger.settle(ticket):
             self._finish(ticket.item)
+
+    def _explain(self, want: Want[Ticket[_Batch]], result: Result) -> None:
+        """Tell the decision log what became of one pod's cost (and who wrote it)."""
+        batch = want.origin.item
+        if batch.message is None:
+            return
+        version = batch.message.version
+        written = None
+        if result is Result.OK:
+            trace_id = trace_id_of(batch.record.headers)
+            written = Written(cost=want.cost, version=version, trace_id=trace_id)
+        self.decisions.settle(
+            want.namespace, want.name, want.uid, version=version, result=result.value,
+            written=written,
+        )  # fmt: skip
 
     def _finish(self, batch: _Batch) -> None:
         """Every write of ``batch`` is done: end its span and let the commit task look."""
@@ -418,8 +445,6 @@ class AnnotatorService:
                 want.cost,
                 extra={**extra, "result": Result.FOREIGN.value, "found": state.value},
             )
-            if state.invalid:
-                log.warning("pod %s: its deletion cost %s", pod, state.invalid, extra=extra)
             return Result.FOREIGN
         if state.invalid:
             log.warning("pod %s: replacing its deletion cost, %s", pod, state.invalid, extra=extra)
@@ -438,8 +463,9 @@ class AnnotatorService:
             )
         )
         message = want.origin.item.message
-        if message is not None:
-            self.metrics.event_to_annotation.observe(max(0.0, self._wall() - message.emitted_at))
+        if message is not None and message.changed_at is not None:
+            # From the change the watcher saw, not from this message's own hop.
+            self.metrics.event_to_annotation.observe(max(0.0, self._wall() - message.changed_at))
         log.info(
             "set pod %s cost %d (was %r)",
             pod,

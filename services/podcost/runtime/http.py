@@ -1,19 +1,38 @@
 """The HTTP face of a service: ``/healthz`` (the process is alive), ``/readyz`` (it is connected
-and doing its job), ``/metrics`` (Prometheus). Built by ``runner.serve`` for each service."""
+and doing its job), ``/metrics`` (Prometheus), and the routes a service adds of its own (the
+annotator's ``/explain/{namespace}/{pod}``). Built by ``runner.serve`` for each service."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
 
-from fastapi import FastAPI, Response
+from fastapi import APIRouter, FastAPI, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from podcost.runtime.metrics import Metrics, render
 
 
-def make_app(name: str, ready: Callable[[], bool], metrics: Sequence[Metrics]) -> FastAPI:
-    """A FastAPI app for one process; ``metrics`` of every service it runs are exported."""
+@runtime_checkable
+class Routed(Protocol):
+    """A service that serves routes of its own next to the health and metrics endpoints."""
+
+    def routes(self) -> APIRouter:
+        """Its routes (e.g. ``GET /explain/{namespace}/{pod}``)."""
+        ...
+
+
+def make_app(
+    name: str,
+    ready: Callable[[], bool],
+    metrics: Sequence[Metrics],
+    routers: Sequence[APIRouter] = (),
+) -> FastAPI:
+    """A FastAPI app for one process; ``metrics`` of every service it runs are exported, and
+    ``routers`` (the services' own routes) served."""
     app = FastAPI(title=f"podcost {name}", docs_url=None, redoc_url=None)
+    for router in routers:
+        app.include_router(router)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

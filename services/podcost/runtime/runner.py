@@ -16,7 +16,7 @@ from typing import Protocol
 
 import uvicorn
 
-from podcost.runtime.http import make_app
+from podcost.runtime.http import Routed, make_app
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost_bus import Bus
@@ -62,6 +62,7 @@ async def serve(
                 name,
                 lambda: all(service.ready() for service in services),
                 [service.metrics for service in services],
+                [service.routes() for service in services if isinstance(service, Routed)],
             )
             config = uvicorn.Config(
                 app, host=settings.http_host, port=settings.http_port, log_level="warning",

@@ -1,0 +1,206 @@
+"""The annotator's memory of the last decision per pod, for ``podcost explain``.
+
+Every desired-costs message the annotator accepts is an explained decision: each pod's cost with
+every strategy's term of it, and the trace it belongs to (its W3C trace context rides in the
+record's headers). :class:`DecisionLog` keeps the latest :class:`Explanation` per pod, bounded
+(least recently decided pods are forgotten first), records what became of each write, and
+remembers the decision whose write actually set the pod's current cost. The annotator serves it
+as ``GET /explain/{namespace}/{pod}`` on its HTTP port (``router``); ``podcost explain`` reads it
+and renders the same :class:`Explanation` when it reads a decision off the costs topic or
+computes one now (:func:`explanations`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Literal
+
+from fastapi import APIRouter, HTTPException
+from opentelemetry import trace
+from pydantic import BaseModel, ConfigDict
+
+from podcost.runtime.telemetry import extract
+from podcost_contracts.messages import DesiredCostsMessage
+from podcost_core.explain import placements, tier_sums
+
+#: How many pods the annotator remembers a decision for (about 2 KB each).
+DEFAULT_CAPACITY = 20_000
+
+Source = Literal["annotator", "costs topic", "computed now"]
+
+
+class Term(BaseModel):
+    """One strategy's term of a pod's cost."""
+
+    model_config = ConfigDict(frozen=True)
+
+    strategy: str
+    tier: int
+    """The strategy's tier (lower dominates)."""
+    weight: int
+    raw: float | None
+    """The strategy's own score (−level for a spread strategy), when known."""
+    normalized: int
+    """The score normalized to [0, 100]."""
+    points: int
+    """``weight · normalized``: what it adds to the pod's tier sum."""
+
+
+class Written(BaseModel):
+    """The decision whose write set the cost the pod carries."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cost: int
+    version: int
+    trace_id: str | None
+
+
+class Explanation(BaseModel):
+    """Why a pod should carry its cost: the JSON of ``/explain`` and ``podcost explain``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str
+    pod: str
+    uid: str
+    workload: str
+    """The workload key, ``cluster/namespace/kind/name``."""
+    version: int
+    """The snapshot version decided."""
+    cost: int
+    """The decided ``controller.kubernetes.io/pod-deletion-cost``."""
+    previous: int | None
+    """The cost on the pod when the snapshot was taken."""
+    complete: bool
+    """Whether every strategy of the policy took part."""
+    missing: tuple[str, ...] = ()
+    decided_at: float
+    """When the aggregator published the decision (POSIX seconds)."""
+    trace_id: str | None
+    """The trace of the decision (32 hex digits), when it carried one."""
+    position: int
+    """1 = among the first pods to be deleted; tied pods share it."""
+    tied: int
+    of: int
+    tier_sums: tuple[int, ...]
+    """Σ points per tier, dominant tier first: what the pods are ordered by."""
+    terms: tuple[Term, ...]
+    source: Source
+    result: str | None = None
+    """What the annotator did with the cost (``ok``, ``unchanged``, ``foreign``, ``dry_run``,
+    ``gone``, ``error``); ``None`` while the write is under way or when not known."""
+    written: Written | None = None
+    """The decision whose write set the pod's current cost, if this annotator made it."""
+
+
+def trace_id_of(headers: Mapping[str, bytes] | None) -> str | None:
+    """The trace id in a record's W3C ``traceparent`` header (32 hex digits), if valid."""
+    context = trace.get_current_span(extract(headers)).get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else None
+
+
+def explanations(
+    message: DesiredCostsMessage, *, trace_id: str | None, source: Source
+) -> list[Explanation]:
+    """One :class:`Explanation` per pod of ``message``, in its order."""
+    tiers = {term.tier for pod in message.costs for term in pod.breakdown.values()}
+    sums = {pod.uid: tier_sums(pod.breakdown.values(), tiers) for pod in message.costs}
+    places = placements(sums)
+    return [
+        Explanation(
+            namespace=pod.namespace,
+            pod=pod.name,
+            uid=pod.uid,
+            workload=message.key,
+            version=message.version,
+            cost=pod.cost,
+            previous=pod.previous,
+            complete=message.complete,
+            missing=message.missing,
+            decided_at=message.emitted_at,
+            trace_id=trace_id,
+            position=places[pod.uid].position,
+            tied=places[pod.uid].tied,
+            of=places[pod.uid].of,
+            tier_sums=sums[pod.uid],
+            terms=tuple(
+                Term(
+                    strategy=name,
+                    tier=term.tier,
+                    weight=term.weight,
+                    raw=term.raw,
+                    normalized=term.normalized,
+                    points=term.weight * term.normalized,
+                )
+                for name, term in pod.breakdown.items()
+            ),
+            source=source,
+        )
+        for pod in message.costs
+    ]
+
+
+class DecisionLog:
+    """The last decision per pod, least recently decided forgotten first past ``capacity``."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.capacity = capacity
+        self._pods: OrderedDict[tuple[str, str], Explanation] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def record(self, message: DesiredCostsMessage, trace_id: str | None) -> None:
+        """Remember ``message`` as the latest decision of each of its pods."""
+        for explanation in explanations(message, trace_id=trace_id, source="annotator"):
+            where = (explanation.namespace, explanation.pod)
+            before = self._pods.pop(where, None)
+            if before is not None and before.uid == explanation.uid and before.written:
+                explanation = explanation.model_copy(update={"written": before.written})
+            self._pods[where] = explanation
+        while len(self._pods) > self.capacity:
+            self._pods.popitem(last=False)
+
+    def settle(
+        self,
+        namespace: str,
+        pod: str,
+        uid: str,
+        *,
+        version: int,
+        result: str,
+        written: Written | None = None,
+    ) -> None:
+        """Record what became of the write of ``version``'s cost; ``written`` when it set the
+        pod's cost (even if a newer decision came meanwhile: that one found it already set)."""
+        known = self._pods.get((namespace, pod))
+        if known is None or known.uid != uid:
+            return  # forgotten, or the name now belongs to another pod
+        update: dict[str, object] = {}
+        if known.version == version:
+            update["result"] = result
+        if written is not None and (known.written is None or known.written.version <= version):
+            update["written"] = written
+        if update:
+            self._pods[(namespace, pod)] = known.model_copy(update=update)
+
+    def get(self, namespace: str, pod: str) -> Explanation | None:
+        """The last decision about ``namespace/pod``, if remembered."""
+        return self._pods.get((namespace, pod))
+
+    def router(self) -> APIRouter:
+        """``GET /explain/{namespace}/{pod}``: the pod's :class:`Explanation`, or 404."""
+        router = APIRouter()
+
+        @router.get("/explain/{namespace}/{pod}")
+        def explain(namespace: str, pod: str) -> Explanation:
+            found = self.get(namespace, pod)
+            if found is None:
+                raise HTTPException(404, f"no decision known for pod {namespace}/{pod}")
+            return found
+
+        return router

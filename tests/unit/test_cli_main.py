@@ -1,0 +1,223 @@
+"""The ``podcost`` command line as a user meets it: every command's ``--help`` reads like
+documentation (a description, help for every option, examples), and a failing invocation — bad
+arguments, a bad setting, a missing file, an API server or a broker that cannot be reached — is
+one line on stderr and exit 2 (bad input) or 1 (something failed), never a traceback. The
+failures run ``python -m podcost`` in a subprocess, as a shell would."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.core import TyperGroup
+from typer.testing import CliRunner
+
+from podcost.cli import EPILOGS, app, run_cli
+
+runner = CliRunner()
+COMMANDS = ["run", "watcher", "ranker", "aggregator", "annotator", "simulate", "explain", "demo"]
+
+
+def _group() -> TyperGroup:
+    group = typer.main.get_command(app)
+    assert isinstance(group, TyperGroup)
+    return group
+
+
+def test_one_entry_point_offers_every_command() -> None:
+    assert sorted(_group().commands) == sorted(COMMANDS)
+
+
+@pytest.mark.parametrize("command", ["", *COMMANDS])
+def test_every_help_has_a_description_option_help_and_examples(command: str) -> None:
+    result = runner.invoke(app, [*command.split(), "--help"], env={"COLUMNS": "120"})
+    assert result.exit_code == 0
+    assert "Example" in result.stdout
+    group = _group()
+    cli = group.commands[command] if command else group
+    assert cli.help is not None
+    assert len(cli.help.split()) >= 8, cli.help
+    assert cli.epilog == EPILOGS.get(command, cli.epilog)
+    for param in cli.params:
+        if param.param_type_name == "option" and param.name != "help":
+            assert getattr(param, "help", None), f"{command} {param.name} has no help"
+
+
+def test_no_arguments_show_the_help() -> None:
+    assert run_cli([]) == 0
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port  # closed again: nothing listens there
+
+
+def _kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}
+                ],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return path
+
+
+def _podcost(args: list[str], env: dict[str, str], home: Path) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PODCOST_", "KUBECONFIG"))}
+    base.update({"HOME": str(home), "PODCOST_HTTP_PORT": "0", "COLUMNS": "200", **env})
+    return subprocess.run(
+        [sys.executable, "-m", "podcost", *args],
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _error_lines(stderr: str) -> list[str]:
+    """stderr without the services' JSON log lines (logs, not the error report)."""
+    lines = []
+    for line in stderr.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            lines.append(line)
+            continue
+        if not (isinstance(record, dict) and "level" in record):
+            lines.append(line)
+    return lines
+
+
+def _substitute(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
+    port = _closed_port()
+    closed_api = _kubeconfig(tmp_path / "closed.json", f"https://127.0.0.1:{port}")
+    return {
+        key: value.replace("{tmp}", str(tmp_path))
+        .replace("{closed-api}", str(closed_api))
+        .replace("{port}", str(port))
+        for key, value in env.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "code", "says"),
+    [
+        pytest.param(["nosuch"], {}, 2, "podcost: No such command 'nosuch'", id="bad arguments"),
+        pytest.param(
+            ["aggregator"],
+            {"PODCOST_POLICY_FILE": "/no/such/policy.yaml"},
+            2,
+            "/no/such/policy.yaml: cannot be read",
+            id="file not found",
+        ),
+        pytest.param(
+            ["ranker", "--strategy", "age"],
+            {"PODCOST_KAFKA": "127.0.0.1:{port}"},
+            1,
+            "cannot reach Kafka",
+            id="Kafka unreachable",
+        ),
+    ],
+)
+def test_a_failing_podcost_process_says_one_line_and_exits_never_with_a_traceback(
+    tmp_path: Path, args: list[str], env: dict[str, str], code: int, says: str
+) -> None:
+    result = _podcost(args, _substitute(env, tmp_path), tmp_path)
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.returncode == code, result.stderr
+    [line] = _error_lines(result.stderr)
+    assert line.startswith("podcost"), line
+    assert says in line
+    assert result.stdout == ""
+
+
+# The same path in-process (a subprocess costs seconds of imports): failures that stop before a
+# command sets up logging or tracing, so nothing of the process's global state changes.
+@pytest.mark.parametrize(
+    ("args", "env", "code", "says"),
+    [
+        pytest.param(
+            ["ranker"], {}, 2, "podcost ranker: Missing option '--strategy'", id="missing"
+        ),
+        pytest.param(
+            ["simulate", "--snapshot", "x.json", "--workload", "a/b", "--replicas", "many"],
+            {},
+            2,
+            "podcost simulate: Invalid value for '--replicas'",
+            id="bad value",
+        ),
+        pytest.param(
+            [
+                "simulate",
+                "--snapshot",
+                "/no/such/dump.json",
+                "--workload",
+                "a/b",
+                "--replicas",
+                "1",
+            ],
+            {},
+            2,
+            "cannot read /no/such/dump.json",
+            id="dump not found",
+        ),
+        pytest.param(
+            ["ranker", "--strategy", "age"],
+            {"PODCOST_HTTP_PORT": "70000"},
+            2,
+            "podcost ranker: invalid setting: PODCOST_HTTP_PORT",
+            id="bad setting",
+        ),
+        pytest.param(["explain", "shop"], {}, 2, "'shop' is not NAMESPACE/POD", id="bad pod"),
+        pytest.param(
+            ["explain", "shop/web"],
+            {"KUBECONFIG": "{tmp}/missing"},
+            1,
+            "podcost explain: no cluster access",
+            id="no kubeconfig",
+        ),
+        pytest.param(
+            ["explain", "shop/web"],
+            {"KUBECONFIG": "{closed-api}"},
+            1,
+            "Cannot connect to host",
+            id="API server unreachable",
+        ),
+    ],
+)
+def test_a_failing_invocation_is_one_line_and_an_exit_code(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    env: dict[str, str],
+    code: int,
+    says: str,
+) -> None:
+    for name in list(os.environ):
+        if name.startswith("PODCOST_"):
+            monkeypatch.delenv(name)
+    for name, value in _substitute(env, tmp_path).items():
+        monkeypatch.setenv(name, value)
+    assert run_cli(args) == code
+    out, err = capsys.readouterr()
+    assert out == ""
+    [line] = err.splitlines()
+    assert says in line
