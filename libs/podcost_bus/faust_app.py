@@ -12,7 +12,9 @@ What podcost relies on, and why it is arranged so:
   committed unprocessed. So nothing here lets an exception reach faust: the processor
   dead-letters what cannot be decoded and retries transient publish errors itself; anything else
   stops the whole app *before* the record is acked (the agent blocks until stopped, and
-  :meth:`FaustKeyedApp.run` raises), so the record is read again after the restart.
+  :meth:`FaustKeyedApp.run` raises), so the record is read again after the restart. The record
+  is *withheld* from faust (marked acked without its offset being recorded), or faust's stop
+  would wait for its ack forever; stopping is bounded by a timeout besides.
 - **Sources are raw bytes** (``key_serializer``/``value_serializer`` ``raw``): faust's own JSON
   decoding would crash the agent on a bad record before our code saw it, and would ack it.
 - **State is written after the output is published**: the processor publishes and awaits the
@@ -22,7 +24,9 @@ What podcost relies on, and why it is arranged so:
 - **Tables use the producer's partitioner** (``use_partitioner``): the timer writes outside of
   any stream event, where faust cannot tell the partition from the current event. The table key
   is the record key itself, so murmur2 puts a key's changelog record in the same partition
-  number as its source records, which is what faust's co-partitioned recovery assumes.
+  number as its source records, which is what faust's co-partitioned recovery assumes. That
+  partitioner reads the producer's metadata without waiting for it, so every write first awaits
+  the changelog topics' metadata, and the app is not ready before it has it.
 - **One lock** serialises the agent and the timer, so a state is never read by one and written
   by the other in between.
 - **The in-memory store** (``memory://``): state is rebuilt from the changelog on start; no
@@ -71,6 +75,9 @@ class FaustAppFailed(RuntimeError):
 class SkippedRecords(FaustAppFailed):
     """faust delivered a record past offsets it never delivered (see the module docstring)."""
 
+
+#: How long :meth:`FaustKeyedApp.run` waits for faust to stop before it leaves it (logged).
+STOP_TIMEOUT_S = 15.0
 
 #: How long the broker may hold a fetch of the faust consumer that has nothing new (see above).
 FETCH_MAX_WAIT_MS = 100
@@ -140,6 +147,7 @@ class FaustKeyedApp(Generic[S]):
         tick_s: float = 0.25,
         commit_interval_s: float = 1.0,
         standby_replicas: int = 0,
+        stop_timeout_s: float = STOP_TIMEOUT_S,
     ) -> None:
         if not settings.bootstrap_servers:
             raise ValueError("the faust app needs Kafka bootstrap servers (PODCOST_KAFKA)")
@@ -151,6 +159,7 @@ class FaustKeyedApp(Generic[S]):
         self.topics = tuple(topics)
         self.data_dir = data_dir
         self._partitions = settings.partitions
+        self._stop_timeout_s = stop_timeout_s
         self._lock = asyncio.Lock()
         self._failure: asyncio.Future[BaseException] | None = None
         self._started = False
@@ -204,11 +213,16 @@ class FaustKeyedApp(Generic[S]):
         self.app.timer(tick_s, name=f"{app_id}.tick")(self._tick)
         self.app.on_partitions_revoked.connect(self._on_revoked)
 
+    def changelog_topics(self) -> list[str]:
+        """The tables' changelog topics, in the order of the processor's parts."""
+        return [table.changelog_topic.get_topic_name() for table in self.tables.values()]
+
     def ready(self) -> bool:
         """Started, partitions assigned and tables recovered: records are being processed."""
         app = self.app
         return (
             self._started
+            and self._changelogs_known()
             and not app.rebalancing
             and not app.in_recovery
             and app.tables.recovery.completed.is_set()
@@ -223,6 +237,7 @@ class FaustKeyedApp(Generic[S]):
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             await self.app.start()
+            await self._await_changelogs()
             self._started = True
             await self.app.wait_first(failure)
             if failure.done() and not failure.cancelled():
@@ -233,7 +248,35 @@ class FaustKeyedApp(Generic[S]):
             raise FaustAppFailed("faust stopped by itself")
         finally:
             self._started = False
-            await self.app.stop()
+            await self._stop(failed=failure.done())
+
+    async def _stop(self, *, failed: bool) -> None:
+        # On stop faust waits until every record its streams took is acked ("Wait for
+        # streams..."): after a failure the agent never acks its record (nor one it waits for
+        # the timer's lock with), so faust would wait forever. Those records are withheld
+        # instead: faust stops waiting for them and never commits them; the restart reads them.
+        if failed:
+            self._withhold_unacked()
+        # Bounded in any case, by waiting for a task rather than cancelling the stop: faust's
+        # wait for acks swallows CancelledError, so ``asyncio.timeout`` would never fire.
+        stopping = asyncio.ensure_future(self.app.stop())
+        done, _ = await asyncio.wait({stopping}, timeout=self._stop_timeout_s)
+        if stopping in done:
+            stopping.result()
+            return
+        # Whatever faust still waits for, the service must exit for its restart to happen; a
+        # record faust still waits for is withheld, so that the stop can go on and end.
+        log.error(
+            "%s: faust did not stop within %ss; exiting without it",
+            self.app_id,
+            self._stop_timeout_s,
+        )
+        self._withhold_unacked()
+        stopping.cancel()
+
+    def _withhold_unacked(self) -> None:
+        for message in list(self.app.consumer.unacked):
+            _withhold(message)
 
     async def lag(self) -> dict[TopicPartition, int]:
         """Per source partition read here: records published but not processed yet, as faust's
@@ -265,17 +308,18 @@ class FaustKeyedApp(Generic[S]):
                 skipped = (
                     f"{record.topic}[{record.partition}] offsets {expected}..{record.offset - 1}"
                 )
-                await self._fail(SkippedRecords(f"faust skipped {skipped}; restart to read them"))
+                error = SkippedRecords(f"faust skipped {skipped}; restart to read them")
+                await self._fail(error, message)
             self._next_offset[record.tp] = max(expected or 0, record.offset + 1)
             async with self._lock:
                 try:
                     new = await self.processor.on_record(record, self._state(record.key))
                     if new is DROP:
-                        self._drop(record.key)
+                        await self._drop(record.key)
                     elif new is not None:
-                        self._store(record.key, new)
+                        await self._store(record.key, new)
                 except Exception as error:  # escalated: see the module docstring
-                    await self._fail(error)
+                    await self._fail(error, message)
 
     async def _on_revoked(self, sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         # After a rebalance a partition resumes from its committed offset, which another member
@@ -301,7 +345,7 @@ class FaustKeyedApp(Generic[S]):
                     if state is not None and self.processor.due(state):
                         new = await self.processor.on_tick(key, state)
                         if new is not None:
-                            self._store(key, new)
+                            await self._store(key, new)
             except Exception as error:  # escalated: see the module docstring
                 await self._fail(error)
 
@@ -320,26 +364,66 @@ class FaustKeyedApp(Generic[S]):
         self._decoded[key] = (stored, state)
         return state
 
-    def _store(self, key: bytes | None, state: S) -> None:
+    def _changelogs_known(self) -> bool:
+        """Whether faust's producer has metadata for every changelog topic (see
+        :meth:`_await_changelogs`)."""
+        cluster = self._producer().client.cluster
+        return all(cluster.partitions_for_topic(topic) for topic in self.changelog_topics())
+
+    async def _await_changelogs(self) -> None:
+        # A table write picks the changelog partition at once, from the metadata faust's
+        # producer has (aiokafka's ``_partition``, which does not wait for it, unlike ``send``):
+        # with none for the changelog topic it raises TypeError. The changelog topics are
+        # created after that producer started, and its refresh right after creating one can
+        # miss it, so every write first makes sure the metadata is there (a dict lookup once it
+        # is; it can also go missing again on a later refresh).
+        if self._changelogs_known():
+            return
+        producer = self._producer()
+        for topic in self.changelog_topics():
+            await producer.partitions_for(topic)  # raises after the request timeout
+
+    def _producer(self) -> Any:
+        """faust's aiokafka producer, which writes the changelogs (faust keeps it private)."""
+        producer = self.app.producer._producer
+        if producer is None:
+            raise RuntimeError(f"{self.app_id}: faust's producer is not started")
+        return producer
+
+    async def _store(self, key: bytes | None, state: S) -> None:
         if key is None:
             return  # a record without a key has no state to keep
+        await self._await_changelogs()
         cached = self._decoded.get(key)
         for part, value in self.processor.dump(cached[1] if cached else None, state).items():
             self.tables[part][key] = value
         stored = tuple(self.tables[part].get(key) for part in self.processor.parts)
         self._decoded[key] = (stored, state)
 
-    def _drop(self, key: bytes | None) -> None:
+    async def _drop(self, key: bytes | None) -> None:
         if key is None:
             return
+        await self._await_changelogs()
         for table in self.tables.values():
             if key in table:
                 del table[key]  # a tombstone in the changelog: compaction forgets the key too
         self._decoded.pop(key, None)
 
-    async def _fail(self, error: BaseException) -> None:
+    async def _fail(self, error: BaseException, message: Any = None) -> None:
         log.error("%s stops: %r", self.app_id, error, exc_info=error)
+        if message is not None:
+            _withhold(message)
         if self._failure is not None and not self._failure.done():
             self._failure.set_result(error)
-        # Never return to faust, which would ack the record: wait to be stopped.
+        # Never return to faust, which would go on with the next record: wait to be stopped.
         await asyncio.Event().wait()
+
+
+def _withhold(message: Any) -> None:
+    """Keep faust from ever committing ``message``, and from waiting for its ack (see
+    :meth:`FaustKeyedApp._stop`)."""
+    # faust's ``Consumer.ack`` records an offset for committing only when the message is not
+    # ``acked`` yet, and its wait for unacked messages forgets the ``acked`` ones: set here, the
+    # flag ends the wait and makes any later ack (the stream acks its event when the agent is
+    # cancelled) a no-op. Offsets are committed up to the first one not recorded.
+    message.acked = True
