@@ -19,7 +19,7 @@ setup:  ## install uv and the locked Python environment (.venv)
 	@$(PYTHON) -m uv --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet "uv==$(UV_VERSION)"
 	@$(UV) sync --frozen --all-extras --python $(PYTHON) --quiet
 
-tools: setup  ## build the Kafka broker, the control plane and helm into ~/.cache/podcost (once)
+tools: setup  ## build the Kafka broker, the control plane, helm and docker-compose into ~/.cache/podcost (once)
 	@$(RUN) podcost-localinfra build
 
 lint: setup  ## ruff lint and format check

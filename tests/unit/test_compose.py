@@ -3,17 +3,17 @@ every ``PODCOST_*`` variable is a setting some service reads (and validates with
 rankers are exactly the default policy's strategies, and the plumbing (Kafka listeners, health
 checks, ports, the kubeconfig, the trace path through the collector to Jaeger) lines up.
 
-No Docker engine runs here, and this machine kind's docker client has no compose plugin, so the
-file is checked by reading it. ``docker compose config`` (which validates offline against the
-compose schema) runs too wherever the plugin is installed, as on a developer's laptop; it is
-skipped where it is not, CI included: its machines are this kind, so failing there would only
-say the plugin is missing, and everything the schema cannot know is checked below anyway.
+No Docker engine runs here, so the file is checked by reading it, and by the real Compose v2:
+the standalone ``docker-compose`` that ``make tools`` builds from the Go module proxy
+(``podcost_localinfra.build.ensure_compose_tool``) validates it offline with ``config``, and its
+resolved model is cross-checked against how these tests read the file. Under ``CI=true`` a
+missing ``docker-compose`` fails; elsewhere those two tests are skipped with the reason.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import subprocess
 import tomllib
 from collections.abc import Mapping
@@ -37,7 +37,8 @@ from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import setup_tracing
 from podcost_core.policy import DEFAULT_POLICY
 from podcost_core.strategies.registry import default_registry
-from podcost_localinfra.paths import KAFKA_VERSION
+from podcost_localinfra import build
+from podcost_localinfra.paths import COMPOSE_VERSION, KAFKA_VERSION, LOCAL_DIR
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -51,6 +52,7 @@ CLI = typer.main.get_command(app)
 # The services that call the Kubernetes API (README: "Running podcost on a cluster").
 CLUSTER_CLIENTS = {"watcher", "annotator"}
 PIPELINE = {"watcher", "ranker", "aggregator", "annotator"}
+IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def resolve(value: object) -> str:
@@ -313,18 +315,87 @@ def test_the_collector_forwards_traces_to_the_trace_viewer() -> None:
         assert int(port) == 4317  # Jaeger's OTLP/gRPC receiver
 
 
-def test_docker_compose_config_accepts_the_file(tmp_path: Path) -> None:
-    docker = shutil.which("docker")
-    if docker is None:
-        pytest.skip("no docker client on this machine")
-    if subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
-        pytest.skip("this docker client has no compose plugin (`docker compose`)")
-    env = {**os.environ, "KUBECONFIG": str(tmp_path)}
-    result = subprocess.run(
-        [docker, "compose", "-f", str(COMPOSE_FILE), "config", "--quiet"],
+@pytest.fixture(scope="module")
+def docker_compose() -> Path:
+    """The standalone docker-compose built by ``make tools`` (built now if it is missing)."""
+    try:
+        return build.ensure_compose_tool()
+    except (build.BuildError, OSError) as error:
+        message = f"docker-compose is unavailable: {error}"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+def run_compose(
+    docker_compose: Path, home: Path, *argv: str, **variables: str
+) -> subprocess.CompletedProcess[str]:
+    """``docker-compose -f docker-compose.yml <argv>`` in a shell with none of the file's
+    variables set but ``variables`` (as ``resolve`` reads it), ``HOME`` giving ``~`` a place."""
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(home), **variables}
+    return subprocess.run(
+        [str(docker_compose), "-f", str(COMPOSE_FILE), *argv],
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
+
+
+def test_docker_compose_is_the_release_make_tools_pins(
+    docker_compose: Path, tmp_path: Path
+) -> None:
+    result = run_compose(docker_compose, tmp_path, "version", "--short")
     assert result.returncode == 0, result.stderr
+    assert f"v{result.stdout.strip()}" == COMPOSE_VERSION
+    go_mod = (LOCAL_DIR / "compose-build" / "go.mod").read_text()
+    assert f"github.com/docker/compose/v2 {COMPOSE_VERSION}" in go_mod
+
+
+def test_docker_compose_config_accepts_the_file_without_a_warning(
+    docker_compose: Path, tmp_path: Path
+) -> None:
+    result = run_compose(docker_compose, tmp_path, "config", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "", "docker-compose config warns about the file"
+
+
+def test_docker_compose_resolves_the_file_as_these_tests_read_it(
+    docker_compose: Path, tmp_path: Path
+) -> None:
+    result = run_compose(docker_compose, tmp_path, "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    resolved: dict[str, dict[str, Any]] = json.loads(result.stdout)["services"]
+    assert set(resolved) == set(SERVICES)
+    assert {name for name, service in resolved.items() if "build" in service} == set(PODCOST)
+    for name, service in resolved.items():
+        ours = SERVICES[name]
+        assert (service.get("environment") or {}) == environment(ours), name
+        published = [
+            (
+                port.get("host_ip", "0.0.0.0"),
+                int(port["published"]),
+                port["target"],
+                port["protocol"],
+            )
+            for port in service.get("ports", [])
+        ]
+        assert published == ports(ours), name
+        conditions = {
+            target: spec["condition"] for target, spec in service.get("depends_on", {}).items()
+        }
+        assert conditions == depends_on(ours), name
+    for name, service in PODCOST.items():
+        assert resolved[name]["command"] == [str(arg) for arg in service["command"]], name
+        assert resolved[name]["user"] == resolve(service["user"]), name
+    # The kubeconfig: `~/.kube/config` (what `resolve` gives) is the caller's home, and the
+    # caller's own KUBECONFIG goes first.
+    kubeconfig = tmp_path / "cluster.kubeconfig"
+    chosen = run_compose(docker_compose, tmp_path, "config", "--format", "json",
+                         KUBECONFIG=str(kubeconfig))  # fmt: skip
+    assert chosen.returncode == 0, chosen.stderr
+    for name in CLUSTER_CLIENTS:
+        (default,) = resolved[name]["volumes"]
+        assert default["source"] == str(tmp_path / ".kube" / "config"), name
+        (mount,) = json.loads(chosen.stdout)["services"][name]["volumes"]
+        assert mount["source"] == str(kubeconfig), name
 
 
 @pytest.mark.parametrize(

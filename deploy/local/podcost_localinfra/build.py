@@ -8,10 +8,14 @@
 - helm: built by the module in ``deploy/local/helm-build``, for the chart tests
   (``deploy/helm/podcost``), with prometheus-operator's ServiceMonitor CRD copied from its
   module so the chart's ServiceMonitor can be checked by the API server.
+- docker-compose: the standalone Compose v2 CLI, built by the module in
+  ``deploy/local/compose-build``, so ``docker-compose.yml`` is validated by the real
+  implementation (``config`` needs no Docker engine).
 
 Each step is idempotent: a stamp records a hash of its inputs and the step is skipped while the
 stamp matches. A file lock serialises concurrent builds (two test runs, or make and pytest);
-helm has its own lock, so the chart tests never wait behind a long control-plane build.
+helm and docker-compose have their own locks, so their tests never wait behind a long
+control-plane build.
 Called by ``podcost_localinfra.cli`` and by the test fixtures.
 """
 
@@ -129,13 +133,22 @@ def ensure_kafka() -> Path:
     return lib
 
 
-def _ensure_go_module_build(step: str, module: Path, targets: list[str], ldflags: str) -> None:
-    outputs = [paths.bin_dir() / Path(target).name for target in targets]
+def _ensure_go_module_build(
+    step: str, module: Path, targets: list[str], ldflags: str, *, output: str | None = None
+) -> None:
+    """Build ``targets`` into the bin dir, each named after its package, or the one target as
+    ``output`` (for a main package whose directory name is no command name)."""
+    if output is None:
+        outputs = [paths.bin_dir() / Path(target).name for target in targets]
+        destination = f"{paths.bin_dir()}/"
+    else:
+        outputs = [paths.bin_dir() / output]
+        destination = str(outputs[0])
     stamp = paths.bin_dir() / f".{step}.stamp"
     digest = _digest(module / "go.mod", module / "go.sum", ldflags, go_version())
     if _stamp_ok(stamp, digest, outputs):
         return
-    argv = ["go", "build", "-trimpath", "-ldflags", ldflags, "-o", f"{paths.bin_dir()}/", *targets]
+    argv = ["go", "build", "-trimpath", "-ldflags", ldflags, "-o", destination, *targets]
     _run(step, argv, cwd=module, env=_go_env())
     stamp.write_text(digest)
 
@@ -228,6 +241,22 @@ def ensure_helm_tool() -> Path:
         return ensure_helm()
 
 
+def ensure_compose() -> Path:
+    """docker-compose in the cache's bin dir, stamped with ``paths.COMPOSE_VERSION``."""
+    ldflags = f"-s -w -X github.com/docker/compose/v2/internal.Version={paths.COMPOSE_VERSION}"
+    _ensure_go_module_build(
+        "compose", paths.LOCAL_DIR / "compose-build", ["github.com/docker/compose/v2/cmd"],
+        ldflags, output="docker-compose",
+    )  # fmt: skip
+    return paths.compose_binary()
+
+
+def ensure_compose_tool() -> Path:
+    """docker-compose, which the compose tests run ``config`` with; returns its path."""
+    with _build_lock("compose-build"):
+        return ensure_compose()
+
+
 def ensure_cluster_tools() -> None:
     with _build_lock():
         ensure_etcd()
@@ -240,7 +269,7 @@ def ensure_kafka_tools() -> Path:
         return ensure_kafka()
 
 
-TOOL_GROUPS = ("kafka", "cluster", "helm")
+TOOL_GROUPS = ("kafka", "cluster", "helm", "compose")
 
 
 def ensure_all(only: str | None = None) -> None:
@@ -251,3 +280,5 @@ def ensure_all(only: str | None = None) -> None:
         ensure_cluster_tools()
     if only in (None, "helm"):
         ensure_helm_tool()
+    if only in (None, "compose"):
+        ensure_compose_tool()

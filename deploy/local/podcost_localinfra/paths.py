@@ -16,6 +16,9 @@ ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 #: Must match the helm.sh/helm/v4 requirement in deploy/local/helm-build/go.mod.
 HELM_VERSION = "v4.3.1"
+#: Must match the github.com/docker/compose/v2 requirement in deploy/local/compose-build/go.mod
+#: (the newest stable release of the module the Go module proxy serves).
+COMPOSE_VERSION = "v2.40.3"
 #: The prometheus-operator module whose ServiceMonitor CRD the chart tests install (the newest
 #: version the Go module proxy serves for the root module).
 PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
@@ -44,6 +47,11 @@ def kafka_lib_dir() -> Path:
 def helm_binary() -> Path:
     """The helm built by ``make tools`` (``podcost-localinfra build --only helm``)."""
     return bin_dir() / "helm"
+
+
+def compose_binary() -> Path:
+    """The standalone docker-compose built by ``make tools`` (``build --only compose``)."""
+    return bin_dir() / "docker-compose"
 
 
 def servicemonitor_crd_file() -> Path:
