@@ -17,7 +17,8 @@ Environment variables (defaults in brackets):
 - ``PODCOST_KAFKA_SASL_MECHANISM``: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 [none]
 - ``PODCOST_KAFKA_SASL_USERNAME``, ``PODCOST_KAFKA_SASL_PASSWORD``: SASL credentials [none]
 - ``PODCOST_KAFKA_COMPRESSION``: producer batch compression, gzip or none [gzip]
-- ``PODCOST_KAFKA_LINGER_MS``: how long the producer waits to fill a batch [5]
+- ``PODCOST_KAFKA_LINGER_MS``: how long the producer waits to fill a batch [1]; records queued
+  while a request is in flight are batched anyway, and every awaited acknowledgement pays it
 - ``PODCOST_KAFKA_MAX_BATCH_BYTES``: producer batch size per partition [262144]
 - ``PODCOST_KAFKA_MAX_POLL_RECORDS``: most records one consumer poll returns [500]
 - ``PODCOST_KAFKA_SESSION_TIMEOUT_MS``: consumer group session timeout [10000]
@@ -70,7 +71,7 @@ class BusSettings(BaseSettings):
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     compression: Literal["gzip", "none"] = "gzip"
-    linger_ms: int = Field(default=5, ge=0)
+    linger_ms: int = Field(default=1, ge=0)
     max_batch_bytes: int = Field(default=256 * 1024, ge=1024)
     max_poll_records: int = Field(default=500, ge=1)
     session_timeout_ms: int = Field(default=10_000, ge=1000)

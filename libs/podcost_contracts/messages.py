@@ -24,6 +24,7 @@ upgrade); renaming, removing or re-meaning a field does.
 from __future__ import annotations
 
 import base64
+import functools
 import zlib
 from abc import abstractmethod
 from collections.abc import Mapping
@@ -298,7 +299,23 @@ def decode_workload_record(
     raw = (headers or {}).get(SCHEMA_HEADER, b"")
     if raw.decode("ascii", "replace").partition("/")[0] == WorkloadGoneMessage.KIND:
         return decode(WorkloadGoneMessage, value, headers, key=key)
-    return decode(WorkloadSnapshotMessage, value, headers, key=key)
+    encoding = (headers or {}).get(CONTENT_ENCODING)
+    message = _decoded_snapshot(value, raw or None, encoding)
+    _check_key(message, key)
+    return message
+
+
+@functools.lru_cache(maxsize=64)
+def _decoded_snapshot(
+    value: bytes, schema: bytes | None, encoding: bytes | None
+) -> WorkloadSnapshotMessage:
+    # Every consumer of the workloads topic (each ranker, the aggregator) decodes the same
+    # records; in one process (embedded mode, or several services together) the first decode
+    # serves the others. The message is frozen; errors are not cached.
+    headers = {SCHEMA_HEADER: schema} if schema is not None else {}
+    if encoding is not None:
+        headers[CONTENT_ENCODING] = encoding
+    return decode(WorkloadSnapshotMessage, value, headers)
 
 
 class StrategyRanksMessage(WorkloadMessage):
@@ -528,13 +545,17 @@ def decode(
         message = kind.model_validate_json(payload, context=_WIRE)
     except ValidationError as error:
         raise DecodeError(_explain(kind, error)) from error
+    _check_key(message, key)
+    return message
+
+
+def _check_key(message: Message, key: str | bytes | None) -> None:
     if key is not None:
         wanted = key.encode() if isinstance(key, str) else key
         if message.record_key() != wanted:
             raise DecodeError(
                 f"the record key {wanted!r} is not the payload's key {message.record_key()!r}"
             )
-    return message
 
 
 def _supported(kind: type[Message]) -> str:

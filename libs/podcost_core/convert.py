@@ -378,6 +378,20 @@ def pod_requests(spec: PodSpecJSON) -> Resources:
     )
 
 
+def pod_requests_inputs(spec: PodSpecJSON) -> tuple[object, ...]:
+    """What :func:`pod_requests` reads of ``spec``: two specs with equal inputs request the
+    same (a cache compares them to skip parsing the quantities again)."""
+    return (
+        [c.get("resources", {}).get("requests") for c in spec.get("containers", [])],
+        [
+            (c.get("resources", {}).get("requests"), c.get("restartPolicy"))
+            for c in spec.get("initContainers", [])
+        ],
+        spec.get("resources", {}).get("requests"),
+        spec.get("overhead"),
+    )
+
+
 def compute_qos(spec: PodSpecJSON) -> QoSClass:
     """``qos.ComputePodQOS`` for a pod whose ``status.qosClass`` is not set yet."""
     requests: dict[str, Fraction] = {}
@@ -743,6 +757,7 @@ def snapshot_for_workload(
     include_inactive: bool = False,
     convert_pod: Callable[[Mapping[str, Any]], Pod] = pod_from_json,
     requests_of: Callable[[Mapping[str, Any]], Resources] | None = None,
+    convert_node: Callable[[Mapping[str, Any], Resources], Node] | None = None,
 ) -> Snapshot:
     """The snapshot of one Deployment or ReplicaSet from a dump (``kind=None``: a Deployment if
     one has that name, else a ReplicaSet).
@@ -754,7 +769,8 @@ def snapshot_for_workload(
     neither deletes nor counts them. Active pods that a ReplicaSet selector matches without the
     workload owning them become ``bystanders``, which the controller counts in rule 5.
     ``convert_pod`` is ``pod_from_json`` or a cache of it, ``requests_of`` (a raw pod's
-    ``pod_requests``, for the nodes' sums) too: the watcher's ``PodCache``.
+    ``pod_requests``, for the nodes' sums) and ``convert_node`` (``node_from_json``) too: the
+    watcher's ``PodCache``.
     """
     if not isinstance(objects, ClusterObjects):
         objects = load_objects(objects)
@@ -845,7 +861,12 @@ def snapshot_for_workload(
             uid=workload_meta.get("uid", ""),
         ),
         pods=pods,
-        nodes=_nodes_for(objects, [*pods, *bystanders], requests_of or _raw_requests),
+        nodes=_nodes_for(
+            objects,
+            [*pods, *bystanders],
+            requests_of or _raw_requests,
+            convert_node or node_from_json,
+        ),
         replicas=_replicas(workload),
         annotations=dict(workload_meta.get("annotations", {})),
         taken_at=objects.newest or 0.0,
@@ -890,6 +911,7 @@ def _nodes_for(
     objects: ClusterObjects,
     pods: Sequence[Pod],
     requests_of: Callable[[Mapping[str, Any]], Resources],
+    convert_node: Callable[[Mapping[str, Any], Resources], Node],
 ) -> dict[str, Node]:
     """The nodes the pods run on, each with the requests of every active pod on it."""
     wanted = {pod.node for pod in pods if pod.node is not None}
@@ -908,7 +930,7 @@ def _nodes_for(
         cpu, memory, count = requested[name]
         used = Resources(cpu_milli=cpu, memory_bytes=memory, pods=count)
         nodes[name] = (
-            node_from_json(raw_node, used)
+            convert_node(raw_node, used)
             if raw_node is not None
             else Node(name=NodeName(name), requested=used)  # the dump lacks the node
         )

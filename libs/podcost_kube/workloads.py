@@ -15,7 +15,7 @@ by a Deployment carries the Deployment's annotations, but the Deployment is the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -34,7 +34,7 @@ from podcost_core.convert import (
     selector_matches,
     snapshot_for_workload,
 )
-from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, Snapshot, WorkloadRef
+from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, Pod, Snapshot, WorkloadRef
 from podcost_core.policy import (
     ENABLED,
     LABLABS_ENABLED,
@@ -224,13 +224,19 @@ def _pod_status_view(pod: Mapping[str, Any]) -> tuple[object, ...]:
     )
 
 
-def pod_change_matters(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+def pod_change_matters(
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any] | None,
+    *,
+    convert: Callable[[Mapping[str, Any]], Pod] = pod_from_json,
+) -> bool:
     """Whether a pod update changes anything a snapshot shows of the pod.
 
     Adds and deletes always matter. An update matters when the pod as ``pod_from_json`` reads it
     differs (a status heartbeat, an IP or a container state that nothing ranks on does not).
     Status-only updates, the most frequent kind, are decided on the few status fields the
-    converter reads, without converting.
+    converter reads, without converting. ``convert`` is ``pod_from_json`` or a cache of it (the
+    watcher's ``PodCache``, which then holds the new version for the snapshot that follows).
     """
     if old is None or new is None:
         return True
@@ -241,7 +247,7 @@ def pod_change_matters(old: Mapping[str, Any] | None, new: Mapping[str, Any] | N
     if _status_only(quiet_old, quiet_new):
         return _pod_status_view(old) != _pod_status_view(new)
     try:
-        return pod_from_json(old) != pod_from_json(new)
+        return convert(old) != convert(new)
     except ConversionError:
         return True  # let the snapshot report the broken object
 
@@ -273,7 +279,12 @@ def workload_change_matters(old: Mapping[str, Any] | None, new: Mapping[str, Any
     )
 
 
-def touched_by(change: Change, store: Store) -> frozenset[WorkloadKey]:
+def touched_by(
+    change: Change,
+    store: Store,
+    *,
+    convert_pod: Callable[[Mapping[str, Any]], Pod] = pod_from_json,
+) -> frozenset[WorkloadKey]:
     """The workloads whose snapshot ``change`` alters; empty for changes that alter none.
 
     ``store`` must already hold the change (the informer applies it before calling handlers).
@@ -281,13 +292,14 @@ def touched_by(change: Change, store: Store) -> frozenset[WorkloadKey]:
     its Deployment, or itself; a node every workload with pods on it; a namespace's labels
     (the namespace selector's input) every workload in it. Node requests are not propagated: a
     pod added to a node does not re-publish the other workloads on that node; their snapshots
-    show the new sum the next time they change themselves.
+    show the new sum the next time they change themselves. ``convert_pod`` is what
+    :func:`pod_change_matters` converts with.
     """
     old, new = change.old, change.new
     match change.kind:
         case "Pod":
             if change.type is ChangeType.MODIFIED and (
-                is_own_cost_write(old, new) or not pod_change_matters(old, new)
+                is_own_cost_write(old, new) or not pod_change_matters(old, new, convert=convert_pod)
             ):
                 return frozenset()
             found: set[WorkloadKey] = set()
@@ -529,5 +541,6 @@ def workload_snapshot(
         cluster,
         convert_pod=pods.convert if pods is not None else pod_from_json,
         requests_of=pods.requests if pods is not None else None,
+        convert_node=pods.node if pods is not None else None,
     )
     return replace(snapshot, version=version, taken_at=taken_at)

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from kubernetes_asyncio import config
 from tests.conftest import ControlPlane
 from tests.support.etcd import etcd_endpoint, put_pod
@@ -24,7 +25,7 @@ from podcost import embedded
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherService, WatcherSettings, bootstrap
-from podcost_bus import BusSettings, Consumer, MemoryBus
+from podcost_bus import BusError, BusSettings, Consumer, MemoryBus, open_bus
 from podcost_contracts.messages import (
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
@@ -267,3 +268,57 @@ async def test_a_pod_with_an_invalid_deletion_cost_is_reported_and_gets_a_valid_
     finally:
         await kube.delete_namespace(namespace)
         await kube.delete_nodes([node])
+
+
+async def test_a_snapshot_the_broker_refuses_ends_the_watcher(
+    control_plane: ControlPlane, kube: KubeTestCluster, kafka_bootstrap: str
+) -> None:
+    # Snapshots are queued without waiting for each acknowledgement; one the broker refuses
+    # must still stop the watcher (whose restart publishes every workload again), not vanish.
+    namespace = await kube.create_namespace(f"refuse-{uuid.uuid4().hex[:6]}")
+    node = f"refuse-node-{namespace}"
+    await kube.create_node(node, zone="zone-a", labels={"watch": namespace})
+    settings = BusSettings(
+        bootstrap_servers=kafka_bootstrap,
+        topic_workloads=f"{namespace}.workloads",
+        topic_ranks=f"{namespace}.ranks",
+        topic_costs=f"{namespace}.costs",
+        topic_deadletter=f"{namespace}.deadletter",
+    )
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:  # a topic whose records must be smaller than any snapshot
+        await admin.create_topics(
+            [NewTopic(settings.topic_workloads, 1, 1, topic_configs={"max.message.bytes": "256"})]
+        )
+    finally:
+        await admin.close()
+    api = await config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    bus = open_bus(settings)
+    async with api:
+        watcher = bootstrap(
+            ServiceSettings(cluster="test", http_port=0),
+            settings,
+            WatcherSettings(namespace=namespace, debounce_seconds=0.1),
+            kube=Kube(api),
+            bus=bus,
+        )
+        await bus.start()
+        task = asyncio.create_task(watcher.run())
+        try:
+            await kube.create_deployment(
+                namespace, "web", 2, opt_in=True, node_selector={"watch": namespace}
+            )
+            with pytest.raises(BusError, match="MessageSizeTooLarge"):
+                await asyncio.wait_for(task, 60)
+            published = watcher.metrics.registry.get_sample_value(
+                "podcost_snapshots_published_total"
+            )
+            assert published == 0
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, BusError):
+                await task
+            await bus.stop()
+            await kube.delete_namespace(namespace)
+            await kube.delete_nodes([node])

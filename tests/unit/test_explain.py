@@ -26,7 +26,14 @@ from podcost.commands.explain import Report, ask_annotator, render
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
-from podcost_contracts.messages import TRACEPARENT, DesiredCostsMessage, PodCost, StrategyTerm
+from podcost_contracts.messages import (
+    TRACEPARENT,
+    DesiredCostsMessage,
+    PodCost,
+    StrategyTerm,
+    decode,
+    encode,
+)
 from podcost_core.aggregate import Decision
 from podcost_core.combine import Contribution, rank
 from podcost_core.explain import Placement, ordinal, placements, tier_sums
@@ -116,6 +123,21 @@ def test_placements_order_pods_by_tier_sums_and_share_a_position_when_tied() -> 
 )
 def test_ordinals_read_as_english(number: int, text: str) -> None:
     assert ordinal(number) == text
+
+
+def test_the_decided_message_is_what_validating_it_would_make_and_survives_the_wire() -> None:
+    snapshot = deployment(pods=9, nodes=6)
+    policy = policy_from_annotations(
+        {"podcost.dev/strategies": "topology-spread | capacity-type=3, age, priority-qos=2"}
+    )
+    combined = rank(snapshot, policy)
+    current = current_costs(snapshot.pods)
+    labelling = label_costs(combined.order, {p.uid: p.replicaset for p in snapshot.pods}, current)
+    decision = Decision(snapshot.workload.key, snapshot, combined, labelling, current)
+    message = desired_costs(decision, emitted_at=1.0)
+    assert DesiredCostsMessage.model_validate(message.model_dump()) == message
+    encoded = encode(message)
+    assert decode(DesiredCostsMessage, encoded.value, encoded.headers) == message
 
 
 def test_the_place_told_from_the_message_is_the_combiners_order() -> None:

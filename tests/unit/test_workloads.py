@@ -4,6 +4,7 @@ cost writes touch none, opt-in and policy, and snapshots built from the cache.""
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -871,3 +872,55 @@ def test_the_requests_of_a_pod_are_summed_once_per_version() -> None:
     changed["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1"
     assert pods.requests(changed).cpu_milli == 1000
     assert pods.convert(changed).requests is pods.requests(changed)
+
+
+def test_the_requests_of_a_pod_are_kept_across_versions_that_change_only_its_status() -> None:
+    pods = PodCache()
+    raw = raw_pod("p", rs="web-1", app="web", node="n1", cpu="250m")
+    first = pods.requests(raw)
+    status_only = bumped(raw)
+    status_only["status"]["phase"] = "Failed"
+    assert pods.requests(status_only) is first
+    resized = bumped(status_only)
+    resized["spec"]["containers"][0]["resources"]["requests"]["memory"] = "1Gi"
+    assert pods.requests(resized) == Resources(cpu_milli=250, memory_bytes=2**30, pods=1)
+
+
+def test_a_node_is_converted_once_per_version_and_carries_the_requests_given() -> None:
+    pods = PodCache()
+    raw = raw_node("n1", "a")
+    used = Resources(cpu_milli=300, memory_bytes=2**20, pods=2)
+    first = pods.node(raw, used)
+    assert first == node_from_json(raw, used)
+    assert pods.node(raw, Resources()) == node_from_json(raw)
+    tainted = bumped(raw)
+    taint(tainted)
+    assert pods.node(tainted, used) == node_from_json(tainted, used) != first
+
+
+def test_a_pod_converted_without_report_is_reported_when_a_snapshot_first_shows_it() -> None:
+    seen: list[Pod] = []
+    pods = PodCache(on_convert=seen.append)
+    raw = raw_pod("p", rs="web-1", app="web", node="n1")
+    quiet = pods.convert(raw, report=False)
+    assert seen == []
+    assert pods.convert(raw) is quiet
+    pods.convert(raw)
+    assert seen == [quiet]
+    assert (pods.misses, pods.hits) == (1, 2)
+
+
+def test_deciding_that_a_pod_change_matters_leaves_the_new_version_in_the_cache() -> None:
+    store, pods = shop(), PodCache()
+    old = store.get("Pod", NS, "web-1-a")
+    assert old is not None
+    new = bumped(old)
+    new["metadata"]["labels"]["extra"] = "x"
+    change = store.apply("Pod", ChangeType.MODIFIED, new)
+    assert change is not None
+    quiet = functools.partial(pods.convert, report=False)
+    assert touched_by(change, store, convert_pod=quiet) == touched_by(change, store) == {WEB}
+    before = pods.misses
+    [pod] = [p for p in workload_snapshot(store, WEB, pods=pods).pods if p.name == "web-1-a"]
+    assert pod.labels == {"app": "web", "extra": "x"}
+    assert pods.misses == before + 2  # the two other pods of web; web-1-a was converted already

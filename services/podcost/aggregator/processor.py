@@ -78,16 +78,22 @@ POD_EVENT = "podcost.pod-cost"
 
 
 def desired_costs(decision: Decision, *, emitted_at: float) -> DesiredCostsMessage:
-    """The message of ``decision``: every ranked pod's cost, previous cost and breakdown."""
+    """The message of ``decision``: every ranked pod's cost, previous cost and breakdown.
+
+    The per-pod parts are built without validation (``model_construct``): they come from the
+    core, which keeps costs in int32 and normalized scores in [0, 100] by construction, and
+    validating a term per pod and strategy was the largest part of deciding. The message itself
+    is validated (its consistency checks), and so is every record the annotator decodes.
+    """
     costs = tuple(
-        PodCost(
+        PodCost.model_construct(
             namespace=pod.pod.namespace,
             name=pod.pod.name,
             uid=pod.pod.uid,
             cost=pod.cost,
             previous=pod.previous,
             breakdown={
-                term.strategy: StrategyTerm(
+                term.strategy: StrategyTerm.model_construct(
                     normalized=term.normalized, weight=term.weight, tier=term.tier, raw=term.raw
                 )
                 for term in pod.breakdown

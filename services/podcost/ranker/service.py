@@ -22,6 +22,7 @@ deadline.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable
@@ -137,7 +138,13 @@ class RankerService:
 
     async def process(self, records: list[Record]) -> None:
         """Rank ``records`` and publish every answer; returns once all are acknowledged."""
-        answers = [answer for record in records if (answer := await self._rank(record))]
+        answers = []
+        for record in records:
+            if answer := await self._rank(record):
+                answers.append(answer)
+            # Let the loop turn between records: a batch ranked in one go would hold up every
+            # service sharing the loop (embedded mode, or several in one process) for all of it.
+            await asyncio.sleep(0)
         queued: list[tuple[_Answer, Awaitable[Delivery] | None]] = []
         for answer in answers:  # queued together, so the producer batches them
             encoded = answer.encoded
