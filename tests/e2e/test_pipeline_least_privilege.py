@@ -28,7 +28,8 @@ import pytest
 from kubernetes_asyncio import client
 from tests.conftest import ControlPlane
 from tests.support.kube import KubeTestCluster
-from tests.support.least_privilege import ServiceAccount, install, require_helm
+from tests.support.least_privilege import ServiceAccount, install
+from tests.support.tools import require_helm
 
 from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.policy import DEFAULT_POLICY, policy_from_annotations

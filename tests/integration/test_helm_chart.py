@@ -39,6 +39,7 @@ from opentelemetry.sdk import environment_variables as otel_sdk_variables
 from pydantic import AliasChoices
 from pydantic_settings import BaseSettings
 from tests.support.kube import KubeTestCluster
+from tests.support.tools import require_helm
 
 from podcost.aggregator.settings import AggregatorSettings
 from podcost.annotator.settings import AnnotatorSettings
@@ -48,7 +49,7 @@ from podcost.watcher.service import WatcherSettings
 from podcost_bus import BusSettings
 from podcost_core.policy import DEFAULT_POLICY, StrategySpec, load_policy_file
 from podcost_core.strategies.registry import default_registry
-from podcost_localinfra import build, paths
+from podcost_localinfra import paths
 
 pytestmark = pytest.mark.integration
 
@@ -168,13 +169,7 @@ SETTINGS: dict[str, tuple[type[BaseSettings], ...]] = {
 @pytest.fixture(scope="session")
 def helm() -> Path:
     """The helm built by ``make tools`` (built now if it is missing)."""
-    try:
-        return build.ensure_helm_tool()
-    except (build.BuildError, OSError) as error:
-        message = f"helm is unavailable: {error}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    return require_helm()
 
 
 def run_helm(helm: Path, *argv: str) -> subprocess.CompletedProcess[str]:

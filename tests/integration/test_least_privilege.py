@@ -27,7 +27,8 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 from tests.conftest import ControlPlane
 from tests.support.kube import COST_ANNOTATION, KubeTestCluster
-from tests.support.least_privilege import ServiceAccount, install, one, render, require_helm
+from tests.support.least_privilege import ServiceAccount, install, one, render
+from tests.support.tools import require_helm
 
 from podcost_kube.client import Kube, KubeError
 from podcost_kube.informer import WORKLOAD_RESOURCES, Informer

@@ -19,33 +19,19 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from podcost_localinfra import build
 from podcost_localinfra.cluster import write_kubeconfig
-from tests.conftest import IN_CI
 from tests.support.kube import KubeTestCluster
+from tests.support.tools import require_helm
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "podcost"
 TEMPLATES = ("templates/rbac.yaml", "templates/admission-policy.yaml")
 
 Object = dict[str, Any]
-
-
-def require_helm() -> Path:
-    """The real helm, built once into the cache; if it cannot be built, the test is skipped
-    (failed under ``CI=true``) with the reason, as the server fixtures do."""
-    try:
-        return build.ensure_helm_tool()
-    except (build.BuildError, OSError) as error:
-        message = f"helm is unavailable: {error}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
 
 
 def render(
@@ -57,7 +43,7 @@ def render(
     """The objects ``helm template --show-only`` renders from ``templates`` of the chart (one
     call per template: helm refuses to show a template that renders nothing, which is how the
     chart switches these off)."""
-    helm = build.ensure_helm_tool()
+    helm = require_helm()
     settings = [arg for key, value in (values or {}).items() for arg in ("--set", f"{key}={value}")]
     objects: list[Object] = []
     for template in templates:

@@ -31,13 +31,13 @@ from tests.support.deploy_files import (
     service_env_names,
     settings_classes,
 )
+from tests.support.tools import require_docker_compose
 
 from podcost.cli import app
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import setup_tracing
 from podcost_core.policy import DEFAULT_POLICY
 from podcost_core.strategies.registry import default_registry
-from podcost_localinfra import build
 from podcost_localinfra.paths import COMPOSE_VERSION, KAFKA_VERSION, LOCAL_DIR
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -318,13 +318,7 @@ def test_the_collector_forwards_traces_to_the_trace_viewer() -> None:
 @pytest.fixture(scope="module")
 def docker_compose() -> Path:
     """The standalone docker-compose built by ``make tools`` (built now if it is missing)."""
-    try:
-        return build.ensure_compose_tool()
-    except (build.BuildError, OSError) as error:
-        message = f"docker-compose is unavailable: {error}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    return require_docker_compose()
 
 
 def run_compose(
