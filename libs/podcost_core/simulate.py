@@ -15,7 +15,7 @@ proportionally and the rollout goes on moving replicas; that is not modelled, an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from podcost_core.combine import rank
@@ -68,6 +68,15 @@ class SimulationResult:
     """One choice per controller sync (at most ``BURST_REPLICAS`` deletions each)."""
     pod_domains: Mapping[str, str] = field(default_factory=dict)
     """Pod name to its domain (``NO_DOMAIN`` if none), for every active pod."""
+
+    def admits(self, deleted: Iterable[str]) -> bool:
+        """Whether the controller deleting exactly ``deleted`` (pod names) is an outcome this
+        simulation allows: every certain victim, plus ``tie_picks`` of the tied pods."""
+        chosen = set(deleted)
+        tied = {pod.name for pod in self.tied}
+        certain = {pod.name for pod in self.victims} - tied
+        drawn = chosen - certain
+        return certain <= chosen and drawn <= tied and len(drawn) == self.tie_picks
 
     def to_json(self) -> dict[str, object]:
         """The ``podcost simulate --output json`` document (its contract, plus the tie)."""

@@ -98,6 +98,22 @@ def test_equal_pods_show_as_a_tie() -> None:
     assert result.tie_picks == 1
     assert sorted(p.name for p in result.tied) == ["p0", "p1", "p2"]
     assert result.to_json()["tied"] == [p.name for p in result.tied]
+    # Any one of the tied pods is an outcome the controller can produce; two, or none, is not.
+    assert all(result.admits([name]) for name in ("p0", "p1", "p2"))
+    assert not result.admits(["p0", "p1"])
+    assert not result.admits([])
+
+
+def test_an_outcome_must_hold_every_certain_victim() -> None:
+    snapshot = shop()
+    result = simulate(snapshot, 4, snapshot.taken_at, policy=None)
+    assert len(result.victims) == 2
+    assert not result.tied
+    victims = [pod.name for pod in result.victims]
+    assert result.admits(victims)
+    assert not result.admits(victims[:-1])
+    kept = next(name for name in result.costs if name not in victims)
+    assert not result.admits([*victims[:-1], kept])
 
 
 def test_more_than_a_burst_is_deleted_over_several_syncs() -> None:

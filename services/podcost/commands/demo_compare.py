@@ -168,17 +168,6 @@ def _outcome(before: Mapping[str, PodPlace], deleted: Iterable[str], zones: Iter
     )
 
 
-def _admits(result: SimulationResult, deleted: set[str]) -> bool:
-    """Whether deleting exactly ``deleted`` (pod names) is an outcome the model allows."""
-    certain = {pod.name for pod in result.victims} - {pod.name for pod in result.tied}
-    drawn = deleted - certain
-    return (
-        certain <= deleted
-        and drawn <= {pod.name for pod in result.tied}
-        and len(drawn) == result.tie_picks
-    )
-
-
 def compare(
     snapshot: Snapshot,
     replicas: int,
@@ -205,5 +194,5 @@ def compare(
         without=_outcome(before, [pod.name for pod in baseline.victims], zones, baseline),
         with_podcost=_outcome(before, really, zones),
         predicted=tuple(pod.name for pod in predicted.victims),
-        as_predicted=_admits(predicted, set(really)),
+        as_predicted=predicted.admits(really),
     )
