@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from tests.support.costs import CountingPods, Desire, desired, publish_costs
 from tests.support.kube import KubeTestCluster, PodView
+from tests.support.pipeline import fresh_kafka_settings
 from tests.support.tasks import leak_check
 
 from podcost.annotator import AnnotatorService, AnnotatorSettings, bootstrap
@@ -75,22 +76,12 @@ class Pipe:
 
 @pytest.fixture(params=["memory", "kafka"])
 async def pipe(request: pytest.FixtureRequest) -> AsyncIterator[Pipe]:
-    run = uuid.uuid4().hex[:8]
     bus: Bus
     if request.param == "memory":
         settings = BusSettings(partitions=2)
         bus = MemoryBus(partitions=2)
     else:
-        settings = BusSettings(
-            bootstrap_servers=request.getfixturevalue("kafka_bootstrap"),
-            client_id=f"podcost-annotator-test-{run}",
-            topic_workloads=f"annotator-{run}.workloads",
-            topic_ranks=f"annotator-{run}.ranks",
-            topic_costs=f"annotator-{run}.costs",
-            topic_deadletter=f"annotator-{run}.deadletter",
-            partitions=2,
-            session_timeout_ms=6000,
-        )
+        settings = fresh_kafka_settings(request.getfixturevalue("kafka_bootstrap"), "annotator")
         bus = KafkaBus(settings)
     async with bus:
         await bus.ensure_topics(settings.topics.all())

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.support.pipeline import Reader, expected_costs, running
+from tests.support.pipeline import Reader, expected_costs, fresh_kafka_settings, running
 from tests.support.snapshots import snapshot as deployment
 
 from podcost import aggregator, ranker
@@ -50,17 +50,7 @@ def _pods_that_restart_where_podcost_would_keep_them() -> tuple[Pod, ...]:
 
 @pytest.fixture
 async def kafka(kafka_bootstrap: str) -> AsyncIterator[KafkaBus]:
-    run = uuid.uuid4().hex[:8]
-    settings = BusSettings(
-        bootstrap_servers=kafka_bootstrap,
-        client_id=f"podcost-test-{run}",
-        topic_workloads=f"plugin-{run}.workloads",
-        topic_ranks=f"plugin-{run}.ranks",
-        topic_costs=f"plugin-{run}.costs",
-        topic_deadletter=f"plugin-{run}.deadletter",
-        partitions=2,
-        session_timeout_ms=6000,
-    )
+    settings = fresh_kafka_settings(kafka_bootstrap, "plugin")
     async with KafkaBus(settings) as bus:
         await bus.ensure_topics(settings.topics.all())
         yield bus

@@ -6,14 +6,14 @@ commits nothing."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 from tests.support.costs import Desire, desired
+from tests.support.pipeline import fresh_kafka_settings
 
 from podcost.commands.explain import read_costs_topic
-from podcost_bus import BusSettings, KafkaBus, publish_message
+from podcost_bus import KafkaBus, publish_message
 from podcost_contracts.messages import TRACEPARENT
 
 pytestmark = pytest.mark.integration
@@ -23,14 +23,7 @@ TRACES = ["1" * 32, "4bf92f3577b34da6a3ce929d0e0e4736", "2" * 32]
 
 @pytest.fixture
 async def kafka(kafka_bootstrap: str) -> AsyncIterator[KafkaBus]:
-    run = uuid.uuid4().hex[:8]
-    settings = BusSettings(
-        bootstrap_servers=kafka_bootstrap,
-        client_id=f"podcost-test-{run}",
-        topic_costs=f"explain-{run}.costs",
-        partitions=2,
-        session_timeout_ms=6000,
-    )
+    settings = fresh_kafka_settings(kafka_bootstrap, "explain")
     async with KafkaBus(settings) as bus:
         await bus.ensure_topics([settings.topics.costs])
         yield bus

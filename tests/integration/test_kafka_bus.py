@@ -4,10 +4,10 @@ snapshot in one record, pause/resume, and errors that say whether to retry."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+from tests.support.pipeline import fresh_kafka_settings
 from tests.support.snapshots import large_snapshot, snapshot
 
 from podcost_bus import (
@@ -39,17 +39,7 @@ WAIT_S = 20.0
 @pytest.fixture
 def settings(kafka_bootstrap: str) -> BusSettings:
     """Settings for fresh topics, so tests never see each other's records."""
-    run = uuid.uuid4().hex[:8]
-    return BusSettings(
-        bootstrap_servers=kafka_bootstrap,
-        client_id=f"podcost-test-{run}",
-        topic_workloads=f"test-{run}.workloads",
-        topic_ranks=f"test-{run}.ranks",
-        topic_costs=f"test-{run}.costs",
-        topic_deadletter=f"test-{run}.deadletter",
-        partitions=2,
-        session_timeout_ms=6000,
-    )
+    return fresh_kafka_settings(kafka_bootstrap, "test")
 
 
 @pytest.fixture

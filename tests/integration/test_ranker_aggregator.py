@@ -8,20 +8,19 @@ groups and a faust app id of its own."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.support.pipeline import Reader, eventually, expected_costs, running
+from tests.support.pipeline import Reader, eventually, expected_costs, fresh_kafka_settings, running
 from tests.support.snapshots import snapshot as deployment
 
 from podcost import aggregator, ranker
 from podcost.aggregator import AggregatorService, AggregatorSettings
 from podcost.ranker import RankerService, group_of
 from podcost.runtime.settings import ServiceSettings
-from podcost_bus import BusSettings, KafkaBus, publish_message
+from podcost_bus import KafkaBus, publish_message
 from podcost_bus.faust_app import FaustKeyedApp
 from podcost_bus.keyed import KeyedConsumerLoop
 from podcost_contracts.messages import (
@@ -91,17 +90,7 @@ class Kafka:
 
 @pytest.fixture
 async def kafka(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Kafka]:
-    run = uuid.uuid4().hex[:8]
-    settings = BusSettings(
-        bootstrap_servers=kafka_bootstrap,
-        client_id=f"podcost-test-{run}",
-        topic_workloads=f"test-{run}.workloads",
-        topic_ranks=f"test-{run}.ranks",
-        topic_costs=f"test-{run}.costs",
-        topic_deadletter=f"test-{run}.deadletter",
-        partitions=2,
-        session_timeout_ms=6000,
-    )
+    settings = fresh_kafka_settings(kafka_bootstrap, "test")
     async with KafkaBus(settings) as bus:
         await bus.ensure_topics(settings.topics.all())
         yield Kafka(bus, tmp_path)

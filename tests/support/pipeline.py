@@ -5,7 +5,7 @@ real-broker ones (``tests/integration/test_ranker_aggregator.py``): the same ser
 helpers, only the bus differs. ``running`` starts services as tasks and stops them at the end
 (a service that failed fails the test), ``Reader`` reads a topic as its own consumer group, and
 ``expected_costs`` is what the pipeline must decide, computed directly with ``rank`` and
-``label_costs``.
+``label_costs``; ``fresh_kafka_settings`` points a test at topics of its own on the real broker.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Generic, Protocol, TypeVar
 
-from podcost_bus import Bus, Consumer, Record
+from podcost_bus import Bus, BusSettings, Consumer, Record
 from podcost_contracts.messages import Message, decode
 from podcost_core.combine import rank
 from podcost_core.labels import current_costs, label_costs
@@ -25,6 +25,22 @@ from podcost_core.model import PodUID, Snapshot
 from podcost_core.policy import Policy
 
 M = TypeVar("M", bound=Message)
+
+
+def fresh_kafka_settings(bootstrap: str, prefix: str) -> BusSettings:
+    """Bus settings on the real broker with topics no other test uses (``<prefix>-<run>.*``),
+    two partitions each, and a short session timeout so a group forms quickly."""
+    run = uuid.uuid4().hex[:8]
+    return BusSettings(
+        bootstrap_servers=bootstrap,
+        client_id=f"podcost-{prefix}-{run}",
+        topic_workloads=f"{prefix}-{run}.workloads",
+        topic_ranks=f"{prefix}-{run}.ranks",
+        topic_costs=f"{prefix}-{run}.costs",
+        topic_deadletter=f"{prefix}-{run}.deadletter",
+        partitions=2,
+        session_timeout_ms=6000,
+    )
 
 
 class Runnable(Protocol):
