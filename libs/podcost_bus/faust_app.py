@@ -49,7 +49,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -58,7 +59,7 @@ from aiokafka.helpers import create_ssl_context
 from aiokafka.partitioner import murmur2
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from podcost_bus.keyed import DROP, KeyedProcessor
+from podcost_bus.keyed import DROP, Batch, KeyedProcessor, process_batch, tick_batch
 from podcost_bus.protocol import Record, TopicPartition
 from podcost_bus.settings import BusSettings
 
@@ -78,6 +79,11 @@ class SkippedRecords(FaustAppFailed):
 
 #: How long :meth:`FaustKeyedApp.run` waits for faust to stop before it leaves it (logged).
 STOP_TIMEOUT_S = 15.0
+
+#: The most records one batch holds, and how long the agent waits for a batch to fill: a batch is
+#: taken once full, or after that wait with what there is (the latency it adds at a low rate).
+BATCH_MAX = 1000
+BATCH_WITHIN_S = 0.02
 
 #: How long the broker may hold a fetch of the faust consumer that has nothing new (see above).
 FETCH_MAX_WAIT_MS = 100
@@ -133,6 +139,16 @@ def key_partition(key: bytes, partitions: int) -> int:
     return (hashed & 0x7FFFFFFF) % partitions
 
 
+@dataclass(frozen=True, slots=True)
+class _Decoded(Generic[S]):
+    """A key's state as decoded from its stored parts (which it keeps, to tell whether they
+    changed since), and when it is next due (:meth:`KeyedProcessor.wakeup`)."""
+
+    stored: tuple[bytes | None, ...]
+    state: S
+    wakeup: float | None
+
+
 class FaustKeyedApp(Generic[S]):
     """A :class:`KeyedProcessor` run by faust-streaming (see the module docstring)."""
 
@@ -145,6 +161,8 @@ class FaustKeyedApp(Generic[S]):
         topics: Sequence[str],
         data_dir: Path,
         tick_s: float = 0.25,
+        batch_max: int = BATCH_MAX,
+        batch_within_s: float = BATCH_WITHIN_S,
         commit_interval_s: float = 1.0,
         standby_replicas: int = 0,
         stop_timeout_s: float = STOP_TIMEOUT_S,
@@ -160,13 +178,15 @@ class FaustKeyedApp(Generic[S]):
         self.data_dir = data_dir
         self._partitions = settings.partitions
         self._stop_timeout_s = stop_timeout_s
+        self._batch_max = batch_max
+        self._batch_within_s = batch_within_s
         self._lock = asyncio.Lock()
         self._failure: asyncio.Future[BaseException] | None = None
         self._started = False
-        # Decoded states by key, with the stored part values they were decoded from: the memory
-        # store hands back the very bytes objects it was given, so an identity check tells
-        # whether a part changed (after a recovery it did) without decoding it again.
-        self._decoded: dict[bytes, tuple[tuple[bytes | None, ...], S]] = {}
+        self._decoded: dict[bytes, _Decoded[S]] = {}
+        """Decoded states by key, with the stored part values they were decoded from: the memory
+        store hands back the very bytes objects it was given, so an identity check tells whether
+        a part changed (after a recovery it did) without decoding it again."""
         self._next_offset: dict[TopicPartition, int] = {}
         """Per source partition, the offset after the last record processed since the last
         rebalance: the next one must not be beyond it."""
@@ -292,34 +312,32 @@ class FaustKeyedApp(Generic[S]):
     # --- called by faust ----------------------------------------------------------------------
 
     async def _agent(self, stream: Any) -> None:
-        async for event in stream.events():
-            message = event.message
-            record = Record(
-                topic=message.topic,
-                partition=message.partition,
-                offset=message.offset,
-                key=event.key,
-                value=event.value if event.value is not None else b"",
-                headers={name: value or b"" for name, value in dict(event.headers).items()},
-                timestamp=message.timestamp or 0.0,
-            )
-            expected = self._next_offset.get(record.tp)
-            if expected is not None and record.offset > expected:
-                skipped = (
-                    f"{record.topic}[{record.partition}] offsets {expected}..{record.offset - 1}"
-                )
-                error = SkippedRecords(f"faust skipped {skipped}; restart to read them")
-                await self._fail(error, message)
-            self._next_offset[record.tp] = max(expected or 0, record.offset + 1)
+        # A batch's events are acked by faust when this asks for the next batch, that is once
+        # the batch is decided, its outputs acknowledged and its states written.
+        async for events in stream.take_events(self._batch_max, self._batch_within_s):
             async with self._lock:
                 try:
-                    new = await self.processor.on_record(record, self._state(record.key))
-                    if new is DROP:
-                        await self._drop(record.key)
-                    elif new is not None:
-                        await self._store(record.key, new)
+                    records = [_record(event) for event in events]
+                    self._check_offsets(records)
+                    batch = await process_batch(self.processor, records, self._state)
+                    await self._store_batch(batch)
                 except Exception as error:  # escalated: see the module docstring
-                    await self._fail(error, message)
+                    await self._fail(error, [event.message for event in events])
+
+    def _check_offsets(self, records: Sequence[Record]) -> None:
+        """Raise :class:`SkippedRecords` if a record is past one faust never delivered (see the
+        module docstring); nothing of the batch is processed then."""
+        expected = self._next_offset
+        for record in records:
+            tp = record.tp
+            following = expected.get(tp)
+            if following is not None and record.offset > following:
+                skipped = (
+                    f"{record.topic}[{record.partition}] offsets {following}..{record.offset - 1}"
+                )
+                raise SkippedRecords(f"faust skipped {skipped}; restart to read them")
+            if following is None or record.offset >= following:
+                expected[tp] = record.offset + 1
 
     async def _on_revoked(self, sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         # After a rebalance a partition resumes from its committed offset, which another member
@@ -329,40 +347,60 @@ class FaustKeyedApp(Generic[S]):
     async def _tick(self) -> None:
         async with self._lock:
             try:
+                now = self.processor.now()
+                due = []
+                for key in self._keys():
+                    entry = self._entry(key)
+                    if entry is not None and entry.wakeup is not None and entry.wakeup <= now:
+                        due.append((key, entry.state))
+                if not due:
+                    return
                 owned = {
                     tp.partition
                     for tp in self.app.assignor.assigned_actives()
                     if tp.topic == self.topics[0]
                 }
-                keys: set[bytes] = set()
-                for table in self.tables.values():
-                    keys.update(table.keys())
-                for key in keys:
-                    # Standby and revoked partitions are someone else's to act on.
-                    if key_partition(key, self._partitions) not in owned:
-                        continue
-                    state = self._state(key)
-                    if state is not None and self.processor.due(state):
-                        new = await self.processor.on_tick(key, state)
-                        if new is not None:
-                            await self._store(key, new)
+                # Standby and revoked partitions are someone else's to act on.
+                mine = [item for item in due if key_partition(item[0], self._partitions) in owned]
+                changed = await tick_batch(self.processor, mine)
+                await self._store_batch(Batch(states=dict(changed)))
             except Exception as error:  # escalated: see the module docstring
                 await self._fail(error)
 
     # --- state --------------------------------------------------------------------------------
 
+    # The tables' in-memory stores are read directly (``_stores``): a ``Table.get`` also goes
+    # through faust's sensors, which cost more than the lookup, on every record and for every
+    # key on every tick. Writes go through the tables, which send the changelog records.
+
+    def _stores(self) -> list[Mapping[bytes, bytes]]:
+        """Per part, the dict the table's memory store keeps (``store="memory://"``)."""
+        tables: list[Any] = [self.tables[part] for part in self.processor.parts]
+        return [table.data.data for table in tables]
+
+    def _keys(self) -> set[bytes]:
+        keys: set[bytes] = set()
+        for store in self._stores():
+            keys.update(store)
+        return keys
+
     def _state(self, key: bytes | None) -> S | None:
+        entry = self._entry(key)
+        return None if entry is None else entry.state
+
+    def _entry(self, key: bytes | None) -> _Decoded[S] | None:
         if key is None:
             return None
-        stored = tuple(self.tables[part].get(key) for part in self.processor.parts)
-        if all(value is None for value in stored):
-            return None
+        stored = tuple(store.get(key) for store in self._stores())
         cached = self._decoded.get(key)
-        if cached is not None and all(a is b for a, b in zip(cached[0], stored, strict=True)):
-            return cached[1]
+        if cached is not None and all(a is b for a, b in zip(cached.stored, stored, strict=True)):
+            return cached
+        if all(value is None for value in stored):
+            self._decoded.pop(key, None)
+            return None
         state = self.processor.load(key, dict(zip(self.processor.parts, stored, strict=True)))
-        self._decoded[key] = (stored, state)
-        return state
+        entry = self._decoded[key] = _Decoded(stored, state, self.processor.wakeup(state))
+        return entry
 
     def _changelogs_known(self) -> bool:
         """Whether faust's producer has metadata for every changelog topic (see
@@ -390,33 +428,54 @@ class FaustKeyedApp(Generic[S]):
             raise RuntimeError(f"{self.app_id}: faust's producer is not started")
         return producer
 
-    async def _store(self, key: bytes | None, state: S) -> None:
-        if key is None:
-            return  # a record without a key has no state to keep
-        await self._await_changelogs()
-        cached = self._decoded.get(key)
-        for part, value in self.processor.dump(cached[1] if cached else None, state).items():
-            self.tables[part][key] = value
-        stored = tuple(self.tables[part].get(key) for part in self.processor.parts)
-        self._decoded[key] = (stored, state)
-
-    async def _drop(self, key: bytes | None) -> None:
-        if key is None:
+    async def _store_batch(self, batch: Batch[S]) -> None:
+        """Write the batch's changed states to the tables (a changelog record per changed
+        part); called once its outputs are acknowledged."""
+        if not batch.states:
             return
         await self._await_changelogs()
-        for table in self.tables.values():
-            if key in table:
-                del table[key]  # a tombstone in the changelog: compaction forgets the key too
-        self._decoded.pop(key, None)
+        parts = self.processor.parts
+        tables = [self.tables[part] for part in parts]
+        for key, new in batch.states.items():
+            if key is None:
+                continue  # a record without a key has no state to keep
+            replaced = key in batch.replaced
+            if new is DROP or replaced:
+                for table in tables:
+                    if key in table:
+                        del table[key]  # a tombstone in the changelog: compaction forgets it
+                self._decoded.pop(key, None)
+                if new is DROP:
+                    continue
+            cached = self._decoded.get(key)
+            old = cached.state if cached is not None else None
+            for part, value in self.processor.dump(old, new).items():
+                self.tables[part][key] = value
+            stored = tuple(store.get(key) for store in self._stores())
+            self._decoded[key] = _Decoded(stored, new, self.processor.wakeup(new))
 
-    async def _fail(self, error: BaseException, message: Any = None) -> None:
+    async def _fail(self, error: BaseException, messages: Sequence[Any] = ()) -> None:
         log.error("%s stops: %r", self.app_id, error, exc_info=error)
-        if message is not None:
+        for message in messages:
             _withhold(message)
         if self._failure is not None and not self._failure.done():
             self._failure.set_result(error)
-        # Never return to faust, which would go on with the next record: wait to be stopped.
+        # Never return to faust, which would go on with the next batch: wait to be stopped.
         await asyncio.Event().wait()
+
+
+def _record(event: Any) -> Record:
+    """A faust event as the bus's ``Record``."""
+    message = event.message
+    return Record(
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        key=event.key,
+        value=event.value if event.value is not None else b"",
+        headers={name: value or b"" for name, value in dict(event.headers).items()},
+        timestamp=message.timestamp or 0.0,
+    )
 
 
 def _withhold(message: Any) -> None:

@@ -1,11 +1,22 @@
 """Keyed-state consumers: the contract between a stateful consumer and the transport that runs
-it, and the transport that runs one over any ``Bus``.
+it, the batch step both transports share, and the transport that runs one over any ``Bus``.
 
 A :class:`KeyedProcessor` holds one state per record key (the aggregator: one per workload) and
 decides what each record and the passing of time do to it; a transport reads the records, hands
-each to the processor with its key's state, persists the new state and commits offsets. The
-processor publishes what it must before it returns, so a record is committed only after its
-output is acknowledged (at least once). Two transports run the same processor:
+them to the processor with their keys' states, persists the new states and commits offsets. It
+works in batches, in two phases (:func:`process_batch`, :func:`tick_batch`):
+
+1. *decide*: each record of the batch, in order, with the state its key has so far (the one the
+   previous record of the same key left, so per-key order holds within a batch); the processor
+   queues what it must publish without waiting for it;
+2. *flush*: :meth:`KeyedProcessor.flush` sends everything queued and returns once all of it is
+   acknowledged (a publish refused for good dead-letters its record, transient errors are
+   retried).
+
+Only then does the transport persist the new states and commit (ack) the batch: nothing is
+committed before its output is delivered (at least once), and the bus batches the
+acknowledgements instead of one round trip per decision. Two transports run the same processor
+with the same steps:
 
 - :class:`KeyedConsumerLoop` (here): a consumer-group loop over any ``Bus``; states live in a dict.
   It is what embedded mode runs over the ``MemoryBus``. Offsets are committed up to the oldest
@@ -21,8 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Final, Generic, Protocol, TypeVar
 
@@ -45,26 +58,41 @@ workload is gone): the transport removes it, a faust table with a changelog tomb
 
 
 class KeyedProcessor(Protocol[S]):
-    """What a keyed-state transport drives. Transports call it from one task at a time."""
+    """What a keyed-state transport drives (see the module docstring for the order of calls).
+    Transports call it from one task at a time."""
 
     @property
     def parts(self) -> tuple[str, ...]:
         """The names of the parts a state is stored in (one faust table each)."""
         ...
 
-    async def on_record(self, record: Record, state: S | None) -> S | Drop | None:
-        """Process ``record``; ``state`` is its key's (``None``: none yet). Returns the new state,
-        ``None`` when the state is unchanged, or :data:`DROP` to forget it. Whatever must be
-        published is acknowledged before this returns; raising means the record cannot be
-        processed and stops the transport (decode errors are the processor's to dead-letter)."""
+    def on_record(self, record: Record, state: S | None) -> S | Drop | None:
+        """Decide what ``record`` does; ``state`` is its key's (``None``: none yet). Returns the
+        new state, ``None`` when the state is unchanged, or :data:`DROP` to forget it. What must
+        be published is queued for :meth:`flush`; raising means the record cannot be processed
+        and stops the transport (decode errors are the processor's to dead-letter)."""
         ...
 
-    async def on_tick(self, key: bytes | None, state: S) -> S | None:
-        """Time passed and :meth:`due` said so: the new state, or ``None`` if unchanged."""
+    def on_tick(self, key: bytes | None, state: S) -> S | None:
+        """Time passed and ``state`` is due (its :meth:`wakeup` is not after :meth:`now`): the
+        new state, or ``None`` if unchanged (what must be published is queued for
+        :meth:`flush`)."""
         ...
 
-    def due(self, state: S) -> bool:
-        """Whether :meth:`on_tick` has something to do for ``state`` now."""
+    async def flush(self) -> None:
+        """Publish everything queued since the last flush; return once all of it is
+        acknowledged (or, refused for good, dead-lettered). Raising stops the transport before
+        anything decided since the last flush is persisted or committed."""
+        ...
+
+    def wakeup(self, state: S) -> float | None:
+        """When :meth:`on_tick` may next have something to do for ``state`` (``None``: not
+        before another record of its key). It depends on the state alone, so a transport may
+        keep it with the state."""
+        ...
+
+    def now(self) -> float:
+        """The processor's clock, which :meth:`wakeup` times are in."""
         ...
 
     def waiting(self, state: S) -> bool:
@@ -79,6 +107,91 @@ class KeyedProcessor(Protocol[S]):
     def load(self, key: bytes | None, parts: Mapping[str, bytes | None]) -> S:
         """A state from its stored parts (a missing part is ``None``)."""
         ...
+
+
+#: How long a batch step may keep the event loop before it lets other tasks run (embedded mode
+#: runs every service in one loop; a batch decided in one go would hold them all up).
+YIELD_EVERY_S: Final = 0.02
+
+
+@dataclass
+class Batch(Generic[S]):
+    """What a batch of records did, once its outputs are acknowledged."""
+
+    states: dict[bytes | None, S | Drop] = field(default_factory=dict)
+    """Per key whose state changed: its state after the batch's last record of it, or
+    :data:`DROP`; persist these (once per key, however many records it had)."""
+    replaced: set[bytes | None] = field(default_factory=set)
+    """Keys dropped during the batch: what is stored for them must be replaced as a whole by
+    their entry in ``states``, not patched."""
+    outcomes: list[S | Drop | None] = field(default_factory=list)
+    """Per record, in order: what :meth:`KeyedProcessor.on_record` returned."""
+
+
+class _Pacer:
+    """Lets the event loop turn every :data:`YIELD_EVERY_S` of work."""
+
+    def __init__(self) -> None:
+        self._since = time.monotonic()
+
+    async def pace(self) -> None:
+        now = time.monotonic()
+        if now - self._since >= YIELD_EVERY_S:
+            await asyncio.sleep(0)
+            self._since = time.monotonic()
+
+
+async def process_batch(
+    processor: KeyedProcessor[S],
+    records: Sequence[Record],
+    stored: Callable[[bytes | None], S | None],
+) -> Batch[S]:
+    """Decide every record in order (each with the state the previous record of its key left;
+    ``stored`` gives a key's state before the batch), then flush: returns once every output is
+    acknowledged. Persist ``Batch.states`` and commit the records only after it returns."""
+    batch: Batch[S] = Batch()
+    states = batch.states
+    pacer = _Pacer()
+    for record in records:
+        key = record.key
+        if key in states:
+            current = states[key]
+            state = None if current is DROP else current
+        else:
+            state = stored(key)
+        new = processor.on_record(record, state)
+        batch.outcomes.append(new)
+        if new is DROP:
+            if state is None and key not in states:
+                continue  # nothing was kept for it: nothing to forget
+            batch.replaced.add(key)
+        if new is not None:
+            states[key] = new
+        await pacer.pace()
+    await processor.flush()
+    return batch
+
+
+async def tick_batch(
+    processor: KeyedProcessor[S], due: Iterable[tuple[bytes | None, S]]
+) -> dict[bytes | None, S]:
+    """:meth:`KeyedProcessor.on_tick` for every state that is ``due``, then flush: the changed
+    states, once their outputs are acknowledged (persist them only then)."""
+    changed: dict[bytes | None, S] = {}
+    pacer = _Pacer()
+    for key, state in due:
+        new = processor.on_tick(key, state)
+        if new is not None:
+            changed[key] = new
+        await pacer.pace()
+    await processor.flush()
+    return changed
+
+
+def is_due(processor: KeyedProcessor[S], state: S, now: float) -> bool:
+    """Whether ``state`` is due at ``now`` (the processor's clock)."""
+    wakeup = processor.wakeup(state)
+    return wakeup is not None and wakeup <= now
 
 
 class KeyedConsumerLoop(Generic[S]):
@@ -149,10 +262,11 @@ class KeyedConsumerLoop(Generic[S]):
             if not records:
                 continue
             async with self._lock:
-                for record in records:
+                batch = await process_batch(self.processor, records, self._states.get)
+                # Delivered: keep the states, then commit what no waiting state needs.
+                for record, new in zip(records, batch.outcomes, strict=True):
                     self._uncommitted.setdefault(record.tp, deque()).append(record)
                     key = record.key
-                    new = await self.processor.on_record(record, self._states.get(key))
                     self._where[key] = record.tp
                     if new is DROP:
                         self._forget(key)
@@ -170,13 +284,15 @@ class KeyedConsumerLoop(Generic[S]):
                     self._states.pop(key, None)
                     self._held.pop(key, None)
                     del self._where[key]
-                changed = False
-                for key, state in list(self._states.items()):
-                    if self.processor.due(state):
-                        new = await self.processor.on_tick(key, state)
-                        if new is not None:
-                            self._keep(key, new, None)
-                            changed = True
+                now = self.processor.now()
+                due = [
+                    (key, state)
+                    for key, state in self._states.items()
+                    if is_due(self.processor, state, now)
+                ]
+                changed = await tick_batch(self.processor, due)
+                for key, new in changed.items():
+                    self._keep(key, new, None)
                 if changed:
                     await self._commit(consumer)
 

@@ -62,8 +62,33 @@ async def dead_letter(
     the trace that carried the record. Raises ``BusError`` if the dead letter itself cannot be
     published; then do not commit, so the record is read again.
     """
+    letter = dead_letter_of(record, reason, error, group=group, failed_at=clock())
+    delivery = await publish_message(bus, topic, letter, trace=trace_context(record.headers))
+    log.warning(
+        "dead-lettered %s[%d]@%d (key %r) to %s: %s",
+        record.topic,
+        record.partition,
+        record.offset,
+        letter.key,
+        topic,
+        reason,
+    )
+    return delivery
+
+
+def dead_letter_of(
+    record: Record,
+    reason: str,
+    error: BaseException | None = None,
+    *,
+    group: str = "",
+    failed_at: float,
+) -> DeadLetter:
+    """The dead letter of ``record`` (what :func:`dead_letter` publishes): its value (the first
+    :data:`DEAD_LETTER_VALUE_BYTES` of it), key and headers, with ``reason`` and the ``error``
+    class. Publish it under its ``record_key`` with the record's trace context."""
     kept = record.value[:DEAD_LETTER_VALUE_BYTES]
-    letter = DeadLetter(
+    return DeadLetter(
         topic=record.topic,
         partition=record.partition,
         offset=record.offset,
@@ -78,19 +103,8 @@ async def dead_letter(
         reason=reason,
         error=type(error).__name__ if error is not None else "",
         group=group,
-        failed_at=clock(),
+        failed_at=failed_at,
     )
-    delivery = await publish_message(bus, topic, letter, trace=trace_context(record.headers))
-    log.warning(
-        "dead-lettered %s[%d]@%d (key %r) to %s: %s",
-        record.topic,
-        record.partition,
-        record.offset,
-        letter.key,
-        topic,
-        reason,
-    )
-    return delivery
 
 
 async def decode_or_dead_letter(

@@ -5,23 +5,31 @@ Both transports run it (``podcost_bus.faust_app.FaustKeyedApp`` over Kafka,
 ``podcost_bus.keyed.KeyedConsumerLoop`` over the in-memory bus); ``podcost.aggregator.service``
 builds it. Per record: decode it as a snapshot (workloads topic) or a strategy's answer (ranks
 topic), an undecodable one, or one whose workload policy is invalid, going to the dead-letter
-topic with the reason; apply the transition; ask whether a decision is due and, if so, publish
-the desired costs in a ``podcost.combine`` span, child of the snapshot's trace, with the span's
+topic with the reason; apply the transition; ask whether a decision is due and, if so, queue the
+desired costs, in a ``podcost.combine`` span, child of the snapshot's trace, with the span's
 context in the record headers. A ``WorkloadGoneMessage`` on the workloads topic drops the key's
-state instead (the transport forgets it), so states do not pile up. Publishing retries
-transient bus errors until acknowledged, and returns only then: the transport persists the
-state and commits the record after that (at least once). Deciding is the core's; nothing here
-does anything but decode, call, encode and observe.
+state instead (the transport forgets it), so states do not pile up.
+
+Records come in batches (``podcost_bus.keyed``): :meth:`AggregationProcessor.on_record` only
+decides and queues what to publish; :meth:`AggregationProcessor.flush`, once per batch, sends
+everything queued at once (the producer batches it) and returns when all of it is acknowledged,
+retrying transient bus errors and dead-lettering the record whose costs the bus refuses for good
+(the span then says why, and ends with the acknowledgement). The transport persists the states
+and commits the batch only after that (at least once). Deciding is the core's; nothing here does
+anything but decode, call, encode and observe.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
 
-from opentelemetry.trace import Status, StatusCode, Tracer
+from opentelemetry.trace import Span, Status, StatusCode, Tracer, set_span_in_context
 from opentelemetry.util.types import AttributeValue
+from pydantic_core import to_json
 
 from podcost.runtime.clock import Clock
 from podcost.runtime.metrics import Metrics
@@ -42,10 +50,11 @@ from podcost.runtime.telemetry import (
 )
 from podcost_bus import Bus, BusError, Delivery, Record
 from podcost_bus.keyed import DROP, Drop
-from podcost_bus.messaging import dead_letter
+from podcost_bus.messaging import dead_letter_of
 from podcost_contracts.messages import (
     DecodeError,
     DesiredCostsMessage,
+    Encoded,
     MessageTooLarge,
     PodCost,
     StrategyRanksMessage,
@@ -55,6 +64,7 @@ from podcost_contracts.messages import (
     decode,
     decode_workload_record,
     encode,
+    encode_json,
     trace_context,
 )
 from podcost_contracts.topics import Topics
@@ -112,6 +122,84 @@ def desired_costs(decision: Decision, *, emitted_at: float) -> DesiredCostsMessa
     )
 
 
+def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
+    """``desired_costs(decision, emitted_at=...).model_dump_json()``, built without the
+    message's models: the same bytes (the unit tests compare them), at a fraction of the cost of
+    one model per pod and strategy, which was most of deciding. Valid for the same reasons as
+    :func:`desired_costs` (the core builds decisions consistent with the message's checks)."""
+    combined = decision.combined
+    by_uid = {pod.uid: pod for pod in decision.snapshot.pods}
+    costs = decision.labelling.costs
+    current = decision.current
+    normalized = combined.normalized
+    terms = [
+        (
+            bound.name,
+            bound.spec.tier,
+            bound.weight,
+            combined.raw[bound.name],
+            normalized[bound.name],
+        )
+        for bound in combined.policy.bound
+        if bound.name in normalized
+    ]
+    pods = []
+    for index, uid in enumerate(combined.uids):
+        pod = by_uid[uid]
+        now = current.get(uid)
+        pods.append(
+            {
+                "namespace": pod.namespace,
+                "name": pod.name,
+                "uid": uid,
+                "cost": costs[uid],
+                "previous": None if now is None else now.value,
+                "breakdown": {
+                    name: {
+                        "normalized": values[index],
+                        "weight": weight,
+                        "tier": tier,
+                        "raw": float(raw[index]),
+                    }
+                    for name, tier, weight, raw, values in terms
+                },
+            }
+        )
+    changed_at = decision.changed_at
+    return to_json(
+        {
+            "schema_version": 1,
+            "key": decision.key,
+            "version": decision.version,
+            "costs": pods,
+            "complete": decision.complete,
+            "missing": decision.missing,
+            "emitted_at": float(emitted_at),
+            "changed_at": None if changed_at is None else float(changed_at),
+        }
+    )
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    """A record queued for :meth:`AggregationProcessor.flush`: a decision's costs, or a dead
+    letter."""
+
+    topic: str
+    encoded: Encoded
+    record: Record | None
+    """The record it answers: dead-lettered if a decision's costs are refused for good (a tick's
+    decision has none); the record a dead letter is of."""
+    decision: Decision | None = None
+    """The decision whose costs these are (``None``: a dead letter)."""
+    span: Span | None = None
+    """The decision's span, ended once the costs are acknowledged or refused."""
+    reason: str = ""
+    """A dead letter's reason."""
+    error: BusError | None = None
+    """Why sending it failed at once (``bus.send`` itself raised)."""
+
+
 class AggregationProcessor:
     """The aggregator's ``KeyedProcessor`` (see the module docstring)."""
 
@@ -137,16 +225,17 @@ class AggregationProcessor:
         self.tracer = tracer
         self.clock = clock
         self.backoff = backoff
+        self._queue: list[_Outgoing] = []
+        """What decisions and dead letters wait for the next :meth:`flush`."""
+        self._ok: dict[str, Any] = {}
 
-    async def on_record(
-        self, record: Record, state: WorkloadState | None
-    ) -> WorkloadState | Drop | None:
+    def on_record(self, record: Record, state: WorkloadState | None) -> WorkloadState | Drop | None:
         started = time.time_ns()
         if record.topic not in (self.topics.workloads, self.topics.ranks):
             raise ValueError(f"the aggregator does not read {record.topic!r}")
         if record.key is None:
             reason = "the record has no key (expected cluster/namespace/kind/name)"
-            await self._dead_letter(record, reason, None)
+            self._dead_letter(record, reason, None)
             return None
         message: WorkloadSnapshotMessage | WorkloadGoneMessage | StrategyRanksMessage
         try:
@@ -155,7 +244,7 @@ class AggregationProcessor:
             else:
                 message = decode(StrategyRanksMessage, record.value, record.headers, key=record.key)
         except DecodeError as error:
-            await self._dead_letter(record, error.reason, error)
+            self._dead_letter(record, error.reason, error)
             return None
         if isinstance(message, WorkloadGoneMessage):
             return self._gone(record, message, state)
@@ -173,7 +262,7 @@ class AggregationProcessor:
                 )
             except PolicyError as error:
                 reason = f"the workload's policy is invalid: {error}"
-                await self._dead_letter(record, reason, error)
+                self._dead_letter(record, reason, error)
                 return None
         else:
             step = self.aggregator.on_ranks(
@@ -183,15 +272,15 @@ class AggregationProcessor:
                 scores=message.scores,
                 now=now,
             )
-        self.metrics.consumed.labels(record.topic, "ok").inc()
+        self._consumed_ok(record.topic).inc()
         log.debug("%s v%d from %s: %s", message.key, message.version, record.topic, step.outcome)
-        new = await self._decide(step.state, now, started, record)
+        new = self._decide(step.state, now, started, record)
         return None if new is current else new
 
     def _gone(
         self, record: Record, message: WorkloadGoneMessage, state: WorkloadState | None
     ) -> Drop | None:
-        self.metrics.consumed.labels(record.topic, "ok").inc()
+        self._consumed_ok(record.topic).inc()
         outcome = (
             Outcome.ACCEPTED
             if state is None
@@ -201,13 +290,15 @@ class AggregationProcessor:
         log.debug("%s gone (%s): %s", message.key, message.reason, outcome)
         return DROP if outcome is Outcome.ACCEPTED and state is not None else None
 
-    async def on_tick(self, key: bytes | None, state: WorkloadState) -> WorkloadState | None:
-        new = await self._decide(state, self.clock.now(), time.time_ns(), None)
+    def on_tick(self, key: bytes | None, state: WorkloadState) -> WorkloadState | None:
+        new = self._decide(state, self.clock.now(), time.time_ns(), None)
         return None if new is state else new
 
-    def due(self, state: WorkloadState) -> bool:
-        wakeup = self.aggregator.next_wakeup(state)
-        return wakeup is not None and self.clock.now() >= wakeup
+    def wakeup(self, state: WorkloadState) -> float | None:
+        return self.aggregator.next_wakeup(state)
+
+    def now(self) -> float:
+        return self.clock.now()
 
     def waiting(self, state: WorkloadState) -> bool:
         return self.aggregator.waiting(state)
@@ -225,75 +316,150 @@ class AggregationProcessor:
             log.error("%s; starting it afresh", error)
             return WorkloadState(text)
 
-    # --- deciding and publishing --------------------------------------------------------------
+    def _consumed_ok(self, topic: str) -> Any:
+        counter = self._ok.get(topic)
+        if counter is None:
+            counter = self._ok[topic] = self.metrics.consumed.labels(topic, "ok")
+        return counter
 
-    async def _decide(
+    # --- deciding -----------------------------------------------------------------------------
+
+    def _decide(
         self, state: WorkloadState, now: float, started: int, record: Record | None
     ) -> WorkloadState:
         state, decision = self.aggregator.due(state, now)
         if decision is not None:
-            await self._publish(decision, started, record)
+            self._queue_costs(decision, started, record)
         return state
 
-    async def _publish(self, decision: Decision, started: int, record: Record | None) -> None:
+    def _queue_costs(self, decision: Decision, started: int, record: Record | None) -> None:
         parent = extract({name: value.encode() for name, value in decision.trace.items()})
         writes = decision.labelling.writes
+        combined = decision.combined
         attributes: dict[str, AttributeValue] = {
             ATTR_WORKLOAD: decision.key,
             ATTR_VERSION: decision.version,
             ATTR_COMPLETE: decision.complete,
             ATTR_MISSING: list(decision.missing),
-            ATTR_PODS: len(decision.combined.uids),
+            ATTR_PODS: len(combined.uids),
             ATTR_WRITES: len(writes),
         }
-        with self.tracer.start_as_current_span(
+        # Ended in flush, once the costs are acknowledged (or refused).
+        span = self.tracer.start_span(
             SPAN_COMBINE, context=parent, attributes=attributes, start_time=started
-        ) as span:
-            if decision.rejected:
-                log.warning("%s v%d: answers left out: %s", decision.key, decision.version,
-                            decision.rejected)  # fmt: skip
-            message = desired_costs(decision, emitted_at=self.clock.now())
-            for pod in message.costs[:MAX_POD_EVENTS]:
+        )
+        if decision.rejected:
+            log.warning("%s v%d: answers left out: %s", decision.key, decision.version,
+                        decision.rejected)  # fmt: skip
+        if span.is_recording():
+            by_uid = {pod.uid: pod for pod in decision.snapshot.pods}
+            ranks, costs = combined.ranks, decision.labelling.costs
+            for uid in combined.uids[:MAX_POD_EVENTS]:
+                pod = by_uid[uid]
                 span.add_event(
                     POD_EVENT,
                     {
                         ATTR_POD: f"{pod.namespace}/{pod.name}",
-                        ATTR_RANK: decision.combined.ranks[pod.uid],
-                        ATTR_COST: pod.cost,
+                        ATTR_RANK: ranks[uid],
+                        ATTR_COST: costs[uid],
                     },
                 )
+        item = _Outgoing(self.topics.costs, _NOTHING, record, decision, span)
+        try:
+            body = desired_costs_json(decision, emitted_at=self.clock.now())
+            item.encoded = encode_json(
+                DesiredCostsMessage, body, key=decision.key.encode(), schema_version=1,
+                trace=inject(set_span_in_context(span)),
+            )  # fmt: skip
+        except MessageTooLarge as error:
+            self._refused(item, error)
+            return
+        self._queue.append(item)
+
+    def _dead_letter(self, record: Record, reason: str, error: BaseException | None) -> None:
+        letter = dead_letter_of(record, reason, error, group=self.group, failed_at=self.clock.now())
+        encoded = encode(letter, trace=trace_context(record.headers))
+        self._queue.append(_Outgoing(self.topics.deadletter, encoded, record, reason=reason))
+
+    # --- publishing ---------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Send everything queued, then wait for every acknowledgement (see the module
+        docstring). Raises ``BusError`` if a dead letter itself is refused for good: the
+        transport stops before committing, and the records are read again."""
+        while self._queue:
+            queued, self._queue = self._queue, []
+            sent: list[tuple[_Outgoing, Awaitable[Delivery] | None]] = []
+            for item in queued:  # all queued before any is awaited: the producer batches them
+                sent.append((item, await self._send(item)))
+            for item, acked in sent:
+                await self._settle(item, acked)
+            # Dead letters of refused costs were queued meanwhile: the loop sends them too.
+
+    async def _send(self, item: _Outgoing) -> Awaitable[Delivery] | None:
+        encoded = item.encoded
+        try:
+            return await self.bus.send(item.topic, encoded.key, encoded.value, encoded.headers)
+        except BusError as error:
+            item.error = error  # settled below: published again if transient, else refused
+            return None
+
+    async def _settle(self, item: _Outgoing, acked: Awaitable[Delivery] | None) -> None:
+        error = item.error
+        if acked is not None:
             try:
-                encoded = encode(message, trace=inject())
+                await acked
+            except BusError as failed:
+                error = failed
+        if error is not None and error.retriable:
+            encoded = item.encoded
 
-                async def publish() -> Delivery:
-                    return await self.bus.publish(
-                        self.topics.costs, encoded.key, encoded.value, encoded.headers
-                    )
+            async def publish() -> Delivery:
+                return await self.bus.publish(
+                    item.topic, encoded.key, encoded.value, encoded.headers
+                )
 
+            try:
                 await retry_transient(
-                    publish, what=f"publish the costs of {decision.key}", sleep=self.clock.sleep,
+                    publish, what=f"publish to {item.topic}", sleep=self.clock.sleep,
                     backoff=self.backoff,
                 )  # fmt: skip
-            except (MessageTooLarge, BusError) as error:
-                span.record_exception(error)
-                span.set_status(Status(StatusCode.ERROR, str(error)))
-                reason = f"the costs decided for version {decision.version} cannot be published"
-                log.error("%s: %s: %s", decision.key, reason, error)
-                if record is not None:
-                    await self._dead_letter(record, f"{reason}: {error}", error)
-                return
-        self.metrics.combined.labels("complete" if decision.complete else "deadline").inc()
-        self.metrics.produced.labels(self.topics.costs).inc()
-
-    async def _dead_letter(self, record: Record, reason: str, error: BaseException | None) -> None:
-        async def publish() -> Delivery:
-            return await dead_letter(
-                self.bus, record, reason, error, topic=self.topics.deadletter, group=self.group,
-                clock=self.clock.now,
+                error = None
+            except BusError as failed:
+                error = failed
+        if error is not None:
+            self._refused(item, error)
+        elif item.decision is not None:
+            self.metrics.combined.labels("complete" if item.decision.complete else "deadline").inc()
+            self.metrics.produced.labels(item.topic).inc()
+            if item.span is not None:
+                item.span.end()
+        else:
+            record = item.record
+            assert record is not None  # a dead letter is always of a record
+            log.warning(
+                "dead-lettered %s[%d]@%d (key %r) to %s: %s",
+                record.topic, record.partition, record.offset, record.key, item.topic,
+                item.reason,
             )  # fmt: skip
+            self.metrics.consumed.labels(record.topic, "dead_letter").inc()
+            self.metrics.produced.labels(item.topic).inc()
 
-        await retry_transient(
-            publish, what="dead-letter", sleep=self.clock.sleep, backoff=self.backoff
-        )
-        self.metrics.consumed.labels(record.topic, "dead_letter").inc()
-        self.metrics.produced.labels(self.topics.deadletter).inc()
+    def _refused(self, item: _Outgoing, error: MessageTooLarge | BusError) -> None:
+        """The bus will never take ``item``: a decision's record is dead-lettered instead; a
+        dead letter that cannot be published stops the transport."""
+        decision = item.decision
+        if decision is None:
+            raise error
+        if item.span is not None:
+            item.span.record_exception(error)
+            item.span.set_status(Status(StatusCode.ERROR, str(error)))
+            item.span.end()
+        reason = f"the costs decided for version {decision.version} cannot be published"
+        log.error("%s: %s: %s", decision.key, reason, error)
+        if item.record is not None:
+            self._dead_letter(item.record, f"{reason}: {error}", error)
+
+
+#: A placeholder for an item's encoding until it is made.
+_NOTHING: Final = Encoded(key=None, value=b"", headers={}, json_size=0)

@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from podcost.aggregator.processor import AggregationProcessor
 from podcost.aggregator.settings import AggregatorSettings
 from podcost.runtime.clock import Clock, WallClock
+from podcost.runtime.heap import settle_heap
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import tracer
@@ -40,7 +41,8 @@ from podcost_core.strategies.registry import Registry, default_registry
 
 log = logging.getLogger("podcost.aggregator")
 
-#: How often the consumer lag gauge is refreshed.
+#: How often the consumer lag gauge is refreshed (and, until it is, whether the transport is ready,
+#: to settle the heap then).
 LAG_EVERY_S = 1.0
 
 
@@ -89,8 +91,13 @@ class AggregatorService:
                 await reporter
 
     async def _report_lag(self) -> None:
+        settled = False
         while True:
             await asyncio.sleep(LAG_EVERY_S)
+            if not settled and self.transport.ready():
+                # The states recovered so far are the long-lived heap (``settle_heap``).
+                settle_heap()
+                settled = True
             started = time.monotonic()
             try:
                 lags = await self.transport.lag()

@@ -30,7 +30,7 @@ said to be gone.)
 Publishing does not wait for each snapshot's acknowledgement: snapshots are queued on the bus
 (which keeps one workload's records in order), at most ``MAX_IN_FLIGHT`` unacknowledged, and one
 the bus cannot deliver ends the watcher, whose restart publishes every workload again. Once the
-cache is synced it is frozen out of the garbage collector's passes (``_settle_heap``).
+cache is synced it is frozen out of the garbage collector's passes (``settle_heap``).
 
 Pods are converted through a ``PodCache`` (once per pod version), which is also where a pod
 with an invalid deletion cost is reported, once per version: counted in
@@ -40,7 +40,6 @@ with an invalid deletion cost is reported, once per version: counted in
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import socket
@@ -55,6 +54,7 @@ from pydantic import AliasChoices, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from podcost.runtime.clock import Clock, WallClock
+from podcost.runtime.heap import settle_heap
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
@@ -298,7 +298,7 @@ class WatcherService:
             self._ready = True
             log.info("watcher synced: %d pods, %d nodes", self.store.count("Pod"),
                      self.store.count("Node"))  # fmt: skip
-            _settle_heap()
+            settle_heap()
             tasks = [
                 asyncio.create_task(self._publish_forever(), name="watcher-publish"),
                 asyncio.create_task(informer.join(), name="watcher-informer"),
@@ -441,22 +441,6 @@ class WatcherService:
                 pod.namespace, pod.name, DELETION_COST_ANNOTATION, problem,
                 extra={"pod": f"{pod.namespace}/{pod.name}", "value": pod.deletion_cost_raw},
             )  # fmt: skip
-
-
-#: The cyclic collector's youngest-generation threshold once the cache is synced (CPython's
-#: default is 700): decoding one pod event allocates hundreds of containers, so at the default
-#: every few events ran a collection and every few hundred a full one over the whole cache.
-GC_THRESHOLD = 20_000
-
-
-def _settle_heap() -> None:
-    """After the initial sync: the cache (and all imported so far) lives as long as the process,
-    so move it out of the collector's reach (``gc.freeze``) and collect less often. Measured on
-    the whole-pipeline benchmark, full collections took 12-17 % of the process's CPU before."""
-    gc.collect()
-    gc.freeze()
-    youngest, middle, oldest = gc.get_threshold()
-    gc.set_threshold(max(GC_THRESHOLD, youngest), middle, oldest)
 
 
 def bootstrap(

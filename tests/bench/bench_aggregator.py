@@ -1,0 +1,256 @@
+"""Benchmark of the aggregator alone over the real Kafka broker: decisions per second.
+
+A script, not a test (``python -m tests.bench.bench_aggregator [--workloads N --pods P
+--engine faust|consumer]``); it prints numbers and asserts nothing. It starts its own Kafka broker
+in a temporary directory (``podcost_localinfra``) unless ``PODCOST_KAFKA`` points at a running
+one, and uses topics of its own.
+
+Before the aggregator starts, the topics are loaded with ``N`` workload snapshots (``P`` pods each
+on several nodes over three zones, spot and on-demand, some tainted) and, for each, the answer of
+every ranked strategy of the default policy, computed with the real strategies from the registry
+and encoded as a ranker encodes them. The aggregator then starts as ``podcost aggregator`` starts
+it (``setup_tracing``, ``podcost.aggregator.bootstrap`` with its own bus, ``serve``), in this
+process, and reads the backlog. Measured: from its first decision to the moment the ``N``-th
+``DesiredCostsMessage`` is on the costs topic (the costs topic's end offsets, polled); the first
+decision's time is its record's timestamp, read back afterwards, so the measurement reads nothing
+while the aggregator works. Then it reads every decision back and says how many workloads were
+decided, how many completely.
+
+``--profile FILE`` writes cProfile stats of the run (the aggregator's process is this one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from tests.support.snapshots import snapshot
+
+from podcost import aggregator
+from podcost.aggregator import AggregatorSettings
+from podcost.runtime.runner import serve
+from podcost.runtime.settings import ServiceSettings
+from podcost.runtime.telemetry import setup_tracing
+from podcost_bus import BusSettings, Delivery, KafkaBus
+from podcost_contracts.messages import (
+    TRACEPARENT,
+    DesiredCostsMessage,
+    StrategyRanksMessage,
+    WorkloadSnapshotMessage,
+    decode,
+    encode,
+)
+from podcost_core.aggregate import PolicyResolver
+from podcost_core.model import Snapshot
+from podcost_core.policy import DEFAULT_POLICY
+from podcost_core.strategies.registry import default_registry
+from podcost_localinfra import kafka
+
+POLL_S = 0.05
+#: Far beyond the run: every decision is complete (a backlog read at the aggregator's own pace
+#: would otherwise meet the default 5 s deadline between a snapshot and its last answer).
+DEADLINE_S = 3600.0
+
+
+def workloads(count: int, pods: int) -> list[Snapshot]:
+    """``count`` Deployments of ``pods`` pods over a quarter as many nodes (three zones, half of
+    them spot, one in seven tainted), in 20 namespaces."""
+    return [
+        replace(
+            snapshot(
+                f"app-{index}",
+                pods=pods,
+                nodes=max(3, pods // 3),
+                namespace=f"ns-{index % 20}",
+                seed=index,
+            ),
+            version=1 + index % 5,
+        )
+        for index in range(count)
+    ]
+
+
+def answers(snapshots: list[Snapshot]) -> list[StrategyRanksMessage]:
+    """Every ranked strategy's answer for every snapshot, as the rankers compute them."""
+    resolver = PolicyResolver(DEFAULT_POLICY, registry=default_registry())
+    out = []
+    for item in snapshots:
+        for bound in resolver.of(item).bound:
+            if bound.strategy.spread:
+                continue  # the aggregator levels it; no ranker answers
+            started = time.perf_counter()
+            scores = bound.strategy.score(item, bound.args)
+            out.append(
+                StrategyRanksMessage(
+                    key=item.workload.key,
+                    version=item.version,
+                    strategy=bound.name,
+                    scores=dict(scores),
+                    duration_seconds=time.perf_counter() - started,
+                    emitted_at=time.time(),
+                )
+            )
+    return out
+
+
+async def preload(bus: KafkaBus, settings: BusSettings, snapshots: list[Snapshot]) -> int:
+    """Publish the snapshots and their answers (answers after their snapshot, the usual order);
+    returns how many answers."""
+    started = time.perf_counter()
+    ranks = answers(snapshots)
+    print(f"  computed {len(ranks)} answers in {time.perf_counter() - started:.1f}s")
+    topics = settings.topics
+    acks: list[Awaitable[Delivery]] = []
+    for index, item in enumerate(snapshots):
+        trace = {TRACEPARENT: f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"}
+        message = WorkloadSnapshotMessage.of(item, emitted_at=time.time(), changed_at=time.time())
+        encoded = encode(message, trace=trace)
+        acks.append(await bus.send(topics.workloads, encoded.key, encoded.value, encoded.headers))
+        if len(acks) >= 2000 or index == len(snapshots) - 1:
+            await asyncio.gather(*acks)
+            acks.clear()
+    for index, answer in enumerate(ranks):
+        encoded = encode(answer)
+        acks.append(await bus.send(topics.ranks, encoded.key, encoded.value, encoded.headers))
+        if len(acks) >= 2000 or index == len(ranks) - 1:
+            await asyncio.gather(*acks)
+            acks.clear()
+    return len(ranks)
+
+
+async def read_back(
+    bootstrap: str, topic: str, partitions: int
+) -> list[tuple[float, DesiredCostsMessage]]:
+    """Every record of ``topic``: its timestamp and its decision."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
+        group_id=None,
+    )  # fmt: skip
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, partition) for partition in range(partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        out = []
+        for tp, end in ends.items():
+            while await consumer.position(tp) < end:
+                batches = await consumer.getmany(tp, timeout_ms=1000)
+                for record in batches.get(tp, []):
+                    headers = dict(record.headers)
+                    message = decode(DesiredCostsMessage, record.value, headers, key=record.key)
+                    out.append((record.timestamp / 1000, message))
+        return out
+    finally:
+        await consumer.stop()
+
+
+async def bench(bootstrap: str, count: int, pods: int, engine: str, profile: str | None) -> None:
+    run = uuid.uuid4().hex[:8]
+    settings = BusSettings(
+        bootstrap_servers=bootstrap,
+        client_id=f"bench-{run}",
+        topic_workloads=f"bench-{run}.workloads",
+        topic_ranks=f"bench-{run}.ranks",
+        topic_costs=f"bench-{run}.costs",
+        topic_deadletter=f"bench-{run}.deadletter",
+    )
+    topics = settings.topics
+    print(f"aggregator ({engine}) over Kafka {bootstrap}: {count} workloads x {pods} pods, "
+          f"{settings.partitions} partitions")  # fmt: skip
+    started = time.perf_counter()
+    snapshots = workloads(count, pods)
+    async with KafkaBus(settings) as bus:
+        await bus.ensure_topics(topics.all())
+        answered = await preload(bus, settings, snapshots)
+    print(f"  pre-loaded {count} snapshots and {answered} answers in "
+          f"{time.perf_counter() - started:.1f}s")  # fmt: skip
+
+    data_dir = tempfile.TemporaryDirectory(prefix="podcost-bench-")
+    service_settings = ServiceSettings(http_port=0)
+    config = AggregatorSettings(
+        app_id=f"bench-{run}-aggregator",
+        data_dir=Path(data_dir.name),
+        engine=engine,  # type: ignore[arg-type]
+        deadline_s=DEADLINE_S,
+    )
+    # What ``podcost aggregator`` does, in this process.
+    provider = setup_tracing("podcost-aggregator")
+    service = aggregator.bootstrap(service_settings, settings, config=config)
+    ends = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    await ends.start()
+    costs = [TopicPartition(topics.costs, p) for p in range(settings.partitions)]
+    stop = asyncio.Event()
+    profiler = cProfile.Profile() if profile else None
+    launched = time.time()
+    if profiler:
+        profiler.enable()
+    task = asyncio.create_task(serve([service], service_settings, bus=service.bus, stop=stop))
+    try:
+        decided = 0
+        cpu = [(time.time(), time.process_time())]  # when, and this process's CPU time then
+        while decided < count:
+            if task.done():
+                task.result()
+                raise RuntimeError("the aggregator stopped by itself")
+            await asyncio.sleep(POLL_S)
+            decided = sum((await ends.end_offsets(costs)).values())
+            cpu.append((time.time(), time.process_time()))
+        finished = time.time()
+    finally:
+        if profiler:
+            profiler.disable()
+        stop.set()
+        await asyncio.gather(task, return_exceptions=True)
+        await ends.stop()
+        provider.shutdown()
+        data_dir.cleanup()
+    if profiler and profile:
+        profiler.dump_stats(profile)
+
+    decisions = await read_back(bootstrap, topics.costs, settings.partitions)
+    first = min(stamp for stamp, _ in decisions)
+    keys = {message.key for _, message in decisions}
+    complete = {message.key for _, message in decisions if message.complete}
+    elapsed = finished - first
+    since = max((sample for sample in cpu if sample[0] <= first), default=cpu[0])
+    used = cpu[-1][1] - since[1]
+    print(f"  started -> first decision: {first - launched:.2f}s")
+    print(f"  {len(decisions)} decisions ({len(keys)} workloads, {len(complete)} complete) in "
+          f"{elapsed:.2f}s from the first: {count / elapsed:.0f} decisions/s "
+          f"({count / (finished - launched):.0f}/s counting the start)")  # fmt: skip
+    print(f"  this process's CPU meanwhile: {used:.2f}s ({used / (cpu[-1][0] - since[0]):.0%} of "
+          f"one core), {count / used:.0f} decisions per CPU-second")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", type=int, default=5000)
+    parser.add_argument("--pods", type=int, default=25)
+    parser.add_argument("--engine", choices=("faust", "consumer"), default="faust")
+    parser.add_argument("--profile", default=None, help="write cProfile stats to this file")
+    args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        bootstrap = os.environ.get("PODCOST_KAFKA")
+        if not bootstrap:
+            run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="podcost-")))
+            broker = kafka.start(run_dir / "kafka")
+            stack.callback(broker.stop)
+            bootstrap = broker.bootstrap
+        asyncio.run(bench(bootstrap, args.workloads, args.pods, args.engine, args.profile))
+
+
+if __name__ == "__main__":
+    main()
