@@ -220,6 +220,14 @@ async def bench(bootstrap: str, count: int, pods: int, engine: str, profile: str
     if profiler and profile:
         profiler.dump_stats(profile)
 
+    changelog = 0
+    if engine == "faust":
+        changelogs = service.transport.changelog_topics()  # type: ignore[attr-defined]
+        tps = [TopicPartition(t, p) for t in changelogs for p in range(settings.partitions)]
+        ends = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+        await ends.start()
+        changelog = sum((await ends.end_offsets(tps)).values())
+        await ends.stop()
     decisions = await read_back(bootstrap, topics.costs, settings.partitions)
     first = min(stamp for stamp, _ in decisions)
     keys = {message.key for _, message in decisions}
@@ -231,6 +239,8 @@ async def bench(bootstrap: str, count: int, pods: int, engine: str, profile: str
     print(f"  {len(decisions)} decisions ({len(keys)} workloads, {len(complete)} complete) in "
           f"{elapsed:.2f}s from the first: {count / elapsed:.0f} decisions/s "
           f"({count / (finished - launched):.0f}/s counting the start)")  # fmt: skip
+    if changelog:
+        print(f"  {changelog} changelog records ({changelog / count:.1f} per workload)")
     print(f"  this process's CPU meanwhile: {used:.2f}s ({used / (cpu[-1][0] - since[0]):.0%} of "
           f"one core), {count / used:.0f} decisions per CPU-second")  # fmt: skip
 

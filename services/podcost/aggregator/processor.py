@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -132,17 +132,13 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
     costs = decision.labelling.costs
     current = decision.current
     normalized = combined.normalized
-    terms = [
-        (
-            bound.name,
-            bound.spec.tier,
-            bound.weight,
-            combined.raw[bound.name],
-            normalized[bound.name],
-        )
+    # Per strategy of the breakdown, its term of every ranked pod (aligned with ``uids``).
+    columns = [
+        (bound.name, _terms(bound.weight, bound.spec.tier, normalized[bound.name],
+                            combined.raw[bound.name]))
         for bound in combined.policy.bound
         if bound.name in normalized
-    ]
+    ]  # fmt: skip
     pods = []
     for index, uid in enumerate(combined.uids):
         pod = by_uid[uid]
@@ -154,15 +150,7 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
                 "uid": uid,
                 "cost": costs[uid],
                 "previous": None if now is None else now.value,
-                "breakdown": {
-                    name: {
-                        "normalized": values[index],
-                        "weight": weight,
-                        "tier": tier,
-                        "raw": float(raw[index]),
-                    }
-                    for name, tier, weight, raw, values in terms
-                },
+                "breakdown": {name: terms[index] for name, terms in columns},
             }
         )
     changed_at = decision.changed_at
@@ -178,6 +166,16 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
             "changed_at": None if changed_at is None else float(changed_at),
         }
     )
+
+
+def _terms(
+    weight: int, tier: int, normalized: Sequence[int], raw: Sequence[float]
+) -> list[dict[str, float]]:
+    """One strategy's ``StrategyTerm`` of every pod, as JSON-ready dicts."""
+    return [
+        {"normalized": value, "weight": weight, "tier": tier, "raw": float(score)}
+        for value, score in zip(normalized, raw, strict=True)
+    ]
 
 
 @dataclass(slots=True)
