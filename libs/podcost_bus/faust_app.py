@@ -1,43 +1,62 @@
 """The faust-streaming transport of a keyed-state consumer: what the aggregator runs over Kafka.
 
 ``FaustKeyedApp`` runs a :class:`~podcost_bus.keyed.KeyedProcessor` as a faust app: one agent
-reads the source topics (the aggregator's: workloads and ranks), one table per state part, keyed
-by the record key, holds the states (restored from the tables' changelog topics after a restart
-or a rebalance), and a timer lets the processor act on deadlines. The aggregator service builds
-it in Kafka mode; its tests start it in-process against the real broker.
+reads the source topics (the aggregator's: workloads and ranks) in batches, one table per state
+part, keyed by the record key, holds the states (restored from the tables' changelog topics after
+a restart or a rebalance), and a timer lets the processor act on deadlines. The aggregator
+service builds it in Kafka mode; its tests start it in-process against the real broker.
 
 What podcost relies on, and why it is arranged so:
 
-- **faust acks a message when an agent raises** (and restarts the agent): the record would be
+- **Batches, acked when the next one is asked for** (``Stream.take_events``): up to
+  :data:`BATCH_MAX` records, or what came within :data:`BATCH_WITHIN_S`. The agent runs
+  ``podcost_bus.keyed.process_batch`` on one (decide every record, then the processor's flush
+  sends every output and awaits all the acknowledgements), writes the changed states, and only
+  then asks for the next batch, which is when faust acks the previous one's records. A batch
+  is one round of acknowledgements instead of one per decision, and its states are written once
+  per key however many of its records a key had.
+- **faust acks a message when an agent raises** (and restarts the agent): the records would be
   committed unprocessed. So nothing here lets an exception reach faust: the processor
   dead-letters what cannot be decoded and retries transient publish errors itself; anything else
-  stops the whole app *before* the record is acked (the agent blocks until stopped, and
-  :meth:`FaustKeyedApp.run` raises), so the record is read again after the restart. The record
-  is *withheld* from faust (marked acked without its offset being recorded), or faust's stop
-  would wait for its ack forever; stopping is bounded by a timeout besides.
+  stops the whole app *before* the batch is acked (the agent blocks until stopped, and
+  :meth:`FaustKeyedApp.run` raises), so its records are read again after the restart. They are
+  *withheld* from faust (marked acked without their offsets being recorded), or faust's stop
+  would wait for their acks forever; stopping is bounded by a timeout besides (a batch stuck in
+  its flush is withheld then too).
 - **Sources are raw bytes** (``key_serializer``/``value_serializer`` ``raw``): faust's own JSON
   decoding would crash the agent on a bad record before our code saw it, and would ack it.
-- **State is written after the output is published**: the processor publishes and awaits the
-  acknowledgement before it returns; the table write (a changelog record) follows. A crash in
-  between re-processes the record (its offset is not committed: faust flushes the changelog
-  producer before it commits offsets) and publishes again: at least once, never lost.
+- **States are written after the outputs are acknowledged**: the table writes (changelog
+  records) follow the flush. A crash in between processes the batch again (its offsets are not
+  committed: faust flushes the changelog producer before it commits offsets) and publishes
+  again: at least once, never lost. The changelog producer does not compress batches: the large
+  state parts are gzipped one by one already, and aiokafka's level-9 gzip over them took a
+  twelfth of the process's CPU.
 - **Tables use the producer's partitioner** (``use_partitioner``): the timer writes outside of
-  any stream event, where faust cannot tell the partition from the current event. The table key
-  is the record key itself, so murmur2 puts a key's changelog record in the same partition
-  number as its source records, which is what faust's co-partitioned recovery assumes. That
-  partitioner reads the producer's metadata without waiting for it, so every write first awaits
-  the changelog topics' metadata, and the app is not ready before it has it.
-- **One lock** serialises the agent and the timer, so a state is never read by one and written
-  by the other in between.
+  any stream event, where faust cannot tell the partition from the current event (with batches,
+  neither can the agent). The table key is the record key itself, so murmur2 puts a key's
+  changelog record in the same partition number as its source records, which is what faust's
+  co-partitioned recovery assumes. That partitioner reads the producer's metadata without
+  waiting for it, so every write first awaits the changelog topics' metadata, and the app is not
+  ready before it has it.
+- **Reads bypass the tables**: states are read from the memory stores' dicts, not through
+  ``Table.get``, which also runs faust's sensors, at a cost larger than the lookup's, for every
+  record and for every key on every tick. Writes go through the tables (they send the changelog
+  records). Each key's decoded state is kept with the stored values it came from and its next
+  wake-up, so a tick looks at a number per key and decodes nothing that did not change.
+- **One lock** serialises the agent and the timer: a batch awaits its acknowledgements between
+  reading its keys' states and writing them, and a tick in between would decide from, and then
+  overwrite, the states the batch is about to replace.
 - **The in-memory store** (``memory://``): state is rebuilt from the changelog on start; no
   RocksDB to install or keep on disk.
 - **Skipped records stop the app**: faust-streaming 0.15.3 was seen (2 runs in about 35 of
   the restart test) not to deliver a source record that arrived while a restarted app recovered
   its tables, although the consumer's position moved past it; faust would later commit past it
-  once a following record of the partition is acked. Source topics have contiguous offsets (no
-  compaction, no transactions), so the agent checks them: an offset beyond the next expected
-  one stops the app before that record is acked, and the restart reads the skipped ones again.
-  A skipped record with no successor waits for the next restart; the deadline decides meanwhile.
+  once a following record of the partition is acked. Batching does not change that (the same
+  stream delivers the records), so it is still checked: source topics have contiguous offsets
+  (no compaction, no transactions), and a batch with an offset beyond the next expected one
+  stops the app before anything of it is processed or acked; the restart reads the skipped ones
+  again. A skipped record with no successor waits for the next restart; the deadline decides
+  meanwhile.
 - **A short fetch wait**: faust's aiokafka driver hard-codes ``fetch_max_wait_ms=1500``, and
   aiokafka keeps one fetch in flight per broker, so a record for a partition that was drained
   after that fetch was sent waits for it to come back, up to 1.5 s. Measured on one broker at 20

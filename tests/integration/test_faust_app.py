@@ -1,6 +1,8 @@
-"""``FaustKeyedApp`` against the project's real Kafka broker, in-process, with a processor of the
-test's own: a table write while faust's producer knows nothing of the changelog topic, and an
-app whose processor fails, which must stop (bounded) without committing the failed record.
+"""``FaustKeyedApp`` against the project's real Kafka broker, in-process, with processors of the
+test's own: a table write while faust's producer knows nothing of the changelog topic, an app
+whose processor fails, which must stop (bounded) without committing the failed record, per-key
+order within a batch, and an app stopped in the middle of a batch whose outputs are not all
+delivered: nothing of that batch is committed or stored, and the restart publishes them all.
 Every test has its topics and faust app id of its own."""
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 from tests.support.pipeline import eventually
 
-from podcost_bus import BusSettings, KafkaBus
+from podcost_bus import BusSettings, Delivery, KafkaBus
 from podcost_bus.faust_app import FaustAppFailed, FaustKeyedApp
 from podcost_bus.keyed import Drop
 from podcost_bus.protocol import Record
@@ -61,6 +64,35 @@ class Remember:
 
     def load(self, key: bytes | None, parts: Mapping[str, bytes | None]) -> bytes:
         return parts[PART] or b""
+
+
+class Relay(Remember):
+    """Keeps each key's values joined by ``|`` and publishes every record's value to ``out``
+    in :meth:`flush`; a batch holding ``hold`` gets the outputs of the records before it
+    acknowledged, then never finishes (as if the process died there)."""
+
+    def __init__(self, bus: KafkaBus, out: str, hold: bytes | None = None) -> None:
+        super().__init__()
+        self.bus = bus
+        self.out = out
+        self.hold = hold
+        self.queued: list[Record] = []
+        self.batches: list[list[bytes]] = []
+
+    def on_record(self, record: Record, state: bytes | None) -> bytes | Drop | None:
+        self.seen.append(record.value)
+        self.queued.append(record)
+        return record.value if state is None else state + b"|" + record.value
+
+    async def flush(self) -> None:
+        queued, self.queued = self.queued, []
+        self.batches.append([record.value for record in queued])
+        values = [record.value for record in queued]
+        delivered = values[: values.index(self.hold)] if self.hold in values else values
+        acks = [await self.bus.send(self.out, b"key", value) for value in delivered]
+        await asyncio.gather(*acks)
+        if len(delivered) < len(values):
+            await asyncio.Event().wait()  # "dies" here: the rest is never sent
 
 
 @dataclass
@@ -169,3 +201,101 @@ async def test_a_failing_processor_stops_the_app_promptly_and_its_record_is_read
         assert app.tables[PART].get(b"key") == b"boom"
     finally:
         await stopped(task)
+
+
+async def published(bus: KafkaBus, topic: str, values: list[bytes]) -> list[Delivery]:
+    """Publish ``values`` under one key, all queued before any acknowledgement is awaited (so
+    they are read together, in batches of more than one)."""
+    acks = [await bus.send(topic, b"key", value) for value in values]
+    return list(await asyncio.gather(*acks))
+
+
+async def read_all(bus: KafkaBus, topic: str, count: int) -> list[bytes]:
+    """The values of the first ``count`` records of ``topic`` (one partition)."""
+    consumer = bus.consumer([topic], group=f"test-reader-{uuid.uuid4().hex}")
+    values: list[bytes] = []
+    async with consumer:
+        deadline = time.monotonic() + 30.0
+        while len(values) < count and time.monotonic() < deadline:
+            values.extend(record.value for record in await consumer.poll(max_wait=1.0))
+    return values
+
+
+async def committed(kafka: Kafka) -> int | None:
+    """The faust app's committed offset on the source partition (``None``: none yet)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bus.settings.bootstrap_servers)
+    await admin.start()
+    try:
+        offsets = await admin.list_consumer_group_offsets(kafka.app_id)
+    finally:
+        await admin.close()
+    found = [meta.offset for tp, meta in offsets.items() if tp.topic == kafka.source]
+    return found[0] if found and found[0] >= 0 else None
+
+
+async def test_records_of_one_key_in_one_batch_see_each_other_s_state_in_order(
+    kafka: Kafka,
+) -> None:
+    out = f"{kafka.source}.out"
+    await kafka.bus.ensure_topics([out])
+    relay = Relay(kafka.bus, out)
+    app = kafka.app(relay)
+    task = await started(app)
+    values = [f"v{index}".encode() for index in range(40)]
+    try:
+        await published(kafka.bus, kafka.source, values)
+        whole = b"|".join(values)
+        await eventually(lambda: app.tables[PART].get(b"key") == whole, "every value stored")
+    finally:
+        await stopped(task)
+    assert relay.seen == values
+    assert max(len(batch) for batch in relay.batches) > 1  # batched, and still in order
+
+
+async def test_a_stop_in_the_middle_of_a_batch_commits_and_stores_nothing_of_it_and_loses_nothing(
+    kafka: Kafka,
+) -> None:
+    out = f"{kafka.source}.out"
+    await kafka.bus.ensure_topics([out])
+    first = [b"a", b"b", b"c"]
+    held = [b"d", b"e", b"hold", b"f"]
+    relay = Relay(kafka.bus, out, hold=b"hold")
+    app = kafka.app(relay, stop_timeout_s=3.0)
+    task = await started(app)
+    try:
+        deliveries = await published(kafka.bus, kafka.source, first)
+        await eventually(lambda: app.tables[PART].get(b"key") == b"a|b|c", "the first batch")
+
+        async def committed_all() -> bool:
+            return await committed(kafka) == deliveries[-1].offset + 1
+
+        deadline = time.monotonic() + 20.0
+        while not await committed_all():
+            assert time.monotonic() < deadline, "the first records were never committed"
+            await asyncio.sleep(0.1)
+        held_deliveries = await published(kafka.bus, kafka.source, held)
+        await eventually(lambda: b"hold" in relay.seen, "the held batch to be decided")
+    finally:
+        await stopped(task)  # a crash-stop: the held batch never finishes
+
+    batch = relay.batches[-1]  # the one with "hold" (the records before it may have had theirs)
+    start = held.index(batch[0])
+    # Outputs were delivered up to "hold", the rest never: nothing of the held batch is
+    # committed (so nothing beyond the delivered outputs) nor stored.
+    assert await committed(kafka) == held_deliveries[start].offset
+    assert app.tables[PART].get(b"key") == b"|".join([*first, *held[:start]])
+
+    again = Relay(kafka.bus, out)
+    app = kafka.app(again)
+    task = await started(app)
+    try:
+        whole = b"|".join([*first, *held])
+        await eventually(lambda: app.tables[PART].get(b"key") == whole, "the state to go on")
+    finally:
+        await stopped(task)
+    assert again.seen == held[start:]  # what was committed is not read again; the rest all is
+    # Every record's output at least once: those of the held batch before "hold" twice
+    # (delivered, not committed), the others once.
+    delivered = batch[: batch.index(b"hold")]
+    expected = [*first, *held[:start], *delivered, *held[start:]]
+    assert await read_all(kafka.bus, out, len(expected)) == expected
