@@ -303,17 +303,22 @@ class FaustKeyedApp(Generic[S]):
         # wait for acks swallows CancelledError, so ``asyncio.timeout`` would never fire.
         stopping = asyncio.ensure_future(self.app.stop())
         done, _ = await asyncio.wait({stopping}, timeout=self._stop_timeout_s)
+        if stopping not in done:
+            # Whatever faust still waits for (a batch stuck in its flush), the service must
+            # exit for its restart to happen: what faust waits for is withheld, so that the
+            # stop can go on and end (its consumer leaving the group: the partitions move on at
+            # once rather than after the session timeout).
+            log.error(
+                "%s: faust did not stop within %ss; withholding what it waits for",
+                self.app_id,
+                self._stop_timeout_s,
+            )
+            self._withhold_unacked()
+            done, _ = await asyncio.wait({stopping}, timeout=self._stop_timeout_s)
         if stopping in done:
             stopping.result()
             return
-        # Whatever faust still waits for, the service must exit for its restart to happen; a
-        # record faust still waits for is withheld, so that the stop can go on and end.
-        log.error(
-            "%s: faust did not stop within %ss; exiting without it",
-            self.app_id,
-            self._stop_timeout_s,
-        )
-        self._withhold_unacked()
+        log.error("%s: faust still did not stop; exiting without it", self.app_id)
         stopping.cancel()
 
     def _withhold_unacked(self) -> None:

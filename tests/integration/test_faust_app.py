@@ -290,7 +290,12 @@ async def test_a_stop_in_the_middle_of_a_batch_commits_and_stores_nothing_of_it_
     task = await started(app)
     try:
         whole = b"|".join([*first, *held])
-        await eventually(lambda: app.tables[PART].get(b"key") == whole, "the state to go on")
+        await eventually(
+            lambda: task.done() or app.tables[PART].get(b"key") == whole,
+            "the state to go on",
+            timeout=60.0,
+        )
+        assert not task.done(), task.exception()
     finally:
         await stopped(task)
     assert again.seen == held[start:]  # what was committed is not read again; the rest all is
