@@ -44,6 +44,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from podcost_contracts.topics import cluster_name_problem
 from podcost_core.model import PodUID, Snapshot, WorkloadRef
 from podcost_core.victims import INT32_MAX, INT32_MIN
 
@@ -60,7 +61,8 @@ class InvalidKey(ValueError):
 @dataclass(frozen=True, slots=True)
 class WorkloadKey:
     """The bus key of one workload: ``cluster/namespace/kind/name``, e.g.
-    ``prod-eu-1/shop/Deployment/web``. Each part is non-empty, has no ``/`` and no whitespace."""
+    ``prod-eu-1/shop/Deployment/web``. Each part is non-empty, has no ``/`` and no whitespace;
+    the cluster is a valid cluster name (``podcost_contracts.topics.cluster_name_problem``)."""
 
     cluster: str
     namespace: str
@@ -73,6 +75,10 @@ class WorkloadKey:
             problem = _part_problem(part)
             if problem:
                 raise InvalidKey(f"invalid workload key {self.text()!r}: {part_name} {problem}")
+        # The cluster names the costs topic a decision is routed to (``Topics.costs_for``).
+        cluster_problem = cluster_name_problem(self.cluster)
+        if cluster_problem:
+            raise InvalidKey(f"invalid workload key {self.text()!r}: {cluster_problem}")
 
     def text(self) -> str:
         """The key as it travels: ``cluster/namespace/kind/name``."""

@@ -84,7 +84,7 @@ async def pipe(request: pytest.FixtureRequest) -> AsyncIterator[Pipe]:
         settings = fresh_kafka_settings(request.getfixturevalue("kafka_bootstrap"), "annotator")
         bus = KafkaBus(settings)
     async with bus:
-        await bus.ensure_topics(settings.topics.all())
+        await bus.ensure_topics(settings.topics.shared())
         yield Pipe(request.param, bus, settings)
 
 
@@ -120,7 +120,7 @@ class Annotators:
 
     async def publish(self, namespace: str, workload: str, *pods: Desire, version: int) -> None:
         message = desired(namespace, workload, pods, version=version)
-        await publish_costs(self.pipe.bus, self.pipe.settings.topic_costs, message)
+        await publish_costs(self.pipe.bus, self.pipe.settings.topics.costs_for("local"), message)
 
 
 @pytest.fixture
@@ -191,7 +191,7 @@ async def test_exactly_the_pods_whose_cost_differs_are_patched_once_each_as_podc
     await real.patch_deletion_cost(space.namespace, pods[0].name, 10)
     await real.patch_deletion_cost(space.namespace, pods[1].name, 20)
     await pipe.bus.publish(
-        pipe.settings.topic_costs,
+        pipe.settings.topics.costs_for("local"),
         f"local/{space.namespace}/Deployment/{app}",
         b'{"schema_version": 1, "key": 42}',
     )
@@ -221,7 +221,11 @@ async def test_exactly_the_pods_whose_cost_differs_are_patched_once_each_as_podc
     ) == (4, 6, 2)
     assert sample(service, "podcost_event_to_annotation_seconds_count") == 4
     [letter] = await pipe.dead_letters()
-    assert (letter.offset, letter.group, letter.error) == (0, annotators.group, "DecodeError")
+    assert (letter.offset, letter.group, letter.error) == (
+        0,
+        f"{annotators.group}.local",
+        "DecodeError",
+    )
     assert "costs" in letter.reason
 
 
@@ -363,7 +367,7 @@ async def test_offsets_are_committed_only_after_the_write_so_a_restart_in_betwee
     await eventually(held.held.is_set, "the write to be about to go")
     assert first.committed == {}
     if isinstance(pipe.bus, MemoryBus):
-        assert pipe.bus.committed(annotators.group) == {}
+        assert pipe.bus.committed(f"{annotators.group}.local") == {}
     await annotators.stop(first)  # a crash between consuming and writing
     assert held.total == 0
 
@@ -382,7 +386,10 @@ async def test_offsets_are_committed_only_after_the_write_so_a_restart_in_betwee
     # The committed record was not read a third time: only the new one was consumed.
     assert (
         sample(
-            third, "podcost_messages_consumed_total", topic=pipe.settings.topic_costs, outcome="ok"
+            third,
+            "podcost_messages_consumed_total",
+            topic=pipe.settings.topics.costs_for("local"),
+            outcome="ok",
         )
         == 1
     )
@@ -413,7 +420,7 @@ async def test_a_tiny_high_water_mark_pauses_consumption_and_everything_is_writt
     consumed = sample(
         service,
         "podcost_messages_consumed_total",
-        topic=annotators.pipe.settings.topic_costs,
+        topic=annotators.pipe.settings.topics.costs_for("local"),
         outcome="ok",
     )
     assert consumed == 2  # paused at 4 pending writes; records 3 and 4 wait on the bus

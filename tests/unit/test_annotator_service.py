@@ -46,7 +46,7 @@ from podcost_kube.client import CostChanged, KubeError, PodGone
 NS = "shop"
 BUS = BusSettings()
 TOPICS = BUS.topics
-GROUP = "podcost-annotator"
+GROUP = "podcost-annotator.local"  # the default group prefix, for the default cluster
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 
@@ -156,7 +156,10 @@ class Harness:
 
     async def publish(self, *pods: Desire, version: int = 1, **options: Any) -> None:
         await publish_costs(
-            self.bus, TOPICS.costs, desired(NS, "web", pods, version=version), **options
+            self.bus,
+            TOPICS.costs_for("local"),
+            desired(NS, "web", pods, version=version),
+            **options,
         )
 
 
@@ -316,14 +319,14 @@ async def test_an_undecodable_record_is_dead_lettered_with_its_reason_and_the_ne
     pods = FakePods()
     a = pods.add("a")
     run = await start(pods)
-    await run.bus.publish(TOPICS.costs, "local/shop/Deployment/web", b"{not json")
+    await run.bus.publish(TOPICS.costs_for("local"), "local/shop/Deployment/web", b"{not json")
     await run.publish(Desire("a", a, 5))
     await until(lambda: pods.cost("a") == "5", "the valid record written")
     await until(lambda: run.committed() == 2, "both records committed")
     [letter] = run.bus.records(TOPICS.deadletter)
     dead = decode(DeadLetter, letter.value, letter.headers)
     assert (dead.topic, dead.offset, dead.group, dead.error) == (
-        TOPICS.costs,
+        TOPICS.costs_for("local"),
         0,
         GROUP,
         "DecodeError",
@@ -336,7 +339,7 @@ async def test_another_clusters_costs_are_not_written_and_are_committed(start: S
     a = pods.add("a")
     run = await start(pods)
     message = desired(NS, "web", [Desire("a", a, 5)], cluster="elsewhere")
-    await publish_costs(run.bus, TOPICS.costs, message)
+    await publish_costs(run.bus, TOPICS.costs_for("local"), message)
     await until(lambda: run.committed() == 1, "the record committed")
     assert pods.requests == []
 
@@ -405,12 +408,12 @@ async def test_event_to_annotation_is_measured_from_the_change_the_watcher_saw(
     now = time.time()
     # The watcher saw the change 30 s before the aggregator published its decision.
     message = desired(NS, "web", [Desire("a", uids[0], 5)], emitted_at=now, changed_at=now - 30)
-    await publish_costs(harness.bus, TOPICS.costs, message)
+    await publish_costs(harness.bus, TOPICS.costs_for("local"), message)
     # A decision from an aggregator older than changed_at says nothing to measure from.
     older = desired(NS, "web", [Desire("b", uids[1], 6)], version=2).model_copy(
         update={"changed_at": None}
     )
-    await publish_costs(harness.bus, TOPICS.costs, older)
+    await publish_costs(harness.bus, TOPICS.costs_for("local"), older)
     await until(lambda: harness.patches("ok") == 2, "both pods written")
 
     registry = harness.service.metrics.registry

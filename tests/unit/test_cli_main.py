@@ -134,6 +134,27 @@ def _substitute(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
             "cannot reach Kafka",
             id="Kafka unreachable",
         ),
+        pytest.param(
+            ["annotator"],
+            {"PODCOST_KAFKA": "127.0.0.1:{port}", "KUBECONFIG": "{closed-api}"},
+            2,
+            "PODCOST_CLUSTER is not set",
+            id="annotator over Kafka without a cluster name",
+        ),
+        pytest.param(
+            ["watcher"],
+            {"PODCOST_KAFKA": "127.0.0.1:{port}", "KUBECONFIG": "{closed-api}"},
+            2,
+            "PODCOST_CLUSTER is not set",
+            id="watcher over Kafka without a cluster name",
+        ),
+        pytest.param(
+            ["annotator"],
+            {"PODCOST_KAFKA": "127.0.0.1:{port}", "PODCOST_CLUSTER": "EU_1"},
+            2,
+            "PODCOST_CLUSTER: Value error, 'EU_1' is not a valid cluster name",
+            id="a cluster name that cannot name a topic",
+        ),
     ],
 )
 def test_a_failing_podcost_process_says_one_line_and_exits_never_with_a_traceback(

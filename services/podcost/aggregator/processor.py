@@ -6,8 +6,9 @@ Both transports run it (``podcost_bus.faust_app.FaustKeyedApp`` over Kafka,
 builds it. Per record: decode it as a snapshot (workloads topic) or a strategy's answer (ranks
 topic), an undecodable one, or one whose workload policy is invalid, going to the dead-letter
 topic with the reason; apply the transition; ask whether a decision is due and, if so, publish
-the desired costs in a ``podcost.combine`` span, child of the snapshot's trace, with the span's
-context in the record headers. A ``WorkloadGoneMessage`` on the workloads topic drops the key's
+the desired costs to the costs topic of the workload's cluster (created on first use) in a
+``podcost.combine`` span, child of the snapshot's trace, with the span's context in the record
+headers. A ``WorkloadGoneMessage`` on the workloads topic drops the key's
 state instead (the transport forgets it), so states do not pile up. Publishing retries
 transient bus errors until acknowledged, and returns only then: the transport persists the
 state and commits the record after that (at least once). Deciding is the core's; nothing here
@@ -51,6 +52,7 @@ from podcost_contracts.messages import (
     StrategyRanksMessage,
     StrategyTerm,
     WorkloadGoneMessage,
+    WorkloadKey,
     WorkloadSnapshotMessage,
     decode,
     decode_workload_record,
@@ -137,6 +139,8 @@ class AggregationProcessor:
         self.tracer = tracer
         self.clock = clock
         self.backoff = backoff
+        self._costs_topics: set[str] = set()
+        """The per-cluster costs topics this process has made sure exist."""
 
     async def on_record(
         self, record: Record, state: WorkloadState | None
@@ -264,10 +268,11 @@ class AggregationProcessor:
                 )
             try:
                 encoded = encode(message, trace=inject())
+                topic = await self._costs_topic(decision.key)
 
                 async def publish() -> Delivery:
                     return await self.bus.publish(
-                        self.topics.costs, encoded.key, encoded.value, encoded.headers
+                        topic, encoded.key, encoded.value, encoded.headers
                     )
 
                 await retry_transient(
@@ -284,6 +289,22 @@ class AggregationProcessor:
                 return
         self.metrics.combined.labels("complete" if decision.complete else "deadline").inc()
         self.metrics.produced.labels(self.topics.costs).inc()
+
+    async def _costs_topic(self, key: str) -> str:
+        """The costs topic of ``key``'s cluster (``Topics.costs_for``), created the first time
+        this process publishes to it, so a new cluster of the fleet needs no set-up here."""
+        topic = self.topics.costs_for(WorkloadKey.parse(key).cluster)
+        if topic not in self._costs_topics:
+
+            async def create() -> None:
+                await self.bus.ensure_topics([topic])
+
+            await retry_transient(
+                create, what=f"create the costs topic {topic}", sleep=self.clock.sleep,
+                backoff=self.backoff,
+            )  # fmt: skip
+            self._costs_topics.add(topic)
+        return topic
 
     async def _dead_letter(self, record: Record, reason: str, error: BaseException | None) -> None:
         async def publish() -> Delivery:

@@ -1,14 +1,15 @@
 """The annotator service: desired costs from the bus, written onto the pods, gently.
 
 Built by :func:`bootstrap` (the composition root ``podcost annotator``, ``podcost run`` and the
-tests use) and run by ``podcost.runtime.runner.serve``. One consumer task reads the costs topic
-(group ``podcost-annotator``), decodes each record (an undecodable one goes to the dead-letter
-topic with its reason) and queues one write per pod; ``max_in_flight`` writer tasks take pods
-off the queue and, for each, read the pod, decide (``plan.decide``), and write its cost with
-one conditional PATCH; a commit task commits offsets past the records whose every write is done.
-All the deciding is in ``plan`` and ``pacing``; this module only waits, talks and records.
-It also keeps the last decision per pod and what became of its write (``decisions``), served as
-``GET /explain/{namespace}/{pod}`` for ``podcost explain``.
+tests use) and run by ``podcost.runtime.runner.serve``. One consumer task reads its own
+cluster's costs topic (``<costs>.<cluster>``, group ``podcost-annotator.<cluster>``: see
+``podcost_contracts.topics`` for the routing), decodes each record (an undecodable one goes to
+the dead-letter topic with its reason) and queues one write per pod; ``max_in_flight`` writer
+tasks take pods off the queue and, for each, read the pod, decide (``plan.decide``), and write
+its cost with one conditional PATCH; a commit task commits offsets past the records whose every
+write is done. All the deciding is in ``plan`` and ``pacing``; this module only waits, talks and
+records. It also keeps the last decision per pod and what became of its write (``decisions``),
+served as ``GET /explain/{namespace}/{pod}`` for ``podcost explain``.
 
 A write is a read and a compare-and-swap: the read gives the value on the pod now and who set
 it; the PATCH (a JSON patch that tests the pod's uid and that one annotation) only lands if
@@ -158,6 +159,16 @@ class AnnotatorService:
         """The last decision per pod and what became of it, for ``GET /explain/...``."""
 
     @property
+    def topic(self) -> str:
+        """The costs topic of this annotator's cluster, the only one it reads."""
+        return self.bus_settings.topics.costs_for(self.settings.cluster)
+
+    @property
+    def group(self) -> str:
+        """The consumer group of this cluster's annotators."""
+        return self.config.group_for(self.settings.cluster)
+
+    @property
     def dry_run(self) -> bool:
         return self.settings.dry_run
 
@@ -185,21 +196,21 @@ class AnnotatorService:
 
     async def _run(self, kube: PodAPI) -> None:
         topics = self.bus_settings.topics
-        await self.bus.ensure_topics([topics.costs, topics.deadletter])
+        await self.bus.ensure_topics([self.topic, topics.deadletter])
         # A fresh start forgets what a previous run had in flight: it is read again from the bus.
         self._writes, self._ledger, self._open = WriteQueue(), Ledger(), set()
         self._ready, self._progress = asyncio.Queue(), asyncio.Event()
         self.marks = WaterMarks(self.config.high_water, self.config.low_water)
         self._bucket = TokenBucket(self.config.qps, self.config.burst, now=self._clock.now())
         consumer = self.bus.consumer(
-            [topics.costs], group=self.config.group, max_poll_records=self.config.poll_records
+            [self.topic], group=self.group, max_poll_records=self.config.poll_records
         )
         async with consumer:
             self._consumer = consumer
             log.info(
                 "annotator consuming %s as group %s%s",
-                topics.costs,
-                self.config.group,
+                self.topic,
+                self.group,
                 " (dry run: nothing is written)" if self.dry_run else "",
             )
             try:
@@ -217,7 +228,7 @@ class AnnotatorService:
                 self._open.clear()
 
     async def _consume_loop(self, consumer: Consumer) -> None:
-        topic = self.bus_settings.topics.costs
+        topic = self.topic
         loop = asyncio.get_running_loop()
         next_lag = loop.time()
         while True:
@@ -258,16 +269,20 @@ class AnnotatorService:
         """Queue the writes of one record (or dead-letter it); never waits for the writes."""
         topics = self.bus_settings.topics
         message = await decode_or_dead_letter(
-            self.bus, record, DesiredCostsMessage, topic=topics.deadletter, group=self.config.group
+            self.bus, record, DesiredCostsMessage, topic=topics.deadletter, group=self.group
         )
         if message is None:
             self.metrics.consumed.labels(record.topic, "dead_letter").inc()
             self._nothing_to_write(record, None)
             return
         if message.workload.cluster != self.settings.cluster:
-            # A fleet may share topics: another cluster's pods are not ours to write.
+            # Only a misrouted or forged record gets here (the topic is this cluster's own):
+            # another cluster's pods are never ours to write.
             self.metrics.consumed.labels(record.topic, "other_cluster").inc()
-            log.debug("ignoring %s: not cluster %s", message.key, self.settings.cluster)
+            log.warning(
+                "ignoring %s on %s: not cluster %s", message.key, record.topic,
+                self.settings.cluster,
+            )  # fmt: skip
             self._nothing_to_write(record, message)
             return
         self.metrics.consumed.labels(record.topic, "ok").inc()

@@ -22,7 +22,8 @@ Variables (defaults in brackets), all prefixed ``PODCOST_ANNOTATOR_``:
   tool) [false: leave them alone]
 - ``POLL_RECORDS``: most records taken from the bus at once; the queue can pass the high-water
   mark by at most one such batch [100]
-- ``GROUP``: the consumer group [podcost-annotator]
+- ``GROUP``: the prefix of the consumer group; a cluster's annotators join
+  ``<GROUP>.<PODCOST_CLUSTER>`` and share its costs topic's partitions [podcost-annotator]
 """
 
 from __future__ import annotations
@@ -75,8 +76,17 @@ class AnnotatorSettings(BaseSettings):
         default=100, ge=1, le=10_000, description="Most records taken from the bus at once."
     )
     group: str = Field(
-        default=DEFAULT_GROUP, min_length=1, max_length=249, description="The consumer group."
+        default=DEFAULT_GROUP,
+        min_length=1,
+        max_length=180,
+        pattern=r"^[a-zA-Z0-9._-]+$",
+        description="The consumer group prefix: a cluster's annotators join <group>.<cluster>.",
     )
+
+    def group_for(self, cluster: str) -> str:
+        """The consumer group of ``cluster``'s annotators: one per cluster, so that a rebalance
+        in one cluster's agents never stops another's."""
+        return f"{self.group}.{cluster}"
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:

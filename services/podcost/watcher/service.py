@@ -292,7 +292,7 @@ class WatcherService:
             store=self.store,
             handlers=(self._on_change,),
         )
-        await self.bus.ensure_topics(self.topics.all())
+        await self.bus.ensure_topics(self.topics.shared())
         async with informer:
             await informer.wait_synced()
             self._ready = True
