@@ -62,7 +62,7 @@ async def bench(
         for index in range(workloads)
     ]
     async with bus:
-        await bus.ensure_topics(settings.topics.shared())
+        await bus.ensure_topics([*settings.topics.shared(), settings.topics.costs_for(CLUSTER)])
         services = [
             ranker.bootstrap(service_settings, settings, strategy=name, bus=bus)
             for name in strategies

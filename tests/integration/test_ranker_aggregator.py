@@ -93,7 +93,7 @@ class Kafka:
 async def kafka(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Kafka]:
     settings = fresh_kafka_settings(kafka_bootstrap, "test")
     async with KafkaBus(settings) as bus:
-        await bus.ensure_topics(settings.topics.shared())
+        await bus.ensure_topics([*settings.topics.shared(), settings.topics.costs_for(CLUSTER)])
         yield Kafka(bus, tmp_path)
 
 
