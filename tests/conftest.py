@@ -5,6 +5,9 @@ ports, once per test session, and stopped at its end. ``PODCOST_KAFKA`` / ``KUBE
 ``PODCOST_USE_KUBECONFIG=1`` point the tests at servers already running (``make kafka-up`` /
 ``make cluster-up``) instead. Under ``CI=true`` a server that cannot be built or started fails
 the run; elsewhere the tests that need it are skipped with the reason.
+
+Selection: ``@pytest.mark.long`` tests run only when ``-m`` names ``long`` (``make test-long``),
+and a ``-m long`` run that selects no test fails (``tests/support/selection.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +22,22 @@ from kubernetes_asyncio import config
 
 from podcost_localinfra import build, cluster, kafka, process
 from tests.support.kube import KubeTestCluster
+from tests.support.selection import LONG, empty_long_run, wants_long
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.hookimpl(trylast=True)  # after ``-m`` and ``-k`` have deselected what they do
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    markexpr = str(config.getoption("markexpr", "") or "")
+    if not wants_long(markexpr):
+        long_runs = [item for item in items if item.get_closest_marker(LONG) is not None]
+        if long_runs:
+            config.hook.pytest_deselected(items=long_runs)
+            items[:] = [item for item in items if item.get_closest_marker(LONG) is None]
+    reason = empty_long_run(markexpr, len(items))
+    if reason is not None:
+        raise pytest.UsageError(reason)
 
 
 def _unavailable(what: str, error: BaseException) -> None:
