@@ -64,22 +64,26 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @dataclass(frozen=True)
 class ControlPlane:
-    """A running control plane: where its kubeconfig is."""
+    """A running control plane: where its kubeconfig is, and its run directory when it is one
+    of ``podcost_localinfra``'s (whose kube-apiserver a test may stop and start again)."""
 
     kubeconfig: Path
+    run_dir: Path | None = None
 
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A real kube-apiserver with kube-controller-manager, kube-scheduler and kwok."""
     if os.environ.get("PODCOST_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):
-        yield ControlPlane(Path(os.environ["KUBECONFIG"]))
+        kubeconfig = Path(os.environ["KUBECONFIG"])
+        ours = (kubeconfig.parent / "cluster.json").exists()  # ``make cluster-up``'s
+        yield ControlPlane(kubeconfig, kubeconfig.parent if ours else None)
         return
     try:
         started = cluster.start(tmp_path_factory.mktemp("cluster"))
     except (build.BuildError, process.StartError, OSError) as error:
         _unavailable("the Kubernetes control plane", error)
-    yield ControlPlane(started.kubeconfig)
+    yield ControlPlane(started.kubeconfig, started.run_dir)
     started.stop()
 
 
