@@ -3,7 +3,8 @@ in-memory bus: exactly the pods whose cost differs are patched, once each, as fi
 ``podcost``; a deleted pod is skipped; a cost set by hand is left alone unless
 ``overwrite_foreign``; dry-run writes nothing; offsets are committed only after the writes (a
 restart between consuming and writing still writes exactly once); a tiny high-water mark
-pauses consumption and everything is still written once it resumes.
+pauses consumption and everything is still written once it resumes; an older decision published
+after a newer one (even while the newer one's writes are in flight) never rewinds a cost.
 
 PATCH requests are counted by ``CountingPods`` around the real ``Kube`` adapter, so a count here
 is what the API server received. Each test makes its own Deployment in this module's namespace,
@@ -13,6 +14,7 @@ on this module's node.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -433,3 +435,44 @@ async def test_a_tiny_high_water_mark_pauses_consumption_and_everything_is_writt
     assert await costs_on(kube, space, app) == {
         p.name: (str(100 + index // 2 + 1), CostOwner.PODCOST) for index, p in enumerate(pods)
     }
+
+
+def costs_topic(settings: BusSettings) -> str:
+    """The costs topic this cluster's annotator reads."""
+    return settings.topics.costs_for("local")
+
+
+async def test_an_older_decision_published_after_a_newer_one_never_rewinds_the_costs(
+    kube: KubeTestCluster, space: Space, annotators: Annotators, pipe: Pipe
+) -> None:
+    app, pods = await workload(kube, space, 3)
+    now = time.time()
+    newer = desired(space.namespace, app, [Desire(p.name, p.uid, 20 + i) for i, p in
+                    enumerate(pods)], version=2, changed_at=now)  # fmt: skip
+    older = desired(space.namespace, app, [Desire(p.name, p.uid, 10 + i) for i, p in
+                    enumerate(pods)], version=1, changed_at=now - 5)  # fmt: skip
+    topic = costs_topic(pipe.settings)
+    counting = CountingPods(Kube(kube.api))
+    counting.gate = asyncio.Event()  # v2's writes are held in flight while v1 arrives
+    service = await annotators.start(counting)
+    await publish_costs(pipe.bus, topic, newer)
+    await eventually(counting.held.is_set, "v2's first write about to go")
+    await publish_costs(pipe.bus, topic, older)  # a replay, a slow replica: after the newer one
+    await publish_costs(pipe.bus, topic, newer)  # and the newer one again
+    await eventually(
+        lambda: (
+            sample(service, "podcost_messages_consumed_total", topic=topic, outcome="stale") == 1
+        ),
+        "v1 skipped as stale",
+    )
+    assert service.committed == {}  # v1 is not committed past v2's writes in flight
+    counting.gate.set()
+    await eventually(committed_all(service, 3), "all three records committed")
+    assert await costs_on(kube, space, app) == {
+        p.name: (str(20 + i), CostOwner.PODCOST) for i, p in enumerate(pods)
+    }
+    assert counting.patches == {f"{space.namespace}/{p.name}": 1 for p in pods}
+    assert (
+        sample(service, "podcost_messages_consumed_total", topic=topic, outcome="duplicate"),
+        patches(service, "error"),
+    ) == (1, 0)

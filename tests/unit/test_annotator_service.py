@@ -225,7 +225,7 @@ async def test_a_429_waits_for_its_retry_after_and_holds_every_other_request_too
     assert run.patches("ok") == 2
 
 
-async def test_5xx_and_timeouts_are_retried_with_backoff_then_counted_as_an_error_and_passed(
+async def test_5xx_timeouts_and_refused_connections_are_retried_past_max_attempts_until_written(
     start: Start, caplog: pytest.LogCaptureFixture
 ) -> None:
     pods = FakePods()
@@ -234,22 +234,93 @@ async def test_5xx_and_timeouts_are_retried_with_backoff_then_counted_as_an_erro
         "patch",
         KubeError("HTTP 503", status=503, retriable=True),
         TimeoutError(),
+        KubeError("patching shop/a: ClientConnectorError: refused", retriable=True),
         KubeError("HTTP 500", status=500, retriable=True),
+        KubeError("HTTP 502", status=502, retriable=True),
     )
-    run = await start(pods, max_in_flight=1, max_attempts=3)
+    run = await start(pods, max_in_flight=1, max_attempts=2)
     await run.publish(Desire("a", a, 1))
     await until(lambda: run.patches("unavailable") == 1, "the first retry")
     await run.clock.advance(0.99)
     assert pods.patched() == ["a"]
-    await run.clock.advance(0.01)  # backoff 1 s, then 2 s
-    await until(lambda: run.patches("unavailable") == 2, "the second retry")
+    for retry, backoff in enumerate((1.0, 2.0, 4.0, 8.0, 8.0), 2):  # doubled, capped at 8 s
+        await run.clock.advance(backoff)
+        await until(lambda retry=retry: len(pods.patched()) == retry, f"attempt {retry}")
+    await until(lambda: pods.cost("a") == "1", "the write, once the server answers")
+    await until(lambda: run.committed() == 1, "the record committed after its write")
+    assert (run.patches("unavailable"), run.patches("ok"), run.patches("error")) == (5, 1, 0)
+    assert not any("giving up" in r.getMessage() for r in caplog.records)
+    await run.publish(Desire("b", b, 2), version=2)
+    await until(lambda: pods.cost("b") == "2", "the next record written")
+
+
+async def test_a_write_that_keeps_conflicting_is_given_up_after_max_attempts(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    pods = FakePods()
+    a = pods.add("a")
+    pods.fail("patch", *(CostChanged("changed", status=422, retriable=True) for _ in range(3)))
+    run = await start(pods, max_in_flight=1, max_attempts=3)
+    await run.publish(Desire("a", a, 1))
+    await until(lambda: run.patches("conflict") == 1, "the first retry")
+    await run.clock.advance(1.0)
+    await until(lambda: run.patches("conflict") == 2, "the second retry")
     await run.clock.advance(2.0)
     await until(lambda: run.patches("error") == 1, "giving up")
     assert pods.patched() == ["a", "a", "a"]
     assert any(r.levelno == logging.ERROR and "giving up" in r.getMessage() for r in caplog.records)
     await until(lambda: run.committed() == 1, "the record committed: the annotator moved on")
-    await run.publish(Desire("b", b, 2), version=2)
-    await until(lambda: pods.cost("b") == "2", "the next record written")
+
+
+async def test_readiness_reports_an_api_server_outage_past_unready_after_and_recovers(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    pods = FakePods()
+    a = pods.add("a")
+    down = KubeError("reading pod shop/a: ClientConnectorError: refused", retriable=True)
+    pods.fail("read", *(down for _ in range(4)))
+    run = await start(pods, max_in_flight=1, unready_after=5.0)
+    await run.publish(Desire("a", a, 1))
+    await until(lambda: run.patches("unavailable") == 1, "the first failure")
+    assert run.service.ready()  # a blip is retried, not reported
+    await run.clock.advance(1.0 + 2.0)  # failures at 0, 1, 3 s
+    await until(lambda: run.patches("unavailable") == 3, "the third failure")
+    assert run.service.ready()
+    await run.clock.advance(4.0)  # the fourth failure, 7 s into the outage
+    await until(lambda: not run.service.ready(), "not ready")
+    assert any("not ready" in r.getMessage() for r in caplog.records)
+    await run.clock.advance(8.0)  # the server answers
+    await until(lambda: pods.cost("a") == "1", "the write")
+    assert run.service.ready()
+    assert any("ready again" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_older_decision_after_a_newer_one_is_skipped_as_stale_even_mid_write(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    a, b = pods.add("a"), pods.add("b")
+    run = await start(pods, max_in_flight=1)
+    pods.clock = run.clock
+    now = time.time()
+    pods.fail("patch", KubeError("HTTP 503", status=503, retriable=True))  # v2 still in flight
+    newer = desired(NS, "web", [Desire("a", a, 20), Desire("b", b, 21)], version=2,
+                    changed_at=now)  # fmt: skip
+    older = desired(NS, "web", [Desire("a", a, 10), Desire("b", b, 11)], version=1,
+                    changed_at=now - 5)  # fmt: skip
+    await publish_costs(run.bus, TOPICS.costs, newer)
+    await until(lambda: run.patches("unavailable") == 1, "v2's first write failing")
+    await publish_costs(run.bus, TOPICS.costs, older)
+    await publish_costs(run.bus, TOPICS.costs, newer)  # the same decision again
+    await run.clock.advance(10.0)
+    await until(lambda: run.committed() == 3, "all three records committed")
+    assert (pods.cost("a"), pods.cost("b")) == ("20", "21")
+    assert pods.patched() == ["a", "a", "b"]  # v2's, its retry; nothing for v1 or the duplicate
+    consumed = run.service.metrics.registry.get_sample_value
+    assert [
+        consumed("podcost_messages_consumed_total", {"topic": TOPICS.costs, "outcome": outcome})
+        for outcome in ("ok", "stale", "duplicate")
+    ] == [1, 1, 1]
 
 
 async def test_a_permanent_error_is_not_retried(start: Start) -> None:

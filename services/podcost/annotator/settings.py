@@ -13,10 +13,14 @@ Variables (defaults in brackets), all prefixed ``PODCOST_ANNOTATOR_``:
 - ``MAX_IN_FLIGHT``: API requests in flight at once [8]
 - ``HIGH_WATER`` / ``LOW_WATER``: pause consuming when this many pod writes are pending; resume
   when they are down to the low mark [1000 / 500]
-- ``MAX_ATTEMPTS``: tries of one request on 409, 429, 5xx or a timeout before it is counted as
-  an error and the annotator moves on [5]
+- ``MAX_ATTEMPTS``: tries of one write whose pod keeps changing between the read and the write
+  (409, a refused compare-and-swap) before it is counted as an error and the annotator moves
+  on [5]. 429, 5xx, timeouts and refused connections are retried for as long as they last: a
+  write is never given up because the API server is down.
 - ``BACKOFF_INITIAL`` / ``BACKOFF_MAX``: seconds before the first retry, doubled per retry up
   to the maximum; a longer ``Retry-After`` from the server wins [0.2 / 10]
+- ``UNREADY_AFTER``: seconds the API server may fail every request (5xx, timeouts, no answer)
+  before ``/readyz`` reports the annotator not ready; ready again at the first answer [10]
 - ``REQUEST_TIMEOUT``: seconds one API request may take before it counts as failed [10]
 - ``OVERWRITE_FOREIGN``: also overwrite costs another field manager set (a person, another
   tool) [false: leave them alone]
@@ -58,13 +62,16 @@ class AnnotatorSettings(BaseSettings):
         default=500, ge=0, description="Pending pod writes at which paused consumption resumes."
     )
     max_attempts: int = Field(
-        default=5, ge=1, le=100, description="Tries of one request before giving up on it."
+        default=5, ge=1, le=100, description="Tries of one write that keeps conflicting."
     )
     backoff_initial: float = Field(
         default=0.2, gt=0, le=60, description="Seconds before the first retry."
     )
     backoff_max: float = Field(
         default=10.0, gt=0, le=600, description="Longest wait between retries (Retry-After wins)."
+    )
+    unready_after: float = Field(
+        default=10.0, gt=0, le=3600, description="Seconds of API server outage before not ready."
     )
     request_timeout: float = Field(
         default=10.0, gt=0, le=600, description="Seconds one API request may take."
