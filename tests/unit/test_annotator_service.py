@@ -308,17 +308,20 @@ async def test_an_older_decision_after_a_newer_one_is_skipped_as_stale_even_mid_
                     changed_at=now)  # fmt: skip
     older = desired(NS, "web", [Desire("a", a, 10), Desire("b", b, 11)], version=1,
                     changed_at=now - 5)  # fmt: skip
-    await publish_costs(run.bus, TOPICS.costs, newer)
+    await publish_costs(run.bus, TOPICS.costs_for("local"), newer)
     await until(lambda: run.patches("unavailable") == 1, "v2's first write failing")
-    await publish_costs(run.bus, TOPICS.costs, older)
-    await publish_costs(run.bus, TOPICS.costs, newer)  # the same decision again
+    await publish_costs(run.bus, TOPICS.costs_for("local"), older)
+    await publish_costs(run.bus, TOPICS.costs_for("local"), newer)  # the same decision again
     await run.clock.advance(10.0)
     await until(lambda: run.committed() == 3, "all three records committed")
     assert (pods.cost("a"), pods.cost("b")) == ("20", "21")
     assert pods.patched() == ["a", "a", "b"]  # v2's, its retry; nothing for v1 or the duplicate
     consumed = run.service.metrics.registry.get_sample_value
     assert [
-        consumed("podcost_messages_consumed_total", {"topic": TOPICS.costs, "outcome": outcome})
+        consumed(
+            "podcost_messages_consumed_total",
+            {"topic": TOPICS.costs_for("local"), "outcome": outcome},
+        )
         for outcome in ("ok", "stale", "duplicate")
     ] == [1, 1, 1]
 

@@ -5,15 +5,17 @@ Kafka without an explicit cluster name. ``podcost.commands.*`` call it."""
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from pydantic import AliasChoices, ValidationError
 from pydantic_settings import BaseSettings
 
-from podcost.runtime.settings import ServiceSettings
-from podcost_bus import BusSettings
 from podcost_contracts.topics import CLUSTER_NAME_RULE
+
+if TYPE_CHECKING:  # the bus package imports aiokafka: not for `podcost --help`
+    from podcost.runtime.settings import ServiceSettings
+    from podcost_bus import BusSettings
 
 EXIT_FAILED = 1
 EXIT_BAD_CONFIG = 2
