@@ -285,7 +285,7 @@ async def test_poison_on_the_costs_topic_is_dead_lettered_and_the_next_costs_are
         async with running(service), Reader(bus, settings.topics.deadletter, DeadLetter) as dead:
             on_costs_at = await publish_poison(bus, topic, on_costs)
             await publish_costs(bus, topic, hostile_names)
-            await publish_costs(bus, topic, replace(good, version=3))
+            await publish_costs(bus, topic, good.model_copy(update={"version": 3}))
             letters = await dead.take(len(on_costs), timeout=60)
             await eventually(
                 lambda: sum(service.committed.values()) == len(on_costs) + 2,

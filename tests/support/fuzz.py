@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 LONG = os.environ.get("PODCOST_LONG") == "1"
 BASE_EXAMPLES = 150
-LONG_EXAMPLES = 5_000
+LONG_EXAMPLES = 5_500
 
 _COMMON: dict[str, Any] = {
     "deadline": None,  # a 2-core machine shared with servers: timing is not the property

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import replace
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
