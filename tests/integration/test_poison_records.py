@@ -1,12 +1,13 @@
 """Poison records on the real Kafka broker: every service that reads a topic dead-letters each
 one with its reason, stays ready, and decides the good record published after them.
 
-The poison: a ``podcost-schema`` header with a 5,000-digit version, a key that is not UTF-8, a gzip
-bomb, a value marked gzip that is not, truncated JSON, a message of the wrong kind, a
+The poison: a ``podcost-schema`` header with a 5,000-digit version, a key that is not UTF-8, a
+gzip bomb, a value marked gzip that is not, truncated JSON, a message of the wrong kind, a
 valid-looking message with a 5,000-digit number in it, and a record of nearly 1 MB of headers and
-value (whose dead letter must still fit in one record), some with a trace header that is not
-ASCII. They go on every topic a service reads: workloads (two rankers and the faust aggregator),
-ranks (the aggregator) and costs (the annotator, against the real control plane).
+value (whose dead letter must still fit in one record), one with a trace header that is not
+ASCII. They go on every topic a service reads: workloads (two rankers and the aggregator) and
+ranks (the aggregator), with the aggregator on faust and on the consumer loop; costs (the
+annotator, against the real control plane, followed by costs for pods with odd names).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from podcost.annotator import bootstrap as annotator
 from podcost.runtime.settings import ServiceSettings
 from podcost_bus import BusSettings, KafkaBus, publish_message
 from podcost_bus.faust_app import FaustKeyedApp
+from podcost_bus.keyed import KeyedConsumerLoop
 from podcost_contracts.messages import (
     CONTENT_ENCODING,
     MAX_DECODED_BYTES,
@@ -202,8 +204,9 @@ async def bus(kafka_bootstrap: str) -> AsyncIterator[KafkaBus]:
         yield started
 
 
+@pytest.mark.parametrize("engine", ["faust", "consumer"])
 async def test_poison_on_workloads_and_ranks_is_dead_lettered_and_the_next_snapshot_decided(
-    bus: KafkaBus, tmp_path: Path
+    bus: KafkaBus, tmp_path: Path, engine: str
 ) -> None:
     settings, topics = bus.settings, bus.settings.topics
     run = settings.client_id.rsplit("-", 1)[-1]
@@ -221,10 +224,11 @@ async def test_poison_on_workloads_and_ranks_is_dead_lettered_and_the_next_snaps
     rankers = [ranker.bootstrap(SETTINGS, settings, strategy=name, bus=bus) for name in (CAP, AGE)]
     config = AggregatorSettings(
         deadline_s=30.0, tick_s=0.1, app_id=f"poison-{run}-aggregator", data_dir=tmp_path,
-        commit_interval_s=0.2,
+        commit_interval_s=0.2, engine=engine,  # type: ignore[arg-type]
     )  # fmt: skip
     combiner = aggregator.bootstrap(SETTINGS, settings, config=config, bus=bus)
-    assert isinstance(combiner.transport, FaustKeyedApp)
+    transport = FaustKeyedApp if engine == "faust" else KeyedConsumerLoop
+    assert isinstance(combiner.transport, transport)
     services = [*rankers, combiner]
     async with (
         running(*services),
@@ -242,9 +246,10 @@ async def test_poison_on_workloads_and_ranks_is_dead_lettered_and_the_next_snaps
         await dead.nothing_more(1.0)
         assert all(service.ready() for service in services)
 
-    groups = {r.group for r in rankers} | {config.app_id}
+    combiner_group = config.app_id if engine == "faust" else combiner.processor.group
+    groups = {r.group for r in rankers} | {combiner_group}
     check_letters(letters, topics.workloads, on_workloads_at, groups)
-    check_letters(letters, topics.ranks, on_ranks_at, {config.app_id})
+    check_letters(letters, topics.ranks, on_ranks_at, {combiner_group})
     good = decisions[GOOD.workload.key]
     assert good.complete
     assert {pod.uid: pod.cost for pod in good.costs} == expected_costs(GOOD, POLICY)
