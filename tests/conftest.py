@@ -13,6 +13,7 @@ and a ``-m long`` run that selects no test fails (``tests/support/selection.py``
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,3 +94,10 @@ async def kube(control_plane: ControlPlane) -> AsyncIterator[KubeTestCluster]:
     api = await config.new_client_from_config(config_file=str(control_plane.kubeconfig))
     async with api:
         yield KubeTestCluster(api)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """After the run: how many fuzz cases ran, per test (``tests/support/fuzz.py``)."""
+    fuzz = sys.modules.get("tests.support.fuzz")
+    for line in fuzz.summary() if fuzz is not None else []:
+        terminalreporter.write_line(line)

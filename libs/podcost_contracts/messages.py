@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import re
 import zlib
 from abc import abstractmethod
 from collections.abc import Mapping
@@ -42,7 +43,7 @@ from pydantic import (
     ValidationInfo,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, PydanticSerializationError
 
 from podcost_contracts.topics import cluster_name_problem
 from podcost_core.model import PodUID, Snapshot, WorkloadRef
@@ -150,10 +151,17 @@ IDENTITY: Final = "identity"
 
 
 def trace_context(headers: Mapping[str, bytes]) -> dict[str, str]:
-    """The W3C trace context of a record as a text carrier, for an OpenTelemetry propagator."""
-    return {
-        name: headers[name].decode("ascii", "replace") for name in TRACE_HEADERS if name in headers
-    }
+    """The W3C trace context of a record as a text carrier, for an OpenTelemetry propagator.
+
+    A header that is not ASCII is left out: it cannot be trace context (a propagator would drop
+    it), and passed on it would make :func:`encode` fail on the message that carries it on (a
+    dead letter of the very record, say)."""
+    carrier = {}
+    for name in TRACE_HEADERS:
+        raw = headers.get(name)
+        if raw is not None and raw.isascii():
+            carrier[name] = raw.decode("ascii")
+    return carrier
 
 
 # --- size limits ------------------------------------------------------------------------------
@@ -459,7 +467,14 @@ class DecodeError(ValueError):
         self.reason = reason
 
 
-class MessageTooLarge(ValueError):
+class EncodeError(ValueError):
+    """The message cannot be encoded (a string that is not Unicode text, e.g. a lone surrogate
+    from hand-made JSON). Permanent: log it and skip the message."""
+
+    retriable: ClassVar[bool] = False
+
+
+class MessageTooLarge(EncodeError):
     """Even compressed, the message is larger than one Kafka record may be. Permanent."""
 
     retriable: ClassVar[bool] = False
@@ -503,9 +518,12 @@ def encode(
 
     ``trace`` is the W3C carrier a propagator filled (``traceparent``, ``tracestate``); other
     entries of it are ignored. Raises :class:`MessageTooLarge` when the value exceeds
-    ``max_bytes`` even compressed.
+    ``max_bytes`` even compressed, :class:`EncodeError` when it holds text that is not Unicode.
     """
-    body = message.model_dump_json().encode()
+    try:
+        body = message.model_dump_json().encode()
+    except PydanticSerializationError as error:
+        raise EncodeError(f"the {type(message).KIND} message cannot be encoded: {error}") from error
     headers = {SCHEMA_HEADER: schema_header(type(message), message.schema_version)}
     for name in TRACE_HEADERS:
         if trace and name in trace:
@@ -568,6 +586,10 @@ def _supported(kind: type[Message]) -> str:
     return ", ".join(str(version) for version in sorted(kind.SUPPORTED_VERSIONS))
 
 
+#: A schema version in the ``podcost-schema`` header: a few ASCII digits.
+_VERSION: Final = re.compile(r"[0-9]{1,9}")
+
+
 def _check_schema_header(kind: type[Message], headers: Mapping[str, bytes]) -> None:
     # Checked before inflating and parsing: a record of another kind or version is refused
     # without the cost of reading it (the payload's own schema_version is checked too).
@@ -576,7 +598,9 @@ def _check_schema_header(kind: type[Message], headers: Mapping[str, bytes]) -> N
         return
     text = raw.decode("ascii", "replace")
     name, _, version_text = text.partition("/")
-    if not version_text.isdigit():
+    # A bounded ASCII pattern, not isdigit(): int() refuses more than 4300 digits with a
+    # ValueError, which no consumer would catch (the record would crash every restart).
+    if not _VERSION.fullmatch(version_text):
         raise DecodeError(f"the {SCHEMA_HEADER} header {text!r} is not <kind>/<version>")
     if name != kind.KIND:
         raise DecodeError(

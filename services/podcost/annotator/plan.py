@@ -33,7 +33,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from podcost_core.convert import ObjectMetaJSON, cost_owner
 from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, PodUID
-from podcost_core.victims import deletion_cost_error
+from podcost_core.victims import deletion_cost_error, parse_deletion_cost
 
 T = TypeVar("T")
 
@@ -127,7 +127,11 @@ def decide(
     if state is None or state.uid != uid or state.deleting:
         # A recreated pod under the same name is another pod; a terminating one needs no cost.
         return Verdict.GONE
-    if state.value is not None and state.invalid is None and int(state.value) == cost:
+    if (
+        state.value is not None
+        and state.invalid is None
+        and parse_deletion_cost(state.value) == cost
+    ):
         return Verdict.UNCHANGED
     # An invalid value is no cost (the controller reads 0), whoever set it: it is replaced.
     if state.owner is CostOwner.OTHER and state.invalid is None and not overwrite_foreign:

@@ -76,7 +76,7 @@ from podcost.runtime.telemetry import (
 )
 from podcost_bus import Bus, BusSettings, Delivery, open_bus, publish_message
 from podcost_contracts.messages import (
-    MessageTooLarge,
+    EncodeError,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
     encode,
@@ -430,8 +430,8 @@ class WatcherService:
             )
             try:
                 encoded = encode(message, trace=inject())
-            except MessageTooLarge as error:
-                log.error("snapshot of %s is too large to publish: %s", snapshot.workload.key,
+            except EncodeError as error:  # too large, or text that is not Unicode
+                log.error("snapshot of %s cannot be published: %s", snapshot.workload.key,
                           error)  # fmt: skip
                 self._passed(key, None)
                 return False
