@@ -26,6 +26,7 @@ import pytest
 from tests.support.costs import CountingPods, Desire, desired, publish_costs
 from tests.support.kube import KubeTestCluster
 from tests.support.pipeline import Reader, eventually, expected_costs, fresh_kafka_settings, running
+from tests.support.snapshots import CLUSTER
 from tests.support.snapshots import snapshot as deployment
 
 from podcost import aggregator, ranker
@@ -33,7 +34,7 @@ from podcost.aggregator import AggregatorSettings
 from podcost.annotator import AnnotatorSettings
 from podcost.annotator import bootstrap as annotator
 from podcost.runtime.settings import ServiceSettings
-from podcost_bus import BusSettings, KafkaBus, publish_message
+from podcost_bus import KafkaBus, publish_message
 from podcost_bus.faust_app import FaustKeyedApp
 from podcost_bus.keyed import KeyedConsumerLoop
 from podcost_contracts.messages import (
@@ -61,12 +62,6 @@ GOOD = replace(deployment(pods=4, nodes=4), annotations=ANNOTATIONS)
 POLICY = policy_from_annotations(ANNOTATIONS)
 KEY = GOOD.workload.key.encode()
 DIGITS = "1" * 5000
-
-
-def costs_topic(settings: BusSettings, cluster: str) -> str:
-    """The costs topic the annotator of ``cluster`` reads (one line to adapt when the topic
-    becomes one per cluster: ``settings.topics.costs_for(cluster)``)."""
-    return settings.topics.costs
 
 
 @dataclass(frozen=True)
@@ -200,7 +195,7 @@ def ranks(snapshot: Snapshot) -> StrategyRanksMessage:
 async def bus(kafka_bootstrap: str) -> AsyncIterator[KafkaBus]:
     settings = fresh_kafka_settings(kafka_bootstrap, "poison")
     async with KafkaBus(settings) as started:
-        await started.ensure_topics(settings.topics.all())
+        await started.ensure_topics([*settings.topics.shared(), settings.topics.costs_for(CLUSTER)])
         yield started
 
 
@@ -232,7 +227,7 @@ async def test_poison_on_workloads_and_ranks_is_dead_lettered_and_the_next_snaps
     services = [*rankers, combiner]
     async with (
         running(*services),
-        Reader(bus, topics.costs, DesiredCostsMessage) as costs,
+        Reader(bus, topics.costs_for(CLUSTER), DesiredCostsMessage) as costs,
         Reader(bus, topics.deadletter, DeadLetter) as dead,
     ):
         on_workloads_at = await publish_poison(bus, topics.workloads, on_workloads)
@@ -281,7 +276,7 @@ async def test_poison_on_the_costs_topic_is_dead_lettered_and_the_next_costs_are
         hostile_names = desired(namespace, "web", odd_names, version=2)
         snapshot_message = WorkloadSnapshotMessage.of(GOOD, emitted_at=time.time())
         on_costs = poison(good, snapshot_message, "costs.0.cost")
-        topic = costs_topic(settings, "local")
+        topic = settings.topics.costs_for("local")
         counting = CountingPods(Kube(kube.api))
         service = annotator(
             SETTINGS, settings, AnnotatorSettings(group=f"poison-{suffix}", backoff_initial=0.05),
@@ -290,7 +285,10 @@ async def test_poison_on_the_costs_topic_is_dead_lettered_and_the_next_costs_are
         async with running(service), Reader(bus, settings.topics.deadletter, DeadLetter) as dead:
             on_costs_at = await publish_poison(bus, topic, on_costs)
             await publish_costs(bus, topic, hostile_names)
-            await publish_costs(bus, topic, good.model_copy(update={"version": 3}))
+            # The newest decision: seen after the hostile one (the annotator's version guard
+            # orders decisions by when their change was seen, then by version).
+            newest = {"version": 3, "changed_at": time.time(), "emitted_at": time.time()}
+            await publish_costs(bus, topic, good.model_copy(update=newest))
             letters = await dead.take(len(on_costs), timeout=60)
             await eventually(
                 lambda: sum(service.committed.values()) == len(on_costs) + 2,
@@ -299,7 +297,7 @@ async def test_poison_on_the_costs_topic_is_dead_lettered_and_the_next_costs_are
             )
             await dead.nothing_more(1.0)
             assert service.ready()
-        check_letters(letters, topic, on_costs_at, {service.config.group})
+        check_letters(letters, topic, on_costs_at, {service.group})
         assert counting.patches == {f"{namespace}/{pod.name}": 1 for pod in pods}
         written = {
             raw["metadata"]["name"]: raw["metadata"]["annotations"][DELETION_COST_ANNOTATION]

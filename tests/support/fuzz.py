@@ -1,7 +1,8 @@
 """The fuzz tests' hypothesis settings and their case count.
 
 Every fuzz test (``tests/unit/test_fuzz_*.py``) is decorated with :func:`fuzz`, which runs it
-under one of two hypothesis settings profiles and marks it ``long``:
+under one of two hypothesis settings profiles and marks it ``fuzz`` (so ``make test`` runs it,
+and so does ``make test-long``, which selects ``-m "long or fuzz"``):
 
 - ``podcost-fuzz`` (``make test``): :data:`BASE_EXAMPLES` cases per test, a few thousand in all;
 - ``podcost-fuzz-long`` (``PODCOST_LONG=1``, what ``make test-long`` sets with ``-m long``):
@@ -51,7 +52,7 @@ T = TypeVar("T", bound=Callable[..., Any])
 
 def fuzz(share: float = 1.0) -> Callable[[T], T]:
     """Run a ``@given`` test under the profile of this run, with ``share`` times its cases,
-    counted in :data:`CASES`, and marked ``long``. Apply it above ``@given``."""
+    counted in :data:`CASES`, and marked ``fuzz``. Apply it above ``@given``."""
 
     def apply(test: T) -> T:
         handle = getattr(test, "hypothesis", None)
@@ -76,7 +77,7 @@ def fuzz(share: float = 1.0) -> Callable[[T], T]:
         handle.inner_test = counted
         examples = max(1, round(PROFILE.max_examples * share))
         configured = settings(PROFILE, max_examples=examples)(test)
-        marked: T = pytest.mark.long(configured)
+        marked: T = pytest.mark.fuzz(configured)
         return marked
 
     return apply
