@@ -46,8 +46,8 @@ e2e: tools  ## the whole pipeline against the real control plane
 test: check tools  ## everything CI runs: static checks, then all test tiers
 	$(RUN) pytest tests examples/podcost-strategy-example/tests
 
-test-long: tools  ## opt-in long runs (e.g. 300 differential scenarios)
-	PODCOST_LONG=1 $(RUN) pytest tests -m long
+test-long: tools  ## the long runs (300 differential scenarios, 30 s API outage) and the fuzz tests at >= 100,000 cases; fails if none
+	PODCOST_LONG=1 $(RUN) pytest tests -m "long or fuzz"
 
 bench: setup  ## benchmarks that print numbers (not tests)
 	$(RUN) python tests/bench/bench_core.py

@@ -5,11 +5,15 @@ ports, once per test session, and stopped at its end. ``PODCOST_KAFKA`` / ``KUBE
 ``PODCOST_USE_KUBECONFIG=1`` point the tests at servers already running (``make kafka-up`` /
 ``make cluster-up``) instead. Under ``CI=true`` a server that cannot be built or started fails
 the run; elsewhere the tests that need it are skipped with the reason.
+
+Selection: ``@pytest.mark.long`` tests run only when ``-m`` names ``long`` (``make test-long``),
+and a ``-m long`` run that selects no test fails (``tests/support/selection.py``).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +23,22 @@ from kubernetes_asyncio import config
 
 from podcost_localinfra import build, cluster, kafka, process
 from tests.support.kube import KubeTestCluster
+from tests.support.selection import LONG, empty_long_run, wants_long
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.hookimpl(trylast=True)  # after ``-m`` and ``-k`` have deselected what they do
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    markexpr = str(config.getoption("markexpr", "") or "")
+    if not wants_long(markexpr):
+        long_runs = [item for item in items if item.get_closest_marker(LONG) is not None]
+        if long_runs:
+            config.hook.pytest_deselected(items=long_runs)
+            items[:] = [item for item in items if item.get_closest_marker(LONG) is None]
+    reason = empty_long_run(markexpr, len(items))
+    if reason is not None:
+        raise pytest.UsageError(reason)
 
 
 def _unavailable(what: str, error: BaseException) -> None:
@@ -47,22 +65,26 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @dataclass(frozen=True)
 class ControlPlane:
-    """A running control plane: where its kubeconfig is."""
+    """A running control plane: where its kubeconfig is, and its run directory when it is one
+    of ``podcost_localinfra``'s (whose kube-apiserver a test may stop and start again)."""
 
     kubeconfig: Path
+    run_dir: Path | None = None
 
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A real kube-apiserver with kube-controller-manager, kube-scheduler and kwok."""
     if os.environ.get("PODCOST_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):
-        yield ControlPlane(Path(os.environ["KUBECONFIG"]))
+        kubeconfig = Path(os.environ["KUBECONFIG"])
+        ours = (kubeconfig.parent / "cluster.json").exists()  # ``make cluster-up``'s
+        yield ControlPlane(kubeconfig, kubeconfig.parent if ours else None)
         return
     try:
         started = cluster.start(tmp_path_factory.mktemp("cluster"))
     except (build.BuildError, process.StartError, OSError) as error:
         _unavailable("the Kubernetes control plane", error)
-    yield ControlPlane(started.kubeconfig)
+    yield ControlPlane(started.kubeconfig, started.run_dir)
     started.stop()
 
 
@@ -72,3 +94,10 @@ async def kube(control_plane: ControlPlane) -> AsyncIterator[KubeTestCluster]:
     api = await config.new_client_from_config(config_file=str(control_plane.kubeconfig))
     async with api:
         yield KubeTestCluster(api)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """After the run: how many fuzz cases ran, per test (``tests/support/fuzz.py``)."""
+    fuzz = sys.modules.get("tests.support.fuzz")
+    for line in fuzz.summary() if fuzz is not None else []:
+        terminalreporter.write_line(line)

@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 #: The most of a bad record's value a dead letter keeps, so the dead letter itself always fits
 #: in one Kafka record (base64 grows it by a third; gzip wins some of that back).
 DEAD_LETTER_VALUE_BYTES: Final = 512 * 1024
+#: The most of the record's key, of each header, and of the reason a dead letter keeps, and how
+#: many headers: a record can carry nearly 1 MB of key or headers (up to four characters each
+#: as ``\xNN`` text), and a dead letter that does not fit would stop the consumer for good.
+DEAD_LETTER_TEXT_BYTES: Final = 4 * 1024
+DEAD_LETTER_HEADERS: Final = 32
 
 M = TypeVar("M", bound=Message)
 
@@ -88,23 +93,26 @@ def dead_letter_of(
     :data:`DEAD_LETTER_VALUE_BYTES` of it), key and headers, with ``reason`` and the ``error``
     class. Publish it under its ``record_key`` with the record's trace context."""
     kept = record.value[:DEAD_LETTER_VALUE_BYTES]
+    headers = list(record.headers.items())[:DEAD_LETTER_HEADERS]
     return DeadLetter(
         topic=record.topic,
         partition=record.partition,
         offset=record.offset,
-        key=None if record.key is None else record.key.decode("utf-8", "backslashreplace"),
+        key=None if record.key is None else _text(record.key),
         value=kept,
         value_size=len(record.value),
         truncated=len(kept) < len(record.value),
-        headers={
-            name: value.decode("utf-8", "backslashreplace")
-            for name, value in record.headers.items()
-        },
-        reason=reason,
+        headers={name[:DEAD_LETTER_TEXT_BYTES]: _text(value) for name, value in headers},
+        reason=reason[:DEAD_LETTER_TEXT_BYTES],
         error=type(error).__name__ if error is not None else "",
         group=group,
         failed_at=failed_at,
     )
+
+
+def _text(raw: bytes) -> str:
+    """``raw`` as text for a dead letter: UTF-8, other bytes as ``\\xNN``, cut short."""
+    return raw[:DEAD_LETTER_TEXT_BYTES].decode("utf-8", "backslashreplace")
 
 
 async def decode_or_dead_letter(

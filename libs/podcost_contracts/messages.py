@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import re
 import zlib
 from abc import abstractmethod
 from collections.abc import Mapping
@@ -42,8 +43,9 @@ from pydantic import (
     ValidationInfo,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, PydanticSerializationError
 
+from podcost_contracts.topics import cluster_name_problem
 from podcost_core.model import PodUID, Snapshot, WorkloadRef
 from podcost_core.victims import INT32_MAX, INT32_MIN
 
@@ -60,7 +62,8 @@ class InvalidKey(ValueError):
 @dataclass(frozen=True, slots=True)
 class WorkloadKey:
     """The bus key of one workload: ``cluster/namespace/kind/name``, e.g.
-    ``prod-eu-1/shop/Deployment/web``. Each part is non-empty, has no ``/`` and no whitespace."""
+    ``prod-eu-1/shop/Deployment/web``. Each part is non-empty, has no ``/`` and no whitespace;
+    the cluster is a valid cluster name (``podcost_contracts.topics.cluster_name_problem``)."""
 
     cluster: str
     namespace: str
@@ -73,6 +76,10 @@ class WorkloadKey:
             problem = _part_problem(part)
             if problem:
                 raise InvalidKey(f"invalid workload key {self.text()!r}: {part_name} {problem}")
+        # The cluster names the costs topic a decision is routed to (``Topics.costs_for``).
+        cluster_problem = cluster_name_problem(self.cluster)
+        if cluster_problem:
+            raise InvalidKey(f"invalid workload key {self.text()!r}: {cluster_problem}")
 
     def text(self) -> str:
         """The key as it travels: ``cluster/namespace/kind/name``."""
@@ -147,10 +154,17 @@ IDENTITY: Final = "identity"
 
 
 def trace_context(headers: Mapping[str, bytes]) -> dict[str, str]:
-    """The W3C trace context of a record as a text carrier, for an OpenTelemetry propagator."""
-    return {
-        name: headers[name].decode("ascii", "replace") for name in TRACE_HEADERS if name in headers
-    }
+    """The W3C trace context of a record as a text carrier, for an OpenTelemetry propagator.
+
+    A header that is not ASCII is left out: it cannot be trace context (a propagator would drop
+    it), and passed on it would make :func:`encode` fail on the message that carries it on (a
+    dead letter of the very record, say)."""
+    carrier = {}
+    for name in TRACE_HEADERS:
+        raw = headers.get(name)
+        if raw is not None and raw.isascii():
+            carrier[name] = raw.decode("ascii")
+    return carrier
 
 
 # --- size limits ------------------------------------------------------------------------------
@@ -458,7 +472,14 @@ class DecodeError(ValueError):
         self.reason = reason
 
 
-class MessageTooLarge(ValueError):
+class EncodeError(ValueError):
+    """The message cannot be encoded (a string that is not Unicode text, e.g. a lone surrogate
+    from hand-made JSON). Permanent: log it and skip the message."""
+
+    retriable: ClassVar[bool] = False
+
+
+class MessageTooLarge(EncodeError):
     """Even compressed, the message is larger than one Kafka record may be. Permanent."""
 
     retriable: ClassVar[bool] = False
@@ -502,11 +523,15 @@ def encode(
 
     ``trace`` is the W3C carrier a propagator filled (``traceparent``, ``tracestate``); other
     entries of it are ignored. Raises :class:`MessageTooLarge` when the value exceeds
-    ``max_bytes`` even compressed.
+    ``max_bytes`` even compressed, :class:`EncodeError` when it holds text that is not Unicode.
     """
+    try:
+        body = message.model_dump_json().encode()
+    except PydanticSerializationError as error:
+        raise EncodeError(f"the {type(message).KIND} message cannot be encoded: {error}") from error
     return encode_json(
         type(message),
-        message.model_dump_json().encode(),
+        body,
         key=message.record_key(),
         schema_version=message.schema_version,
         trace=trace,
@@ -591,6 +616,10 @@ def _supported(kind: type[Message]) -> str:
     return ", ".join(str(version) for version in sorted(kind.SUPPORTED_VERSIONS))
 
 
+#: A schema version in the ``podcost-schema`` header: a few ASCII digits.
+_VERSION: Final = re.compile(r"[0-9]{1,9}")
+
+
 def _check_schema_header(kind: type[Message], headers: Mapping[str, bytes]) -> None:
     # Checked before inflating and parsing: a record of another kind or version is refused
     # without the cost of reading it (the payload's own schema_version is checked too).
@@ -599,7 +628,9 @@ def _check_schema_header(kind: type[Message], headers: Mapping[str, bytes]) -> N
         return
     text = raw.decode("ascii", "replace")
     name, _, version_text = text.partition("/")
-    if not version_text.isdigit():
+    # A bounded ASCII pattern, not isdigit(): int() refuses more than 4300 digits with a
+    # ValueError, which no consumer would catch (the record would crash every restart).
+    if not _VERSION.fullmatch(version_text):
         raise DecodeError(f"the {SCHEMA_HEADER} header {text!r} is not <kind>/<version>")
     if name != kind.KIND:
         raise DecodeError(

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from fractions import Fraction
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
 # pydantic needs typing_extensions' TypedDict before Python 3.12 (it is pydantic's own dependency).
 from typing_extensions import TypedDict
@@ -59,6 +59,10 @@ class UnknownWorkload(ConversionError):
 # --- raw shapes (only the fields podcost reads; pydantic drops the rest) -------------------
 
 Quantity = str | int | float
+#: An integer field of the API (``int32`` or ``int64`` there). Bounded here so that a number no
+#: API server serves is refused at the boundary instead of riding along in a snapshot that every
+#: consumer refuses (JSON parsers stop at 4300 digits).
+Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class OwnerReferenceJSON(TypedDict, total=False):
@@ -126,7 +130,7 @@ class PodAffinityTermJSON(TypedDict, total=False):
 
 
 class WeightedPodAffinityTermJSON(TypedDict, total=False):
-    weight: int
+    weight: Int64
     podAffinityTerm: PodAffinityTermJSON
 
 
@@ -141,7 +145,7 @@ class AffinityJSON(TypedDict, total=False):
 
 class PodSpecJSON(TypedDict, total=False):
     nodeName: str
-    priority: int
+    priority: Int64
     tolerations: list[TolerationJSON]
     containers: list[ContainerJSON]
     initContainers: list[ContainerJSON]
@@ -158,7 +162,7 @@ class ConditionJSON(TypedDict, total=False):
 
 class ContainerStatusJSON(TypedDict, total=False):
     name: str
-    restartCount: int
+    restartCount: Int64
 
 
 class PodStatusJSON(TypedDict, total=False):
@@ -200,7 +204,7 @@ class NodeJSON(TypedDict, total=False):
 
 
 class WorkloadSpecJSON(TypedDict, total=False):
-    replicas: int
+    replicas: Int64
     selector: LabelSelectorJSON | None
 
 
@@ -239,7 +243,10 @@ def _name_hint(raw: object) -> str:
     if isinstance(raw, Mapping):
         meta = raw.get("metadata")
         if isinstance(meta, Mapping) and isinstance(meta.get("name"), str):
-            return f" {meta.get('namespace', '')}/{meta['name']}".replace(" /", " ")
+            # Only a string namespace is shown: the hint names an object that failed validation.
+            namespace = meta.get("namespace")
+            namespace = namespace if isinstance(namespace, str) else ""
+            return f" {namespace}/{meta['name']}".replace(" /", " ")
     return ""
 
 
@@ -251,30 +258,45 @@ _QUANTITY = re.compile(
 )
 _BINARY = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+#: Bounds on the significant digits and the decimal exponent of a quantity string. The API server
+#: serves quantities in canonical form, capped at 2^63 - 1 (19 digits, exponents up to 18), so
+#: these only refuse hand-made input, and before ``int()`` (which refuses more than 4300 digits
+#: with a ``ValueError``) or ``10 ** exponent`` (minutes for ``1e99999999``) meet it.
+_MAX_QUANTITY_DIGITS = 100
+_MAX_QUANTITY_EXPONENT = 100
 
 
 def parse_quantity(value: Quantity) -> Fraction:
     """``resource.ParseQuantity``, exactly: ``500m`` = 1/2, ``1Gi`` = 2**30, ``1e3`` = 1000."""
     if isinstance(value, bool):
         raise ConversionError(f"quantity {value!r} is not a number")
-    if isinstance(value, int):
-        return Fraction(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ConversionError(f"quantity {value!r} is not finite")
-        return Fraction(repr(value))
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConversionError(f"quantity {value!r} is not finite")
+    if isinstance(value, int | float):
+        if abs(value) >= 10**_MAX_QUANTITY_DIGITS:  # an int is compared as it is, never printed
+            raise ConversionError(f"a quantity beyond 1e{_MAX_QUANTITY_DIGITS} is out of range")
+        return Fraction(value) if isinstance(value, int) else Fraction(repr(value))
     found = _QUANTITY.fullmatch(value)
     if not value or found is None:
         raise ConversionError(f"quantity {value!r} is not a Kubernetes quantity")
-    digits = (found["int"] or "0") + (found["frac"] or "")
-    number = Fraction(int(digits), 10 ** len(found["frac"] or ""))
+    # Leading zeros of the integer part and trailing zeros of the fraction change nothing.
+    whole, frac = found["int"].lstrip("0"), (found["frac"] or "").rstrip("0")
     suffix = found["suffix"]
+    exponent_text = "0" if suffix in _BINARY or suffix in _DECIMAL else suffix[1:]
+    if (
+        len(whole) + len(frac) > _MAX_QUANTITY_DIGITS
+        or len(exponent_text.lstrip("+-").lstrip("0")) > 3
+        or abs(int(exponent_text)) > _MAX_QUANTITY_EXPONENT
+    ):
+        shown = value if len(value) <= 40 else f"{value[:40]}..."
+        raise ConversionError(f"quantity {shown!r} is out of range")
+    number = Fraction(int(whole + frac or "0"), 10 ** len(frac))
     if suffix in _BINARY:
         number *= 2 ** _BINARY[suffix]
     elif suffix in _DECIMAL:
         number *= Fraction(10) ** _DECIMAL[suffix]
     else:  # a decimal exponent, e.g. e3 or E-2
-        number *= Fraction(10) ** int(suffix[1:])
+        number *= Fraction(10) ** int(exponent_text)
     return -number if found["sign"] == "-" else number
 
 
@@ -300,7 +322,10 @@ def parse_time(value: str | None) -> float | None:
         raise ConversionError(f"timestamp {value!r} is not RFC 3339") from None
     if parsed.tzinfo is None:
         raise ConversionError(f"timestamp {value!r} has no time zone")
-    return float(math.floor(parsed.astimezone(UTC).timestamp()))
+    try:
+        return float(math.floor(parsed.astimezone(UTC).timestamp()))
+    except OverflowError:  # e.g. year 1 at +14:00 is before datetime.min in UTC
+        raise ConversionError(f"timestamp {value!r} is out of range") from None
 
 
 # --- pods -----------------------------------------------------------------------------------
@@ -323,8 +348,9 @@ def cost_owner(meta: ObjectMetaJSON) -> CostOwner:
     for entry in meta.get("managedFields", []):
         if entry.get("manager") != FIELD_MANAGER:
             continue
-        fields = entry.get("fieldsV1", {})
-        annotations = fields.get("f:metadata", {}).get("f:annotations", {})
+        # fieldsV1 is free-form JSON: every level is checked before it is read.
+        metadata = entry.get("fieldsV1", {}).get("f:metadata", {})
+        annotations = metadata.get("f:annotations", {}) if isinstance(metadata, Mapping) else {}
         if isinstance(annotations, Mapping) and _COST_FIELD in annotations:
             return CostOwner.PODCOST
     return CostOwner.OTHER

@@ -430,6 +430,9 @@ def policy_from_text(
         data = json.loads(text) if fmt == "json" else _yaml_loader(source)(text)
     except ValueError as error:  # json.JSONDecodeError and yaml.YAMLError (via _yaml_loader)
         raise PolicyError(source, f"not valid {fmt.upper()}: {error}") from error
+    except RecursionError:
+        # Both parsers recurse once per level of nesting; no policy is nested that deep.
+        raise PolicyError(source, f"not valid {fmt.upper()}: nested too deeply") from None
     return policy_from_data(data, source=source, registry=registry)
 
 
@@ -441,6 +444,8 @@ def load_policy_file(path: str | Path, *, registry: Registry | None = None) -> P
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise PolicyError(str(path), f"cannot be read: {error.strerror or error}") from error
+    except UnicodeDecodeError as error:
+        raise PolicyError(str(path), f"is not UTF-8 text: {error}") from error
     return policy_from_text(text, fmt=fmt, source=str(path), registry=registry)
 
 

@@ -73,16 +73,27 @@ def deletion_cost_error(value: str) -> str | None:
     # fullmatch on an ASCII class, not int(): int() also takes spaces, "_" and non-ASCII digits.
     if not _DIGITS.fullmatch(value):
         return f"invalid syntax {value!r}"
-    if not INT32_MIN <= int(value) <= INT32_MAX:
+    if not INT32_MIN <= _int_of_digits(value) <= INT32_MAX:
         return f"value out of int32 range {value!r}"
     return None
+
+
+def _int_of_digits(value: str) -> int:
+    """``value`` (``-?[0-9]+``) as an int, or one past the int32 range when it has more digits
+    than any int32. Bounded before ``int()``, which refuses more than 4300 digits with a
+    ``ValueError``; leading zeros, which ``ParseInt`` accepts (``-007``), do not count."""
+    magnitude = value.removeprefix("-").lstrip("0")
+    if len(magnitude) > len(str(INT32_MAX)):
+        return INT32_MAX + 1
+    number = int(magnitude or "0")
+    return -number if value.startswith("-") else number
 
 
 def parse_deletion_cost(value: str | None) -> int:
     """The cost the controller reads from the annotation value: 0 when absent or invalid."""
     if value is None or deletion_cost_error(value) is not None:
         return 0
-    return int(value)
+    return _int_of_digits(value)
 
 
 # --- LogarithmicScaleDown -------------------------------------------------------------------

@@ -16,7 +16,10 @@ What it does, per resource, as client-go's reflector does:
   as long as the server's ``retryAfterSeconds``) and relist; after
   ``Backoff.max_failures`` failures in a row, or at once on a permanent error (401, 403, 404), the
   informer fails: :meth:`Informer.wait_synced` and :meth:`Informer.join` raise
-  :class:`InformerFailed` naming the resource.
+  :class:`InformerFailed` naming the resource. A service sets ``max_failures=None``
+  (:data:`SERVICE_BACKOFF`): an API server outage, however long, is waited out and followed by a
+  relist, never a failure; :meth:`Informer.failing_for` says how long it has lasted so far, for
+  readiness.
 
 Objects stay raw JSON from the socket to the store: responses are read with
 ``_preload_content=False`` and parsed with ``json.loads``, never deserialised into client-library
@@ -31,6 +34,7 @@ import asyncio
 import json
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -182,6 +186,10 @@ class Backoff:
         return self.max_failures is not None and failures >= self.max_failures
 
 
+#: What a long-running service uses: retriable failures never end the informer, however many.
+SERVICE_BACKOFF = Backoff(max_failures=None)
+
+
 # --- the informer ------------------------------------------------------------------------------
 
 
@@ -212,6 +220,8 @@ class _State:
     """Where the next watch starts; ``None``: list first."""
     synced: bool = False
     failures: int = 0
+    failing_since: float | None = None
+    """``time.monotonic()`` of the first failure since the server last answered a request."""
     rewatch_from: str | None = None
     response: aiohttp.ClientResponse | None = None
 
@@ -284,6 +294,14 @@ class Informer:
 
     def stats(self, kind: str) -> ResourceStats:
         return self._states[kind].stats
+
+    def failing_for(self, now: float | None = None) -> float:
+        """Seconds the API server has been failing this informer's requests without one
+        answered (the longest over its resources; 0 while they are answered). ``now`` is
+        ``time.monotonic()`` by default; safe to call from any thread."""
+        now = time.monotonic() if now is None else now
+        since = [s.failing_since for s in list(self._states.values()) if s.failing_since]
+        return max((now - start for start in since), default=0.0)
 
     def resource_version(self, kind: str) -> str | None:
         """The version the watch of ``kind`` resumes from (``None`` until listed)."""
@@ -394,6 +412,8 @@ class Informer:
         kind = state.resource.kind
         state.resource_version = None  # whatever went wrong, relist
         state.failures += 1
+        if state.failing_since is None and not isinstance(error, ResourceExpired):
+            state.failing_since = time.monotonic()
         state.stats.last_error = str(error)
         if isinstance(error, ResourceExpired):
             state.stats.expired += 1
@@ -425,6 +445,8 @@ class Informer:
             _preload_content=False,
             _request_timeout=limits,
         )
+        if response.status < 500:
+            state.failing_since = None  # answered (a 4xx too: the server works)
         if response.status != 200:
             try:
                 body = await response.read()

@@ -2,9 +2,14 @@
 
 The ``podcost`` entry point (pyproject ``podcost = "podcost.cli:main"``) runs ``main``. Each
 command lives in ``podcost.commands.<name>`` with a ``register(app)`` function, so adding a
-command is one module and one line here; tests drive ``app`` with typer's ``CliRunner``. The
-examples and environment variables every ``--help`` ends with are kept here, in one place
-(:data:`EPILOGS`).
+command is one module and one line here (:data:`COMMANDS`); tests drive ``app`` with typer's
+``CliRunner``. The examples and environment variables every ``--help`` ends with are kept here,
+in one place (:data:`EPILOGS`).
+
+Commands are imported lazily (:class:`LazyCommands`): only the module of the command that runs
+is imported, so ``podcost simulate`` does not pay for kubernetes-asyncio and aiokafka, nor
+``podcost run`` for the demo; ``podcost --help`` lists every command from the one-line summaries
+of :data:`COMMANDS` (a unit test keeps them equal to the commands' own docstrings).
 
 ``main`` is where errors stop: a command reports what it expects itself (one line, exit 2 for
 bad input or settings, 1 when something it needs fails); whatever still reaches ``main`` — a
@@ -14,29 +19,21 @@ a traceback (:func:`exit_code_for`).
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import typer
 from pydantic import ValidationError
+from typer import _click as click  # typer's own click, which its groups are built on
+from typer.core import TyperCommand, TyperGroup
 from typer.exceptions import TyperException
 
-from podcost.commands import (
-    aggregator,
-    annotator,
-    demo,
-    explain,
-    ranker,
-    run,
-    simulate,
-    watcher,
-)
 from podcost.commands.startup import EXIT_BAD_CONFIG, EXIT_FAILED
-from podcost_bus import BusError
 from podcost_core.convert import ConversionError
 from podcost_core.policy import PolicyError
 from podcost_core.strategies.registry import BUILTIN, PluginError, UnknownStrategyError
-from podcost_kube.client import KubeError
 
 #: Exit code after Ctrl-C, as shells report SIGINT.
 EXIT_INTERRUPTED = 130
@@ -142,6 +139,100 @@ make demo        # builds the local servers once, then runs this
 """,
 }
 
+
+@dataclass(frozen=True)
+class Command:
+    """Where a command lives, and the summary ``podcost --help`` shows for it."""
+
+    module: str
+    """``podcost.commands.<name>``, with a ``register(app)`` function."""
+    summary: str
+    """The first paragraph of the command's docstring, on one line."""
+
+
+#: Every command, in the order ``podcost --help`` lists them.
+COMMANDS: dict[str, Command] = {
+    "simulate": Command(
+        "podcost.commands.simulate",
+        "Show which pods the ReplicaSet controller deletes when WORKLOAD scales to REPLICAS.",
+    ),
+    "explain": Command(
+        "podcost.commands.explain",
+        "Show why a pod carries its deletion cost: every strategy's score, weight and tier, its "
+        "place in the deletion order, and the trace of the decision.",
+    ),
+    "demo": Command(
+        "podcost.commands.demo",
+        "Run podcost embedded on a local control plane it starts and stops itself, and compare "
+        "a scale-in with and without it.",
+    ),
+    "annotator": Command(
+        "podcost.commands.annotator",
+        "Apply the aggregator's desired costs to the pods, within a QPS budget.",
+    ),
+    "ranker": Command(
+        "podcost.commands.ranker",
+        "Rank every workload snapshot with one strategy and publish its scores.",
+    ),
+    "aggregator": Command(
+        "podcost.commands.aggregator",
+        "Combine every strategy's scores into desired costs and publish them.",
+    ),
+    "watcher": Command(
+        "podcost.commands.watcher",
+        "Watch pods, nodes, ReplicaSets and Deployments; publish each opted-in workload's "
+        "snapshot whenever something that matters to it changes.",
+    ),
+    "run": Command(
+        "podcost.commands.run",
+        "Run the watcher, the rankers, the aggregator and the annotator in one process.",
+    ),
+}
+
+
+def load_command(name: str) -> click.Command:
+    """The click command ``name``, its module imported now (with its epilog from here)."""
+    single = typer.Typer(
+        add_completion=False, pretty_exceptions_enable=False, rich_markup_mode="markdown"
+    )
+    importlib.import_module(COMMANDS[name].module).register(single)
+    [info] = single.registered_commands
+    if info.epilog is None and name in EPILOGS:
+        info.epilog = EPILOGS[name]
+    command = typer.main.get_command(single)  # one command and no callback: that command
+    command.name = name
+    return command
+
+
+class LazyCommands(TyperGroup):
+    """The ``podcost`` group: imports a command's module only when that command is resolved;
+    its own ``--help`` lists the commands from :data:`COMMANDS` without importing any."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._listing = False
+        self._loaded: dict[str, click.Command] = {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        if self._listing:
+            return TyperCommand(cmd_name, help=COMMANDS[cmd_name].summary)
+        if cmd_name not in self._loaded:
+            self._loaded[cmd_name] = load_command(cmd_name)
+        return self._loaded[cmd_name]
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
+
 app = typer.Typer(
     name="podcost",
     help=HELP,
@@ -150,6 +241,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
+    cls=LazyCommands,
 )
 
 
@@ -160,27 +252,25 @@ def _root() -> None:
     pass
 
 
-simulate.register(app)
-explain.register(app)
-demo.register(app)
-annotator.register(app)
-ranker.register(app)
-aggregator.register(app)
-watcher.register(app)
-run.register(app)
-
-for _command in app.registered_commands:
-    if _command.name in EPILOGS and _command.epilog is None:
-        _command.epilog = EPILOGS[_command.name]
-
-
 #: Errors a command may let through that say what is wrong with the input or the settings
 #: (exit 2), and errors of the outside world: an API server, a broker, a file (exit 1).
 BAD_INPUT: tuple[type[BaseException], ...] = (
     PolicyError, PluginError, UnknownStrategyError, ConversionError, ValidationError,
     FileNotFoundError, IsADirectoryError, NotADirectoryError,
 )  # fmt: skip
-FAILED: tuple[type[BaseException], ...] = (KubeError, BusError, TimeoutError, OSError)
+FAILED: tuple[type[BaseException], ...] = (TimeoutError, OSError)
+#: The adapters' errors (exit 1), named rather than imported: a command that never loaded an
+#: adapter cannot have raised its error, and importing it would cost what lazy commands save.
+ADAPTER_ERRORS = (("podcost_kube.client", "KubeError"), ("podcost_bus.protocol", "BusError"))
+
+
+def failed_kinds() -> tuple[type[BaseException], ...]:
+    """:data:`FAILED` and the errors of every adapter loaded so far."""
+    loaded = tuple(
+        getattr(sys.modules[module], name) for module, name in ADAPTER_ERRORS
+        if module in sys.modules
+    )  # fmt: skip
+    return (*FAILED, *loaded)
 
 
 def exit_code_for(error: BaseException) -> int:
@@ -194,7 +284,7 @@ def _one_line(text: str) -> str:
 
 def _command_of(args: Sequence[str]) -> str:
     """``podcost NAME`` when ``args`` start with a known command, else ``podcost``."""
-    names = {command.name for command in app.registered_commands}
+    names = set(COMMANDS)
     first = next((arg for arg in args if not arg.startswith("-")), None)
     return f"podcost {first}" if first in names else "podcost"
 
@@ -215,17 +305,17 @@ def run_cli(args: Sequence[str] | None = None) -> int:
     except (typer.Abort, KeyboardInterrupt):
         typer.echo(f"{_command_of(argv)}: interrupted", err=True)
         return EXIT_INTERRUPTED
-    except (*BAD_INPUT, *FAILED) as error:
+    except Exception as error:
+        if not isinstance(error, (*BAD_INPUT, *failed_kinds())):  # a bug: still one line
+            typer.echo(
+                f"{_command_of(argv)}: internal error, {type(error).__name__}: "
+                f"{_one_line(str(error))} (please report it)",
+                err=True,
+            )
+            return EXIT_FAILED
         reason = _one_line(str(error)) or type(error).__name__
         typer.echo(f"{_command_of(argv)}: {reason}", err=True)
         return exit_code_for(error)
-    except Exception as error:  # a bug: still one line, naming what broke
-        typer.echo(
-            f"{_command_of(argv)}: internal error, {type(error).__name__}: "
-            f"{_one_line(str(error))} (please report it)",
-            err=True,
-        )
-        return EXIT_FAILED
     return result if isinstance(result, int) else 0
 
 

@@ -6,6 +6,10 @@ its ranker publishes nothing), the aggregator and the annotator. Without ``PODCO
 share an in-process ``MemoryBus`` — the default for a laptop, a demo or a small cluster; with it,
 they talk over Kafka exactly as separate processes would. The pure logic is the same either way;
 only the transport differs.
+
+Readiness after a start: the annotator is not ready until it has written the decisions of the
+watcher's first pass (every opted-in workload once, after the sync): until then the costs on the
+pods may be older than the cluster, and ``/readyz`` says so (503, "not ready").
 """
 
 from __future__ import annotations
@@ -68,12 +72,13 @@ def bootstrap(
     bus = bus if bus is not None else open_bus(bus_settings)
     names = list(strategies) if strategies is not None else sorted(registry)
     pods: PodAPI = kube
+    watcher = bootstrap_watcher(
+        settings, bus_settings, watcher_settings, kube=kube, bus=bus,
+        tracer_provider=tracer_provider,
+    )  # fmt: skip
     return Pipeline(
         bus=bus,
-        watcher=bootstrap_watcher(
-            settings, bus_settings, watcher_settings, kube=kube, bus=bus,
-            tracer_provider=tracer_provider,
-        ),
+        watcher=watcher,
         rankers=[
             ranker.bootstrap(
                 settings, bus_settings, strategy=name, bus=bus, clock=clock, registry=registry,
@@ -87,6 +92,6 @@ def bootstrap(
         ),
         annotator=bootstrap_annotator(
             settings, bus_settings, annotator_settings or AnnotatorSettings(), bus=bus,
-            kube=pods, tracer_provider=tracer_provider,
+            kube=pods, tracer_provider=tracer_provider, catch_up=watcher.first_pass,
         ),
     )  # fmt: skip

@@ -173,7 +173,7 @@ async def bench(bootstrap: str, count: int, pods: int, engine: str, profile: str
     started = time.perf_counter()
     snapshots = workloads(count, pods)
     async with KafkaBus(settings) as bus:
-        await bus.ensure_topics(topics.all())
+        await bus.ensure_topics(topics.shared())
         answered = await preload(bus, settings, snapshots)
     print(f"  pre-loaded {count} snapshots and {answered} answers in "
           f"{time.perf_counter() - started:.1f}s")  # fmt: skip
@@ -191,7 +191,11 @@ async def bench(bootstrap: str, count: int, pods: int, engine: str, profile: str
     service = aggregator.bootstrap(service_settings, settings, config=config)
     ends = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
     await ends.start()
-    costs = [TopicPartition(topics.costs, p) for p in range(settings.partitions)]
+    # The snapshots' cluster's costs topic; created now so that its end offsets can be asked.
+    costs_topic = topics.costs_for(snapshots[0].workload.cluster)
+    async with KafkaBus(settings) as bus:
+        await bus.ensure_topics([costs_topic])
+    costs = [TopicPartition(costs_topic, p) for p in range(settings.partitions)]
     stop = asyncio.Event()
     profiler = cProfile.Profile() if profile else None
     launched = time.time()
@@ -228,7 +232,7 @@ async def bench(bootstrap: str, count: int, pods: int, engine: str, profile: str
         await ends.start()
         changelog = sum((await ends.end_offsets(tps)).values())
         await ends.stop()
-    decisions = await read_back(bootstrap, topics.costs, settings.partitions)
+    decisions = await read_back(bootstrap, costs_topic, settings.partitions)
     first = min(stamp for stamp, _ in decisions)
     keys = {message.key for _, message in decisions}
     complete = {message.key for _, message in decisions if message.complete}

@@ -91,7 +91,7 @@ async def write_all(
     bus = MemoryBus()
     group = f"bench-{uuid.uuid4().hex[:6]}"
     message = desired(namespace, app, [Desire(p.name, p.uid, cost) for p in pods])
-    await publish_costs(bus, BUS.topic_costs, message)
+    await publish_costs(bus, BUS.topics.costs_for("local"), message)
     counting = CountingPods(kube)
     _, seconds = await run_until_committed(
         bus, counting, AnnotatorSettings(group=group, **options), 1
@@ -166,7 +166,7 @@ async def superseded_burst(kube: Kube, namespace: str, app: str, pods: list[PodV
         published = time.perf_counter()
         for version, costs in enumerate(versions, 1):  # no await yields: one poll takes all five
             await publish_costs(
-                bus, BUS.topic_costs, desired(namespace, app, costs, version=version)
+                bus, BUS.topics.costs_for("local"), desired(namespace, app, costs, version=version)
             )
         await KubeTestCluster.wait_for(
             _true(lambda: sum(service.committed.values()) == len(versions)),

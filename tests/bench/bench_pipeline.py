@@ -276,7 +276,7 @@ def probe(pipeline: Pipeline, offered: int, fed: int) -> Sample:
     lags["aggregator"] = (
         snapshots - consumed(agg, topics.workloads) + ranks - consumed(agg, topics.ranks)
     )
-    lags["annotator"] = decisions - consumed(ann, topics.costs)
+    lags["annotator"] = decisions - consumed(ann, topics.costs_for(CLUSTER))
     return Sample(
         at=time.monotonic(),
         offered=offered,
@@ -989,7 +989,9 @@ async def latency(
     try:
         async with running(pipeline):
             topics = pipeline.bus_settings.topics
-            reader = pipeline.bus.consumer([topics.costs], group=f"bench-reader-{uuid.uuid4()}")
+            reader = pipeline.bus.consumer(
+                [topics.costs_for(CLUSTER)], group=f"bench-reader-{uuid.uuid4()}"
+            )
             watch = Informer(kube, (POD,), namespace=namespace, handlers=(clock,))
             async with reader, watch:
                 await watch.wait_synced()

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.support.pipeline import Reader, running
-from tests.support.snapshots import snapshot
+from tests.support.snapshots import CLUSTER, snapshot
 
 from podcost import aggregator, ranker
 from podcost.aggregator import AggregatorSettings
@@ -62,7 +62,7 @@ async def bench(
         for index in range(workloads)
     ]
     async with bus:
-        await bus.ensure_topics(settings.topics.all())
+        await bus.ensure_topics([*settings.topics.shared(), settings.topics.costs_for(CLUSTER)])
         services = [
             ranker.bootstrap(service_settings, settings, strategy=name, bus=bus)
             for name in strategies
@@ -71,7 +71,7 @@ async def bench(
         emitted: dict[tuple[str, int], float] = {}
         async with (
             running(*services),
-            Reader(bus, settings.topics.costs, DesiredCostsMessage) as out,
+            Reader(bus, settings.topics.costs_for(CLUSTER), DesiredCostsMessage) as out,
         ):
             started = time.perf_counter()
 

@@ -243,7 +243,9 @@ async def test_the_costs_on_the_pods_are_the_aggregators_latest_decisions(
     pipeline = podcost.pipeline
     topics = podcost.bus_settings.topics
     try:
-        async with pipeline.bus.consumer([topics.costs], group=f"e2e-{prefix}") as decisions:
+        async with pipeline.bus.consumer(
+            [topics.costs_for("e2e")], group=f"e2e-{prefix}"
+        ) as decisions:
             await kube.create_deployment(namespace, "web", 9, opt_in=True,
                                          node_selector={"e2e": prefix})  # fmt: skip
             await kube.wait_ready(namespace, "web", 9)

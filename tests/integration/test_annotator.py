@@ -3,7 +3,8 @@ in-memory bus: exactly the pods whose cost differs are patched, once each, as fi
 ``podcost``; a deleted pod is skipped; a cost set by hand is left alone unless
 ``overwrite_foreign``; dry-run writes nothing; offsets are committed only after the writes (a
 restart between consuming and writing still writes exactly once); a tiny high-water mark
-pauses consumption and everything is still written once it resumes.
+pauses consumption and everything is still written once it resumes; an older decision published
+after a newer one (even while the newer one's writes are in flight) never rewinds a cost.
 
 PATCH requests are counted by ``CountingPods`` around the real ``Kube`` adapter, so a count here
 is what the API server received. Each test makes its own Deployment in this module's namespace,
@@ -13,6 +14,7 @@ on this module's node.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -84,7 +86,7 @@ async def pipe(request: pytest.FixtureRequest) -> AsyncIterator[Pipe]:
         settings = fresh_kafka_settings(request.getfixturevalue("kafka_bootstrap"), "annotator")
         bus = KafkaBus(settings)
     async with bus:
-        await bus.ensure_topics(settings.topics.all())
+        await bus.ensure_topics(settings.topics.shared())
         yield Pipe(request.param, bus, settings)
 
 
@@ -120,7 +122,7 @@ class Annotators:
 
     async def publish(self, namespace: str, workload: str, *pods: Desire, version: int) -> None:
         message = desired(namespace, workload, pods, version=version)
-        await publish_costs(self.pipe.bus, self.pipe.settings.topic_costs, message)
+        await publish_costs(self.pipe.bus, self.pipe.settings.topics.costs_for("local"), message)
 
 
 @pytest.fixture
@@ -191,7 +193,7 @@ async def test_exactly_the_pods_whose_cost_differs_are_patched_once_each_as_podc
     await real.patch_deletion_cost(space.namespace, pods[0].name, 10)
     await real.patch_deletion_cost(space.namespace, pods[1].name, 20)
     await pipe.bus.publish(
-        pipe.settings.topic_costs,
+        pipe.settings.topics.costs_for("local"),
         f"local/{space.namespace}/Deployment/{app}",
         b'{"schema_version": 1, "key": 42}',
     )
@@ -221,7 +223,11 @@ async def test_exactly_the_pods_whose_cost_differs_are_patched_once_each_as_podc
     ) == (4, 6, 2)
     assert sample(service, "podcost_event_to_annotation_seconds_count") == 4
     [letter] = await pipe.dead_letters()
-    assert (letter.offset, letter.group, letter.error) == (0, annotators.group, "DecodeError")
+    assert (letter.offset, letter.group, letter.error) == (
+        0,
+        f"{annotators.group}.local",
+        "DecodeError",
+    )
     assert "costs" in letter.reason
 
 
@@ -363,7 +369,7 @@ async def test_offsets_are_committed_only_after_the_write_so_a_restart_in_betwee
     await eventually(held.held.is_set, "the write to be about to go")
     assert first.committed == {}
     if isinstance(pipe.bus, MemoryBus):
-        assert pipe.bus.committed(annotators.group) == {}
+        assert pipe.bus.committed(f"{annotators.group}.local") == {}
     await annotators.stop(first)  # a crash between consuming and writing
     assert held.total == 0
 
@@ -382,7 +388,10 @@ async def test_offsets_are_committed_only_after_the_write_so_a_restart_in_betwee
     # The committed record was not read a third time: only the new one was consumed.
     assert (
         sample(
-            third, "podcost_messages_consumed_total", topic=pipe.settings.topic_costs, outcome="ok"
+            third,
+            "podcost_messages_consumed_total",
+            topic=pipe.settings.topics.costs_for("local"),
+            outcome="ok",
         )
         == 1
     )
@@ -413,7 +422,7 @@ async def test_a_tiny_high_water_mark_pauses_consumption_and_everything_is_writt
     consumed = sample(
         service,
         "podcost_messages_consumed_total",
-        topic=annotators.pipe.settings.topic_costs,
+        topic=annotators.pipe.settings.topics.costs_for("local"),
         outcome="ok",
     )
     assert consumed == 2  # paused at 4 pending writes; records 3 and 4 wait on the bus
@@ -426,3 +435,44 @@ async def test_a_tiny_high_water_mark_pauses_consumption_and_everything_is_writt
     assert await costs_on(kube, space, app) == {
         p.name: (str(100 + index // 2 + 1), CostOwner.PODCOST) for index, p in enumerate(pods)
     }
+
+
+def costs_topic(settings: BusSettings) -> str:
+    """The costs topic this cluster's annotator reads."""
+    return settings.topics.costs_for("local")
+
+
+async def test_an_older_decision_published_after_a_newer_one_never_rewinds_the_costs(
+    kube: KubeTestCluster, space: Space, annotators: Annotators, pipe: Pipe
+) -> None:
+    app, pods = await workload(kube, space, 3)
+    now = time.time()
+    newer = desired(space.namespace, app, [Desire(p.name, p.uid, 20 + i) for i, p in
+                    enumerate(pods)], version=2, changed_at=now)  # fmt: skip
+    older = desired(space.namespace, app, [Desire(p.name, p.uid, 10 + i) for i, p in
+                    enumerate(pods)], version=1, changed_at=now - 5)  # fmt: skip
+    topic = costs_topic(pipe.settings)
+    counting = CountingPods(Kube(kube.api))
+    counting.gate = asyncio.Event()  # v2's writes are held in flight while v1 arrives
+    service = await annotators.start(counting)
+    await publish_costs(pipe.bus, topic, newer)
+    await eventually(counting.held.is_set, "v2's first write about to go")
+    await publish_costs(pipe.bus, topic, older)  # a replay, a slow replica: after the newer one
+    await publish_costs(pipe.bus, topic, newer)  # and the newer one again
+    await eventually(
+        lambda: (
+            sample(service, "podcost_messages_consumed_total", topic=topic, outcome="stale") == 1
+        ),
+        "v1 skipped as stale",
+    )
+    assert service.committed == {}  # v1 is not committed past v2's writes in flight
+    counting.gate.set()
+    await eventually(committed_all(service, 3), "all three records committed")
+    assert await costs_on(kube, space, app) == {
+        p.name: (str(20 + i), CostOwner.PODCOST) for i, p in enumerate(pods)
+    }
+    assert counting.patches == {f"{space.namespace}/{p.name}": 1 for p in pods}
+    assert (
+        sample(service, "podcost_messages_consumed_total", topic=topic, outcome="duplicate"),
+        patches(service, "error"),
+    ) == (1, 0)

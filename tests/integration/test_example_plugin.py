@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from tests.support.pipeline import Reader, expected_costs, fresh_kafka_settings, running
+from tests.support.snapshots import CLUSTER
 from tests.support.snapshots import snapshot as deployment
 
 from podcost import aggregator, ranker
@@ -52,7 +53,7 @@ def _pods_that_restart_where_podcost_would_keep_them() -> tuple[Pod, ...]:
 async def kafka(kafka_bootstrap: str) -> AsyncIterator[KafkaBus]:
     settings = fresh_kafka_settings(kafka_bootstrap, "plugin")
     async with KafkaBus(settings) as bus:
-        await bus.ensure_topics(settings.topics.all())
+        await bus.ensure_topics([*settings.topics.shared(), settings.topics.costs_for(CLUSTER)])
         yield bus
 
 
@@ -98,7 +99,7 @@ async def test_the_example_plugin_runs_as_its_own_ranker_and_its_weight_reorders
                 ranker.bootstrap(SETTINGS, kafka.settings, strategy="age", bus=kafka),
                 aggregator.bootstrap(SETTINGS, kafka.settings, config=config, bus=kafka),
             ),
-            Reader(kafka, kafka.settings.topics.costs, DesiredCostsMessage) as costs,
+            Reader(kafka, kafka.settings.topics.costs_for(CLUSTER), DesiredCostsMessage) as costs,
         ):
             decisions = []
             for snapshot in (without, with_plugin):  # one by one: a newer version supersedes

@@ -25,7 +25,7 @@ TRACES = ["1" * 32, "4bf92f3577b34da6a3ce929d0e0e4736", "2" * 32]
 async def kafka(kafka_bootstrap: str) -> AsyncIterator[KafkaBus]:
     settings = fresh_kafka_settings(kafka_bootstrap, "explain")
     async with KafkaBus(settings) as bus:
-        await bus.ensure_topics([settings.topics.costs])
+        await bus.ensure_topics([settings.topics.costs_for("local")])
         yield bus
 
 
@@ -36,7 +36,7 @@ def _trace(trace_id: str) -> dict[str, str]:
 async def test_the_latest_decision_about_the_pod_is_read_off_the_costs_topic(
     kafka: KafkaBus,
 ) -> None:
-    topic = kafka.settings.topics.costs
+    topic = kafka.settings.topics.costs_for("local")
     now = time.time()
     for version, cost in ((1, 10), (2, 30)):
         message = desired(
@@ -51,9 +51,9 @@ async def test_the_latest_decision_about_the_pod_is_read_off_the_costs_topic(
     await publish_message(kafka, topic, other, trace=_trace(TRACES[2]))
     await kafka.publish(topic, "local/shop/Deployment/web", b"{not json")
 
-    found = await read_costs_topic(kafka.settings, "shop", "web-a", "uid-a", limit_s=60)
+    found = await read_costs_topic(kafka.settings, "local", "shop", "web-a", "uid-a", limit_s=60)
     missing = await read_costs_topic(
-        kafka.settings, "shop", "web-a", "uid-of-a-new-pod", limit_s=60
+        kafka.settings, "local", "shop", "web-a", "uid-of-a-new-pod", limit_s=60
     )
 
     assert found is not None

@@ -74,7 +74,12 @@ CUSTOM_POLICY: list[Manifest] = [
 CASES: dict[str, Manifest] = {
     "default": {},
     "kafka": {"kafka": KAFKA, "pdb": {"enabled": True}, "watcher": {"replicaCount": 2}},
-    "agent": {"mode": "agent", "kafka": KAFKA, "watch": {"namespaceSelector": "team=a,tier=b"}},
+    "agent": {
+        "mode": "agent",
+        "clusterName": "eu-1",
+        "kafka": KAFKA,
+        "watch": {"namespaceSelector": "team=a,tier=b"},
+    },
     "core": {"mode": "core", "kafka": KAFKA, "aggregator": {"engine": "consumer"}},
     "tls-sasl": {
         "kafka": {
@@ -109,13 +114,15 @@ CASES: dict[str, Manifest] = {
         "annotator": {"highWater": 2_000_000, "lowWater": 1_000_000},
     },
     "dry-run": {"dryRun": True, "leaderElection": {"enabled": False}, "log": {"level": "DEBUG"}},
-    "dry-run-agent": {"mode": "agent", "kafka": KAFKA, "dryRun": True},
+    "dry-run-agent": {"mode": "agent", "clusterName": "eu-2", "kafka": KAFKA, "dryRun": True},
 }
 
 #: Values files helm must refuse, with a piece of the one-line reason it must give.
 SCHEMA_ERROR = "values don't meet the specifications of the schema"
 REJECTED: dict[str, tuple[Manifest, str]] = {
-    "agent-without-kafka": ({"mode": "agent"}, SCHEMA_ERROR),
+    "agent-without-kafka": ({"mode": "agent", "clusterName": "eu-1"}, SCHEMA_ERROR),
+    "agent-without-cluster-name": ({"mode": "agent", "kafka": KAFKA}, SCHEMA_ERROR),
+    "cluster-name-not-a-dns-label": ({"clusterName": "EU_1"}, SCHEMA_ERROR),
     "unknown-mode": ({"mode": "everything"}, SCHEMA_ERROR),
     "unknown-key": ({"replicas": 2}, SCHEMA_ERROR),
     "zero-weight": (

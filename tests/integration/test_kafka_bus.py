@@ -45,7 +45,7 @@ def settings(kafka_bootstrap: str) -> BusSettings:
 @pytest.fixture
 async def bus(settings: BusSettings) -> AsyncIterator[KafkaBus]:
     async with KafkaBus(settings) as started:
-        await started.ensure_topics(settings.topics.all())
+        await started.ensure_topics(settings.topics.shared())
         yield started
 
 
@@ -191,7 +191,7 @@ async def test_a_paused_consumer_gets_nothing_until_resumed_and_reports_its_lag(
 async def test_creating_topics_that_exist_is_a_no_op_and_uses_the_configured_partitions(
     bus: KafkaBus,
 ) -> None:
-    await bus.ensure_topics(topics(bus).all())
+    await bus.ensure_topics(topics(bus).shared())
     async with bus.consumer([topics(bus).ranks], group="aggregator") as consumer:
         await joined(consumer)
         assert consumer.assignment() == {

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from tests.support.pipeline import Reader, eventually, expected_costs, fresh_kafka_settings, running
+from tests.support.snapshots import CLUSTER
 from tests.support.snapshots import snapshot as deployment
 
 from podcost import aggregator, ranker
@@ -92,7 +93,7 @@ class Kafka:
 async def kafka(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Kafka]:
     settings = fresh_kafka_settings(kafka_bootstrap, "test")
     async with KafkaBus(settings) as bus:
-        await bus.ensure_topics(settings.topics.all())
+        await bus.ensure_topics([*settings.topics.shared(), settings.topics.costs_for(CLUSTER)])
         yield Kafka(bus, tmp_path)
 
 
@@ -108,7 +109,7 @@ async def test_a_snapshot_goes_through_kafka_rankers_and_the_faust_aggregator_to
     assert isinstance(combiner.transport, FaustKeyedApp)
     async with (
         running(kafka.ranker(CAP), kafka.ranker(AGE), kafka.ranker(SPREAD), combiner),
-        Reader(kafka.bus, kafka.topics.costs, DesiredCostsMessage) as costs,
+        Reader(kafka.bus, kafka.topics.costs_for(CLUSTER), DesiredCostsMessage) as costs,
     ):
         await kafka.publish()
         [decision] = await costs.take(1)
@@ -126,7 +127,7 @@ async def test_a_strategy_that_does_not_answer_gives_a_deadline_decision_flagged
 ) -> None:
     async with (
         running(kafka.ranker(CAP), kafka.aggregator(deadline_s=1.0)),
-        Reader(kafka.bus, kafka.topics.costs, DesiredCostsMessage) as costs,
+        Reader(kafka.bus, kafka.topics.costs_for(CLUSTER), DesiredCostsMessage) as costs,
     ):
         started = time.time()
         await kafka.publish()
@@ -143,7 +144,7 @@ async def test_undecodable_records_are_dead_lettered_by_every_reader_and_process
     rankers = [kafka.ranker(CAP), kafka.ranker(AGE)]
     async with (
         running(*rankers, kafka.aggregator()),
-        Reader(kafka.bus, kafka.topics.costs, DesiredCostsMessage) as costs,
+        Reader(kafka.bus, kafka.topics.costs_for(CLUSTER), DesiredCostsMessage) as costs,
         Reader(kafka.bus, kafka.topics.deadletter, DeadLetter) as dead,
     ):
         await kafka.bus.publish(kafka.topics.workloads, key, b"{not json")
@@ -172,7 +173,7 @@ async def test_a_ranker_restarted_before_committing_ranks_again_and_the_decision
     v2 = replace(SNAPSHOT, version=SNAPSHOT.version + 1)
     async with (
         running(kafka.ranker(AGE), kafka.aggregator()),
-        Reader(kafka.bus, kafka.topics.costs, DesiredCostsMessage) as costs,
+        Reader(kafka.bus, kafka.topics.costs_for(CLUSTER), DesiredCostsMessage) as costs,
         Reader(kafka.bus, kafka.topics.ranks, StrategyRanksMessage) as ranks,
     ):
         await kafka.publish()
@@ -197,7 +198,7 @@ async def test_a_ranker_restarted_before_committing_ranks_again_and_the_decision
 async def test_an_aggregator_restarted_mid_decision_finds_its_state_in_the_faust_changelog(
     kafka: Kafka,
 ) -> None:
-    async with Reader(kafka.bus, kafka.topics.costs, DesiredCostsMessage) as costs:
+    async with Reader(kafka.bus, kafka.topics.costs_for(CLUSTER), DesiredCostsMessage) as costs:
         first = kafka.aggregator()
         async with running(kafka.ranker(CAP), first):
             await kafka.publish()
@@ -221,7 +222,7 @@ async def test_the_consumer_loop_engine_over_kafka_decides_the_same(kafka: Kafka
     assert isinstance(combiner.transport, KeyedConsumerLoop)
     async with (
         running(kafka.ranker(CAP), kafka.ranker(AGE), combiner),
-        Reader(kafka.bus, kafka.topics.costs, DesiredCostsMessage) as costs,
+        Reader(kafka.bus, kafka.topics.costs_for(CLUSTER), DesiredCostsMessage) as costs,
     ):
         await kafka.publish()
         [decision] = await costs.take(1)
@@ -243,7 +244,7 @@ async def test_a_workload_gone_leaves_the_faust_tables_and_their_changelog_and_r
     rankers = [kafka.ranker(CAP), kafka.ranker(AGE)]
     first = kafka.aggregator()
     async with (
-        Reader(kafka.bus, kafka.topics.costs, DesiredCostsMessage) as costs,
+        Reader(kafka.bus, kafka.topics.costs_for(CLUSTER), DesiredCostsMessage) as costs,
         Reader(kafka.bus, kafka.topics.ranks, StrategyRanksMessage) as ranks,
         Reader(kafka.bus, kafka.topics.deadletter, DeadLetter) as dead,
     ):

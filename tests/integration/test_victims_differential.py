@@ -9,13 +9,12 @@ the scheduler could not place. The controller's state is read back from the API,
 the two must agree exactly; where Kubernetes' own sort leaves a tie, the model names the tied
 pods and how many of them go, and the real choice must be drawn from exactly those.
 
-30 scenarios run by default; ``PODCOST_LONG=1`` runs 300 (``make test-long``).
+30 scenarios run in ``make test``; the ``long``-marked variant runs 300 (``make test-long``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import time
 import uuid
@@ -31,8 +30,6 @@ from podcost_core.victims import NowWindow, deletion_cost_error, pods_to_delete
 
 pytestmark = pytest.mark.integration
 
-LONG = os.environ.get("PODCOST_LONG") == "1"
-SCENARIOS = 300 if LONG else 30
 LANES = 3
 COSTS = ("-5", "0", "3", "3", "100", "-2147483648", "2147483647", "-007", "-0")
 #: Values around the edges of what the API server accepts as a deletion cost.
@@ -233,18 +230,24 @@ def _describe(raw: list[dict[str, Any]]) -> str:
     return "\n    ".join(rows)
 
 
-@pytest.mark.timeout(1800 if LONG else 600)
+@pytest.mark.parametrize(
+    "scenarios",
+    [
+        pytest.param(30, id="30", marks=pytest.mark.timeout(600)),
+        pytest.param(300, id="300", marks=[pytest.mark.long, pytest.mark.timeout(1800)]),
+    ],
+)
 async def test_the_victim_model_agrees_with_the_real_replicaset_controller(
-    kube: KubeTestCluster, lanes: list[int]
+    kube: KubeTestCluster, lanes: list[int], scenarios: int
 ) -> None:
     async def lane_run(lane: int) -> list[tuple[Scenario, str | None]]:
         return [
-            await _run_scenario(kube, lane, seed) for seed in range(lane, SCENARIOS, len(lanes))
+            await _run_scenario(kube, lane, seed) for seed in range(lane, scenarios, len(lanes))
         ]
 
     results = [result for lane in await asyncio.gather(*map(lane_run, lanes)) for result in lane]
     failures = [failure for _, failure in results if failure]
-    assert len(results) == SCENARIOS
+    assert len(results) == scenarios
     assert not failures, "\n".join(failures)
 
 

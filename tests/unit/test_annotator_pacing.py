@@ -1,5 +1,6 @@
 """The annotator's pacing on a fake timeline: the token bucket's burst and rate (and its hold
-after a 429), the water marks' hysteresis, and the retry backoff with ``Retry-After``."""
+after a 429), the water marks' hysteresis, the retry backoff with ``Retry-After``, and how long
+an API server outage lasts before readiness reports it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from podcost.annotator.pacing import Flow, TokenBucket, WaterMarks, backoff_delay
+from podcost.annotator.pacing import Flow, Outage, TokenBucket, WaterMarks, backoff_delay
 
 
 def start_times(bucket: TokenBucket, arrivals: list[float]) -> list[float]:
@@ -113,3 +114,21 @@ def test_backoff_doubles_up_to_the_maximum_and_retry_after_wins_when_longer(
 def test_backoff_counts_attempts_from_one() -> None:
     with pytest.raises(ValueError, match="from 1"):
         backoff_delay(0, initial=0.2, maximum=10.0)
+
+
+def test_an_outage_counts_from_its_first_failure_until_the_next_answer() -> None:
+    outage = Outage(after=10.0)
+    assert not outage.down(0.0)
+    outage.failed(100.0)
+    outage.failed(105.0)  # later failures do not move its start
+    assert (outage.down(109.9), outage.down(110.0), outage.lasted(110.0)) == (False, True, 10.0)
+    outage.reported = True
+    assert outage.answered(112.5) == 12.5
+    assert (outage.since, outage.reported, outage.down(200.0)) == (None, False, False)
+
+
+def test_an_answer_after_a_blip_that_was_never_reported_is_no_outage_to_report() -> None:
+    outage = Outage(after=10.0)
+    outage.failed(1.0)
+    assert outage.answered(2.0) is None
+    assert outage.lasted(3.0) == 0.0

@@ -1,6 +1,7 @@
 """The annotator's pure decisions: which pods get a write (tables over the pod's state and the
-foreign-cost policy), coalescing of superseded values per pod, and the commit ledger that lets
-offsets pass a record only once every write of it and of the records before it is done."""
+foreign-cost policy), coalescing of superseded values per pod, the commit ledger that lets
+offsets pass a record only once every write of it and of the records before it is done, the
+version guard against stale and duplicate decisions, and which failures are retried forever."""
 
 from __future__ import annotations
 
@@ -12,13 +13,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from podcost.annotator.plan import (
+    Decided,
+    Freshness,
     Ledger,
     PodState,
     Result,
+    Retry,
     Verdict,
+    VersionGuard,
     Want,
     WriteQueue,
     decide,
+    gives_up,
     pod_state,
 )
 from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER, CostOwner, PodUID
@@ -285,3 +291,74 @@ def test_settling_more_writes_than_a_record_has_is_a_bug() -> None:
     ticket = ledger.open("p0", 0, 0, "r0")
     with pytest.raises(ValueError, match="nothing outstanding"):
         ledger.settle(ticket)
+
+
+# --- the version guard ------------------------------------------------------------------------
+
+KEY = "local/shop/Deployment/web"
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "freshness"),
+    [
+        (Decided(2, 100.0, True), Decided(1, 90.0, True), Freshness.STALE),
+        (Decided(2, 100.0, True), Decided(2, 100.0, True), Freshness.DUPLICATE),
+        (Decided(1, 90.0, True), Decided(2, 100.0, True), Freshness.NEW),
+        # The deadline's incomplete decision, then the complete one of the same version; not back.
+        (Decided(2, 100.0, False), Decided(2, 100.0, True), Freshness.NEW),
+        (Decided(2, 100.0, True), Decided(2, 100.0, False), Freshness.STALE),
+        # A new watcher leader (another incarnation, lower versions) saw its change later.
+        (Decided(9_000_001, 100.0, True), Decided(5_000_001, 130.0, True), Freshness.NEW),
+        (Decided(5_000_001, 130.0, True), Decided(9_000_001, 100.0, True), Freshness.STALE),
+        # Without ``changed_at`` (an older aggregator) the version alone orders them.
+        (Decided(2, None, True), Decided(1, 130.0, True), Freshness.STALE),
+        (Decided(1, 130.0, True), Decided(2, None, True), Freshness.NEW),
+    ],
+)
+def test_the_guard_admits_only_decisions_newer_than_the_newest_accepted(
+    first: Decided, then: Decided, freshness: Freshness
+) -> None:
+    guard = VersionGuard()
+    assert guard.admit(KEY, first) is Freshness.NEW
+    assert guard.admit(KEY, then) is freshness
+    assert guard.latest(KEY) == (then if freshness is Freshness.NEW else first)
+
+
+def test_the_guard_keeps_workloads_apart() -> None:
+    guard = VersionGuard()
+    assert guard.admit(KEY, Decided(5, 100.0, True)) is Freshness.NEW
+    assert guard.admit("local/shop/Deployment/api", Decided(1, 50.0, True)) is Freshness.NEW
+    assert len(guard) == 2
+
+
+@given(st.lists(st.tuples(st.integers(1, 6), st.booleans()), min_size=1, max_size=30))
+def test_whatever_the_arrival_order_the_accepted_decisions_only_ever_move_forward(
+    arrivals: list[tuple[int, bool]],
+) -> None:
+    guard = VersionGuard()
+    accepted: list[Decided] = []
+    for version, complete in arrivals:
+        decided = Decided(version, float(version), complete)
+        if guard.admit(KEY, decided) is Freshness.NEW:
+            accepted.append(decided)
+    keys = [(d.version, d.complete) for d in accepted]
+    assert keys == sorted(set(keys))
+    assert guard.latest(KEY) == max(
+        (Decided(v, float(v), c) for v, c in arrivals), key=lambda d: (d.version, d.complete)
+    )
+
+
+@pytest.mark.parametrize(
+    ("reason", "attempt", "ends"),
+    [
+        (Retry.CONFLICT, 4, False),
+        (Retry.CONFLICT, 5, True),
+        (Retry.UNAVAILABLE, 5, False),
+        (Retry.UNAVAILABLE, 10_000, False),
+        (Retry.THROTTLED, 10_000, False),
+    ],
+)
+def test_only_conflicts_are_given_up_an_unavailable_or_throttling_server_is_waited_out(
+    reason: Retry, attempt: int, ends: bool
+) -> None:
+    assert gives_up(reason, attempt, max_attempts=5) is ends

@@ -46,7 +46,7 @@ from podcost_kube.client import CostChanged, KubeError, PodGone
 NS = "shop"
 BUS = BusSettings()
 TOPICS = BUS.topics
-GROUP = "podcost-annotator"
+GROUP = "podcost-annotator.local"  # the default group prefix, for the default cluster
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 
@@ -156,7 +156,10 @@ class Harness:
 
     async def publish(self, *pods: Desire, version: int = 1, **options: Any) -> None:
         await publish_costs(
-            self.bus, TOPICS.costs, desired(NS, "web", pods, version=version), **options
+            self.bus,
+            TOPICS.costs_for("local"),
+            desired(NS, "web", pods, version=version),
+            **options,
         )
 
 
@@ -222,7 +225,7 @@ async def test_a_429_waits_for_its_retry_after_and_holds_every_other_request_too
     assert run.patches("ok") == 2
 
 
-async def test_5xx_and_timeouts_are_retried_with_backoff_then_counted_as_an_error_and_passed(
+async def test_5xx_timeouts_and_refused_connections_are_retried_past_max_attempts_until_written(
     start: Start, caplog: pytest.LogCaptureFixture
 ) -> None:
     pods = FakePods()
@@ -231,22 +234,96 @@ async def test_5xx_and_timeouts_are_retried_with_backoff_then_counted_as_an_erro
         "patch",
         KubeError("HTTP 503", status=503, retriable=True),
         TimeoutError(),
+        KubeError("patching shop/a: ClientConnectorError: refused", retriable=True),
         KubeError("HTTP 500", status=500, retriable=True),
+        KubeError("HTTP 502", status=502, retriable=True),
     )
-    run = await start(pods, max_in_flight=1, max_attempts=3)
+    run = await start(pods, max_in_flight=1, max_attempts=2)
     await run.publish(Desire("a", a, 1))
     await until(lambda: run.patches("unavailable") == 1, "the first retry")
     await run.clock.advance(0.99)
     assert pods.patched() == ["a"]
-    await run.clock.advance(0.01)  # backoff 1 s, then 2 s
-    await until(lambda: run.patches("unavailable") == 2, "the second retry")
+    for retry, backoff in enumerate((1.0, 2.0, 4.0, 8.0, 8.0), 2):  # doubled, capped at 8 s
+        await run.clock.advance(backoff)
+        await until(lambda retry=retry: len(pods.patched()) == retry, f"attempt {retry}")
+    await until(lambda: pods.cost("a") == "1", "the write, once the server answers")
+    await until(lambda: run.committed() == 1, "the record committed after its write")
+    assert (run.patches("unavailable"), run.patches("ok"), run.patches("error")) == (5, 1, 0)
+    assert not any("giving up" in r.getMessage() for r in caplog.records)
+    await run.publish(Desire("b", b, 2), version=2)
+    await until(lambda: pods.cost("b") == "2", "the next record written")
+
+
+async def test_a_write_that_keeps_conflicting_is_given_up_after_max_attempts(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    pods = FakePods()
+    a = pods.add("a")
+    pods.fail("patch", *(CostChanged("changed", status=422, retriable=True) for _ in range(3)))
+    run = await start(pods, max_in_flight=1, max_attempts=3)
+    await run.publish(Desire("a", a, 1))
+    await until(lambda: run.patches("conflict") == 1, "the first retry")
+    await run.clock.advance(1.0)
+    await until(lambda: run.patches("conflict") == 2, "the second retry")
     await run.clock.advance(2.0)
     await until(lambda: run.patches("error") == 1, "giving up")
     assert pods.patched() == ["a", "a", "a"]
     assert any(r.levelno == logging.ERROR and "giving up" in r.getMessage() for r in caplog.records)
     await until(lambda: run.committed() == 1, "the record committed: the annotator moved on")
-    await run.publish(Desire("b", b, 2), version=2)
-    await until(lambda: pods.cost("b") == "2", "the next record written")
+
+
+async def test_readiness_reports_an_api_server_outage_past_unready_after_and_recovers(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    pods = FakePods()
+    a = pods.add("a")
+    down = KubeError("reading pod shop/a: ClientConnectorError: refused", retriable=True)
+    pods.fail("read", *(down for _ in range(4)))
+    run = await start(pods, max_in_flight=1, unready_after=5.0)
+    await run.publish(Desire("a", a, 1))
+    await until(lambda: run.patches("unavailable") == 1, "the first failure")
+    assert run.service.ready()  # a blip is retried, not reported
+    await run.clock.advance(1.0 + 2.0)  # failures at 0, 1, 3 s
+    await until(lambda: run.patches("unavailable") == 3, "the third failure")
+    assert run.service.ready()
+    await run.clock.advance(4.0)  # the fourth failure, 7 s into the outage
+    await until(lambda: not run.service.ready(), "not ready")
+    assert any("not ready" in r.getMessage() for r in caplog.records)
+    await run.clock.advance(8.0)  # the server answers
+    await until(lambda: pods.cost("a") == "1", "the write")
+    assert run.service.ready()
+    assert any("ready again" in r.getMessage() for r in caplog.records)
+
+
+async def test_an_older_decision_after_a_newer_one_is_skipped_as_stale_even_mid_write(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    a, b = pods.add("a"), pods.add("b")
+    run = await start(pods, max_in_flight=1)
+    pods.clock = run.clock
+    now = time.time()
+    pods.fail("patch", KubeError("HTTP 503", status=503, retriable=True))  # v2 still in flight
+    newer = desired(NS, "web", [Desire("a", a, 20), Desire("b", b, 21)], version=2,
+                    changed_at=now)  # fmt: skip
+    older = desired(NS, "web", [Desire("a", a, 10), Desire("b", b, 11)], version=1,
+                    changed_at=now - 5)  # fmt: skip
+    await publish_costs(run.bus, TOPICS.costs_for("local"), newer)
+    await until(lambda: run.patches("unavailable") == 1, "v2's first write failing")
+    await publish_costs(run.bus, TOPICS.costs_for("local"), older)
+    await publish_costs(run.bus, TOPICS.costs_for("local"), newer)  # the same decision again
+    await run.clock.advance(10.0)
+    await until(lambda: run.committed() == 3, "all three records committed")
+    assert (pods.cost("a"), pods.cost("b")) == ("20", "21")
+    assert pods.patched() == ["a", "a", "b"]  # v2's, its retry; nothing for v1 or the duplicate
+    consumed = run.service.metrics.registry.get_sample_value
+    assert [
+        consumed(
+            "podcost_messages_consumed_total",
+            {"topic": TOPICS.costs_for("local"), "outcome": outcome},
+        )
+        for outcome in ("ok", "stale", "duplicate")
+    ] == [1, 1, 1]
 
 
 async def test_a_permanent_error_is_not_retried(start: Start) -> None:
@@ -316,14 +393,14 @@ async def test_an_undecodable_record_is_dead_lettered_with_its_reason_and_the_ne
     pods = FakePods()
     a = pods.add("a")
     run = await start(pods)
-    await run.bus.publish(TOPICS.costs, "local/shop/Deployment/web", b"{not json")
+    await run.bus.publish(TOPICS.costs_for("local"), "local/shop/Deployment/web", b"{not json")
     await run.publish(Desire("a", a, 5))
     await until(lambda: pods.cost("a") == "5", "the valid record written")
     await until(lambda: run.committed() == 2, "both records committed")
     [letter] = run.bus.records(TOPICS.deadletter)
     dead = decode(DeadLetter, letter.value, letter.headers)
     assert (dead.topic, dead.offset, dead.group, dead.error) == (
-        TOPICS.costs,
+        TOPICS.costs_for("local"),
         0,
         GROUP,
         "DecodeError",
@@ -336,7 +413,7 @@ async def test_another_clusters_costs_are_not_written_and_are_committed(start: S
     a = pods.add("a")
     run = await start(pods)
     message = desired(NS, "web", [Desire("a", a, 5)], cluster="elsewhere")
-    await publish_costs(run.bus, TOPICS.costs, message)
+    await publish_costs(run.bus, TOPICS.costs_for("local"), message)
     await until(lambda: run.committed() == 1, "the record committed")
     assert pods.requests == []
 
@@ -405,12 +482,12 @@ async def test_event_to_annotation_is_measured_from_the_change_the_watcher_saw(
     now = time.time()
     # The watcher saw the change 30 s before the aggregator published its decision.
     message = desired(NS, "web", [Desire("a", uids[0], 5)], emitted_at=now, changed_at=now - 30)
-    await publish_costs(harness.bus, TOPICS.costs, message)
+    await publish_costs(harness.bus, TOPICS.costs_for("local"), message)
     # A decision from an aggregator older than changed_at says nothing to measure from.
     older = desired(NS, "web", [Desire("b", uids[1], 6)], version=2).model_copy(
         update={"changed_at": None}
     )
-    await publish_costs(harness.bus, TOPICS.costs, older)
+    await publish_costs(harness.bus, TOPICS.costs_for("local"), older)
     await until(lambda: harness.patches("ok") == 2, "both pods written")
 
     registry = harness.service.metrics.registry

@@ -6,6 +6,7 @@ failures run ``python -m podcost`` in a subprocess, as a shell would."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import socket
@@ -18,7 +19,8 @@ import typer
 from typer.core import TyperGroup
 from typer.testing import CliRunner
 
-from podcost.cli import EPILOGS, app, run_cli
+from podcost import cli as podcost_cli
+from podcost.cli import EPILOGS, app, load_command, run_cli
 
 runner = CliRunner()
 COMMANDS = ["run", "watcher", "ranker", "aggregator", "annotator", "simulate", "explain", "demo"]
@@ -31,7 +33,8 @@ def _group() -> TyperGroup:
 
 
 def test_one_entry_point_offers_every_command() -> None:
-    assert sorted(_group().commands) == sorted(COMMANDS)
+    group = _group()
+    assert sorted(group.list_commands(typer.Context(group))) == sorted(COMMANDS)
 
 
 @pytest.mark.parametrize("command", ["", *COMMANDS])
@@ -40,7 +43,7 @@ def test_every_help_has_a_description_option_help_and_examples(command: str) -> 
     assert result.exit_code == 0
     assert "Example" in result.stdout
     group = _group()
-    cli = group.commands[command] if command else group
+    cli = load_command(command) if command else group
     assert cli.help is not None
     assert len(cli.help.split()) >= 8, cli.help
     assert cli.epilog == EPILOGS.get(command, cli.epilog)
@@ -134,6 +137,27 @@ def _substitute(env: dict[str, str], tmp_path: Path) -> dict[str, str]:
             "cannot reach Kafka",
             id="Kafka unreachable",
         ),
+        pytest.param(
+            ["annotator"],
+            {"PODCOST_KAFKA": "127.0.0.1:{port}", "KUBECONFIG": "{closed-api}"},
+            2,
+            "PODCOST_CLUSTER is not set",
+            id="annotator over Kafka without a cluster name",
+        ),
+        pytest.param(
+            ["watcher"],
+            {"PODCOST_KAFKA": "127.0.0.1:{port}", "KUBECONFIG": "{closed-api}"},
+            2,
+            "PODCOST_CLUSTER is not set",
+            id="watcher over Kafka without a cluster name",
+        ),
+        pytest.param(
+            ["annotator"],
+            {"PODCOST_KAFKA": "127.0.0.1:{port}", "PODCOST_CLUSTER": "EU_1"},
+            2,
+            "PODCOST_CLUSTER: Value error, 'EU_1' is not a valid cluster name",
+            id="a cluster name that cannot name a topic",
+        ),
     ],
 )
 def test_a_failing_podcost_process_says_one_line_and_exits_never_with_a_traceback(
@@ -221,3 +245,29 @@ def test_a_failing_invocation_is_one_line_and_an_exit_code(
     assert out == ""
     [line] = err.splitlines()
     assert says in line
+
+
+def test_the_summaries_podcost_help_lists_are_the_commands_own_docstrings() -> None:
+    for name, lazy in podcost_cli.COMMANDS.items():
+        command = load_command(name)
+        assert command.help is not None
+        first = " ".join(inspect.cleandoc(command.help).split("\n\n")[0].split())
+        assert lazy.summary == first, name
+
+
+def test_podcost_help_and_one_command_import_only_that_commands_module() -> None:
+    probe = (
+        "import sys; from podcost.cli import run_cli; run_cli(sys.argv[1:]); "
+        "print(sorted(m for m in sys.modules if m.startswith('podcost.commands.') "
+        "or m in ('kubernetes_asyncio', 'aiokafka')))"
+    )
+    loaded = {}
+    for args in ([], ["simulate", "--help"]):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *args], capture_output=True, text=True, check=True
+        )
+        loaded[" ".join(args)] = done.stdout.strip().splitlines()[-1]
+    assert loaded == {
+        "": "['podcost.commands.startup']",
+        "simulate --help": "['podcost.commands.simulate', 'podcost.commands.startup']",
+    }

@@ -158,12 +158,37 @@ def test_a_key_part_with_a_slash_cannot_be_built() -> None:
 
 
 def test_the_default_topics_are_the_documented_names() -> None:
-    assert DEFAULT_TOPICS.all() == (
+    assert DEFAULT_TOPICS.shared() == (
         "podcost.workloads",
         "podcost.ranks",
-        "podcost.costs",
         "podcost.deadletter",
     )
+    assert DEFAULT_TOPICS.costs_for("prod-eu-1") == "podcost.costs.prod-eu-1"
+
+
+def test_every_cluster_gets_a_costs_topic_of_its_own() -> None:
+    clusters = [f"cluster-{index}" for index in range(50)]
+    topics = {DEFAULT_TOPICS.costs_for(cluster) for cluster in clusters}
+    assert len(topics) == 50
+    assert not topics & set(DEFAULT_TOPICS.shared())
+
+
+@pytest.mark.parametrize(
+    "cluster", ["", "Prod", "a_b", "a.b", "-a", "a-", "a/b", "ü", "x" * 64, "local "]
+)
+def test_a_cluster_name_that_is_not_a_dns_label_has_no_costs_topic(cluster: str) -> None:
+    with pytest.raises(ValueError, match="not a valid cluster name"):
+        DEFAULT_TOPICS.costs_for(cluster)
+
+
+def test_a_key_whose_cluster_cannot_name_a_costs_topic_is_invalid() -> None:
+    with pytest.raises(InvalidKey, match="not a valid cluster name"):
+        WorkloadKey.parse("Prod_EU/shop/Deployment/web")
+
+
+def test_a_shared_topic_under_the_costs_prefix_is_refused() -> None:
+    with pytest.raises(ValidationError, match="must not start with the costs prefix"):
+        Topics(workloads="podcost.costs.workloads")
 
 
 @pytest.mark.parametrize("name", ["", "has space", "..", "ü", "x" * 250])

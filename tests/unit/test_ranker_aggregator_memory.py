@@ -16,6 +16,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tests.support.clock import FakeClock
 from tests.support.pipeline import Reader, eventually, expected_costs, running
+from tests.support.snapshots import CLUSTER
 from tests.support.snapshots import snapshot as deployment
 from tests.support.tasks import leak_check
 
@@ -51,6 +52,7 @@ from podcost_core.strategies.registry import Registry, UnknownStrategyError, bui
 SETTINGS = ServiceSettings(http_port=0)
 BUS = BusSettings()
 TOPICS = BUS.topics
+COSTS = TOPICS.costs_for(CLUSTER)  # every snapshot here is of the fixtures' one cluster
 CAP, AGE, SPREAD = "capacity-type", "age", "topology-spread"
 POLICY_TEXT = f"{SPREAD} | {CAP}=3, {AGE}"
 ANNOTATIONS = {"podcost.dev/enabled": "true", "podcost.dev/strategies": POLICY_TEXT}
@@ -123,7 +125,7 @@ async def test_a_snapshot_goes_through_every_enabled_ranker_to_the_costs_rank_wo
     async with (
         leak_check(),
         running(*rankers, combiner),
-        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
         Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
     ):
         await world.publish()
@@ -150,7 +152,7 @@ async def test_a_snapshot_goes_through_every_enabled_ranker_to_the_costs_rank_wo
 async def test_every_step_of_a_decision_is_a_span_of_the_snapshot_trace(world: World) -> None:
     async with (
         running(world.ranker(CAP), world.ranker(AGE), world.aggregator()),
-        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
         Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
     ):
         await world.publish()
@@ -176,7 +178,7 @@ async def test_every_step_of_a_decision_is_a_span_of_the_snapshot_trace(world: W
         _, trace_id, span_id, _ = record.headers[TRACEPARENT].decode().split("-")
         assert trace_id == TRACE_ID
         assert own[int(span_id, 16)].name == (
-            SPAN_COMBINE if record.topic == TOPICS.costs else SPAN_STRATEGY
+            SPAN_COMBINE if record.topic == COSTS else SPAN_STRATEGY
         )
 
 
@@ -187,7 +189,7 @@ async def test_a_strategy_that_does_not_answer_gives_a_deadline_decision_flagged
     async with (
         leak_check(),
         running(world.ranker(CAP), combiner),  # no age ranker
-        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
     ):
         await world.publish()
         await eventually(
@@ -219,7 +221,7 @@ async def test_undecodable_records_are_dead_lettered_and_the_pipeline_goes_on(
     key = SNAPSHOT.workload.key
     async with (
         running(*rankers, combiner),
-        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
         Reader(world.bus, TOPICS.deadletter, DeadLetter) as dead,
     ):
         await world.bus.publish(TOPICS.workloads, key, b"{not json")
@@ -260,7 +262,7 @@ async def test_a_ranker_restarted_before_committing_ranks_again_and_the_decision
     v2 = replace(SNAPSHOT, version=SNAPSHOT.version + 1)
     async with (
         running(world.ranker(AGE), world.aggregator()),
-        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
         Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
     ):
         await world.publish()
@@ -324,7 +326,7 @@ async def test_a_plugin_strategy_runs_in_the_same_ranker_and_a_failing_one_is_de
     async with (
         running(world.ranker("name-length"), world.ranker(AGE), world.ranker("exploding"),
                 world.aggregator()),
-        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
         Reader(world.bus, TOPICS.deadletter, DeadLetter) as dead,
     ):  # fmt: skip
         await world.publish(plugged)
@@ -376,7 +378,7 @@ async def test_the_cluster_default_policy_file_decides_which_rankers_answer(
     )
     async with (
         running(world.ranker(AGE, settings), world.ranker(CAP, settings), combiner),
-        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
         Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
     ):
         await world.publish(plain)
@@ -391,7 +393,7 @@ async def test_a_restarted_consumer_loop_aggregator_reads_again_what_its_waiting
     world: World,
 ) -> None:
     first = world.aggregator()
-    async with Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs:
+    async with Reader(world.bus, COSTS, DesiredCostsMessage) as costs:
         async with running(world.ranker(CAP), first):
             await world.publish()
             await eventually(
@@ -416,7 +418,7 @@ async def test_the_time_of_the_change_travels_from_the_snapshot_through_the_rank
     changed_at = START - 2.5  # the watcher saw the change before it published
     async with (
         running(world.ranker(CAP), world.ranker(AGE), world.aggregator()),
-        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
         Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
     ):
         await world.publish(changed_at=changed_at)
@@ -441,7 +443,7 @@ async def test_a_workload_gone_is_skipped_by_the_rankers_and_forgotten_by_the_ag
     cap, combiner = world.ranker(CAP), world.aggregator()
     async with (
         running(cap, world.ranker(AGE), combiner),
-        Reader(world.bus, TOPICS.costs, DesiredCostsMessage) as costs,
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
         Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
         Reader(world.bus, TOPICS.deadletter, DeadLetter) as dead,
     ):

@@ -4,11 +4,14 @@ kube-scheduler, and kwok for nodes and pod lifecycle (there is no kubelet).
 Called by the CLI (``make cluster-up`` / ``make cluster-down``) and by the test fixtures. RBAC is
 on; one static token in ``system:masters`` is the admin credential written to the kubeconfig.
 Start order: etcd, apiserver (until ``/readyz``), then controller-manager, scheduler and kwok.
-Stop is the reverse, each by its own pid.
+Stop is the reverse, each by its own pid. ``stop_apiserver`` / ``start_apiserver`` take the
+kube-apiserver of a running control plane away and bring it back (same port, etcd and
+certificates; the other daemons keep running): a real API server outage for the tests.
 """
 
 from __future__ import annotations
 
+import json
 import secrets
 import subprocess
 from dataclasses import dataclass, field
@@ -17,6 +20,7 @@ from pathlib import Path
 from . import build, paths, process
 
 SERVICE_CIDR = "10.96.0.0/16"
+APISERVER = "kube-apiserver"
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,33 @@ class Cluster:
 
     def stop(self) -> None:
         process.stop_all(self.run_dir)
+
+    def stop_apiserver(self) -> int:
+        """See :func:`stop_apiserver`."""
+        return stop_apiserver(self.run_dir)
+
+    def start_apiserver(self, timeout: float = 60.0) -> float:
+        """See :func:`start_apiserver`."""
+        return start_apiserver(self.run_dir, timeout)
+
+
+def stop_apiserver(run_dir: Path) -> int:
+    """Stop the kube-apiserver of the control plane in ``run_dir`` by its pid; returns the pid.
+    Every request fails from now on (connection refused) until :func:`start_apiserver`."""
+    return process.stop(run_dir, APISERVER)
+
+
+def start_apiserver(run_dir: Path, timeout: float = 60.0) -> float:
+    """Start the kube-apiserver of ``run_dir`` again, as it was started; wait until it is ready
+    (``/readyz``). Returns the seconds that took."""
+    info = json.loads((run_dir / "cluster.json").read_text())
+    daemon = process.restart(run_dir, APISERVER)
+    return process.wait_until(
+        daemon,
+        lambda: process.https_ok(f"{info['server']}/readyz", info["token"], Path(info["ca"])),
+        timeout,
+        "ready again (/readyz)",
+    )
 
 
 def _openssl(*argv: str, cwd: Path) -> None:
@@ -154,7 +185,7 @@ def start(run_dir: Path, timeout: float = 120.0) -> Cluster:
     server = f"https://127.0.0.1:{api_port}"
     apiserver = process.start(
         run_dir,
-        "kube-apiserver",
+        APISERVER,
         [str(bin_dir / "kube-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
          "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
          f"--secure-port={api_port}",

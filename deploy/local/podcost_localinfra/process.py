@@ -2,7 +2,9 @@
 
 Called by ``kafka`` and ``cluster``. A daemon runs in its own session so that ``make kafka-up``
 can exit and leave it running; ``stop_all`` ends every daemon whose pid file is in a run
-directory, in reverse start order.
+directory, in reverse start order. ``stop`` ends one daemon by its pid and ``restart`` starts it
+again with the very command line it was started with (kept next to its pid file), in the same
+place of the start order: how a test takes a server away and brings it back (a real outage).
 """
 
 from __future__ import annotations
@@ -75,10 +77,19 @@ def start(
     """Start ``argv`` detached, logging to ``run_dir/logs/<name>.log``; record its pid."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "pids").mkdir(parents=True, exist_ok=True)
+    order = len(list((run_dir / "pids").glob("*.pid")))
+    command = {"order": order, "argv": list(argv), "env": env}
+    (run_dir / "pids" / f"{name}.command.json").write_text(json.dumps(command))
+    return _spawn(run_dir, name, list(argv), env, order)
+
+
+def _spawn(
+    run_dir: Path, name: str, argv: list[str], env: dict[str, str] | None, order: int
+) -> Daemon:
     log = run_dir / "logs" / f"{name}.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            list(argv),
+            argv,
             cwd=run_dir,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -87,9 +98,27 @@ def start(
             start_new_session=True,
         )
     _children[proc.pid] = proc
-    order = len(list((run_dir / "pids").glob("*.pid")))
     (run_dir / "pids" / f"{order:02d}-{name}.pid").write_text(str(proc.pid))
     return Daemon(name, proc.pid, log)
+
+
+def stop(run_dir: Path, name: str, timeout: float = 15.0) -> int:
+    """Stop the daemon ``name`` of ``run_dir`` by its pid (SIGTERM, SIGKILL after ``timeout``);
+    its pid file goes, its command stays for :func:`restart`. Returns the pid it had."""
+    [pid_file] = (run_dir / "pids").glob(f"[0-9][0-9]-{name}.pid")
+    pid = int(pid_file.read_text().strip())
+    _terminate(pid, timeout)
+    pid_file.unlink()
+    return pid
+
+
+def restart(run_dir: Path, name: str) -> Daemon:
+    """Start the daemon ``name`` of ``run_dir`` again, stopped by :func:`stop`: the same command
+    line and environment, so the same ports, data and certificates."""
+    if list((run_dir / "pids").glob(f"[0-9][0-9]-{name}.pid")):
+        raise StartError(f"{name} is still running in {run_dir}")
+    command = json.loads((run_dir / "pids" / f"{name}.command.json").read_text())
+    return _spawn(run_dir, name, command["argv"], command["env"], command["order"])
 
 
 def wait_until(

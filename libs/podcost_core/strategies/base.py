@@ -315,7 +315,10 @@ def _to_float(value: object) -> float:
         raise TypeError(f"expected a number, got {value!r}")
     number: float
     if isinstance(value, int | float):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond the largest float, e.g. 10**400 from a file
+            raise ValueError(f"expected a finite number, got {value!r}") from None
     elif isinstance(value, str):
         try:
             number = float(value.strip())

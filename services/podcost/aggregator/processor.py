@@ -6,9 +6,10 @@ Both transports run it (``podcost_bus.faust_app.FaustKeyedApp`` over Kafka,
 builds it. Per record: decode it as a snapshot (workloads topic) or a strategy's answer (ranks
 topic), an undecodable one, or one whose workload policy is invalid, going to the dead-letter
 topic with the reason; apply the transition; ask whether a decision is due and, if so, queue the
-desired costs, in a ``podcost.combine`` span, child of the snapshot's trace, with the span's
-context in the record headers. A ``WorkloadGoneMessage`` on the workloads topic drops the key's
-state instead (the transport forgets it), so states do not pile up.
+desired costs for the costs topic of the workload's cluster (created on first use), in a
+``podcost.combine`` span, child of the snapshot's trace, with the span's context in the record
+headers. A ``WorkloadGoneMessage`` on the workloads topic drops the key's state instead (the
+transport forgets it), so states do not pile up.
 
 Records come in batches (``podcost_bus.keyed``): :meth:`AggregationProcessor.on_record` only
 decides and queues what to publish; :meth:`AggregationProcessor.flush`, once per batch, sends
@@ -29,7 +30,7 @@ from typing import Any, Final
 
 from opentelemetry.trace import Span, Status, StatusCode, Tracer, set_span_in_context
 from opentelemetry.util.types import AttributeValue
-from pydantic_core import to_json
+from pydantic_core import PydanticSerializationError, to_json
 
 from podcost.runtime.clock import Clock
 from podcost.runtime.metrics import Metrics
@@ -55,11 +56,12 @@ from podcost_contracts.messages import (
     DecodeError,
     DesiredCostsMessage,
     Encoded,
-    MessageTooLarge,
+    EncodeError,
     PodCost,
     StrategyRanksMessage,
     StrategyTerm,
     WorkloadGoneMessage,
+    WorkloadKey,
     WorkloadSnapshotMessage,
     decode,
     decode_workload_record,
@@ -154,18 +156,22 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
             }
         )
     changed_at = decision.changed_at
-    return to_json(
-        {
-            "schema_version": 1,
-            "key": decision.key,
-            "version": decision.version,
-            "costs": pods,
-            "complete": decision.complete,
-            "missing": decision.missing,
-            "emitted_at": float(emitted_at),
-            "changed_at": None if changed_at is None else float(changed_at),
-        }
-    )
+    try:
+        return to_json(
+            {
+                "schema_version": 1,
+                "key": decision.key,
+                "version": decision.version,
+                "costs": pods,
+                "complete": decision.complete,
+                "missing": decision.missing,
+                "emitted_at": float(emitted_at),
+                "changed_at": None if changed_at is None else float(changed_at),
+            }
+        )
+    except PydanticSerializationError as error:  # text that is not Unicode (a lone surrogate)
+        kind = DesiredCostsMessage.KIND
+        raise EncodeError(f"the {kind} message cannot be encoded: {error}") from error
 
 
 def _terms(
@@ -226,6 +232,8 @@ class AggregationProcessor:
         self._queue: list[_Outgoing] = []
         """What decisions and dead letters wait for the next :meth:`flush`."""
         self._ok: dict[str, Any] = {}
+        self._costs_topics: set[str] = set()
+        """The per-cluster costs topics this process has made sure exist."""
 
     def on_record(self, record: Record, state: WorkloadState | None) -> WorkloadState | Drop | None:
         started = time.time_ns()
@@ -362,14 +370,14 @@ class AggregationProcessor:
                         ATTR_COST: costs[uid],
                     },
                 )
-        item = _Outgoing(self.topics.costs, _NOTHING, record, decision, span)
+        item = _Outgoing(self._costs_topic(decision.key), _NOTHING, record, decision, span)
         try:
             body = desired_costs_json(decision, emitted_at=self.clock.now())
             item.encoded = encode_json(
                 DesiredCostsMessage, body, key=decision.key.encode(), schema_version=1,
                 trace=inject(set_span_in_context(span)),
             )  # fmt: skip
-        except MessageTooLarge as error:
+        except EncodeError as error:  # too large, or text that is not Unicode
             self._refused(item, error)
             return
         self._queue.append(item)
@@ -387,12 +395,33 @@ class AggregationProcessor:
         transport stops before committing, and the records are read again."""
         while self._queue:
             queued, self._queue = self._queue, []
+            await self._ensure_costs_topics(queued)
             sent: list[tuple[_Outgoing, Awaitable[Delivery] | None]] = []
             for item in queued:  # all queued before any is awaited: the producer batches them
                 sent.append((item, await self._send(item)))
             for item, acked in sent:
                 await self._settle(item, acked)
             # Dead letters of refused costs were queued meanwhile: the loop sends them too.
+
+    def _costs_topic(self, key: str) -> str:
+        """The costs topic of ``key``'s cluster (``Topics.costs_for``); :meth:`flush` creates
+        it the first time this process publishes to it, so a new cluster of the fleet needs no
+        set-up here."""
+        return self.topics.costs_for(WorkloadKey.parse(key).cluster)
+
+    async def _ensure_costs_topics(self, queued: list[_Outgoing]) -> None:
+        for topic in {item.topic for item in queued if item.decision is not None}:
+            if topic in self._costs_topics:
+                continue
+
+            async def create(topic: str = topic) -> None:
+                await self.bus.ensure_topics([topic])
+
+            await retry_transient(
+                create, what=f"create the costs topic {topic}", sleep=self.clock.sleep,
+                backoff=self.backoff,
+            )  # fmt: skip
+            self._costs_topics.add(topic)
 
     async def _send(self, item: _Outgoing) -> Awaitable[Delivery] | None:
         encoded = item.encoded
@@ -429,7 +458,7 @@ class AggregationProcessor:
             self._refused(item, error)
         elif item.decision is not None:
             self.metrics.combined.labels("complete" if item.decision.complete else "deadline").inc()
-            self.metrics.produced.labels(item.topic).inc()
+            self.metrics.produced.labels(self.topics.costs).inc()  # one series for every cluster
             if item.span is not None:
                 item.span.end()
         else:
@@ -443,7 +472,7 @@ class AggregationProcessor:
             self.metrics.consumed.labels(record.topic, "dead_letter").inc()
             self.metrics.produced.labels(item.topic).inc()
 
-    def _refused(self, item: _Outgoing, error: MessageTooLarge | BusError) -> None:
+    def _refused(self, item: _Outgoing, error: EncodeError | BusError) -> None:
         """The bus will never take ``item``: a decision's record is dead-lettered instead; a
         dead letter that cannot be published stops the transport."""
         decision = item.decision

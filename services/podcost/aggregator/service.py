@@ -81,7 +81,7 @@ class AggregatorService:
 
     async def run(self) -> None:
         """Aggregate until cancelled; a transport failure stops the service (and the process)."""
-        await self.bus.ensure_topics(self.topics.all())
+        await self.bus.ensure_topics(self.topics.shared())
         reporter = asyncio.create_task(self._report_lag(), name="aggregator.lag")
         try:
             await self.transport.run()

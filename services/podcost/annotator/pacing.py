@@ -1,8 +1,9 @@
 """How fast the annotator talks to the API server and reads the bus: pure arithmetic on time.
 
 ``AnnotatorService`` (``podcost.annotator.service``) asks :class:`TokenBucket` how long each
-request must wait, :class:`WaterMarks` when to pause and resume its consumer, and
-:func:`backoff_delay` how long to wait before trying a request again. None of them sleeps or
+request must wait, :class:`WaterMarks` when to pause and resume its consumer,
+:func:`backoff_delay` how long to wait before trying a request again, and :class:`Outage`
+whether the API server has been failing long enough for readiness to say so. None of them sleeps or
 reads a clock: the caller passes "now" in and does the waiting, through a :class:`Clock` that
 tests replace with a fake one.
 """
@@ -130,3 +131,39 @@ def backoff_delay(
         raise ValueError(f"attempts are counted from 1, got {attempt}")
     exponential = min(maximum, initial * 2.0 ** (attempt - 1))
     return max(exponential, retry_after or 0.0)
+
+
+@dataclass(slots=True)
+class Outage:
+    """Whether the API server has been failing for too long: what readiness reports.
+
+    :meth:`failed` is called with every request that got no answer (5xx, a timeout, a refused
+    connection), :meth:`answered` with every one that got an answer; the outage lasts from the
+    first failure after an answer until the next answer. ``after`` is how long it may last
+    before :meth:`down` says so (a blip of a few failed requests is retried, not reported).
+    """
+
+    after: float
+    since: float | None = None
+    """When the failures began; ``None`` while the server answers."""
+    reported: bool = False
+    """Whether this outage was reported (logged) as one already."""
+
+    def failed(self, now: float) -> None:
+        if self.since is None:
+            self.since = now
+
+    def answered(self, now: float) -> float | None:
+        """The server answered at ``now``; how long the outage lasted if it was reported as
+        one, else ``None``."""
+        since, reported = self.since, self.reported
+        self.since, self.reported = None, False
+        return None if since is None or not reported else now - since
+
+    def down(self, now: float) -> bool:
+        """Whether the failures have lasted ``after`` seconds or more by ``now``."""
+        return self.since is not None and now - self.since >= self.after
+
+    def lasted(self, now: float) -> float:
+        """Seconds the current outage has lasted at ``now`` (0 while the server answers)."""
+        return 0.0 if self.since is None else now - self.since

@@ -12,6 +12,11 @@ everything here directly. Three pieces:
   only after that one is done, so writes to one pod never race each other.
 - :class:`Ledger`: which consumed records are fully handled, so that offsets are committed only
   past records whose every write is done (or definitively skipped), in partition order.
+- :class:`VersionGuard`: the newest decision accepted per workload, so that an older one that
+  arrives after it (a replay, a rebalance, a slow aggregator replica) is skipped as stale and the
+  same one again as a duplicate, even while the newer one's writes are still in flight.
+- :func:`gives_up`: which failed requests end as an error, and which are retried for as long as
+  they fail (an API server outage loses no decision).
 
 Superseding a queued write settles the older record at once. That is safe for at-least-once:
 the record that superseded it is later in its partition (same workload, same key) and stays
@@ -28,7 +33,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from podcost_core.convert import ObjectMetaJSON, cost_owner
 from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, PodUID
-from podcost_core.victims import deletion_cost_error
+from podcost_core.victims import deletion_cost_error, parse_deletion_cost
 
 T = TypeVar("T")
 
@@ -49,7 +54,8 @@ class Result(StrEnum):
     DRY_RUN = "dry_run"
     """Would have been written; dry-run mode writes nothing."""
     ERROR = "error"
-    """Given up: a permanent API error, or retriable ones past the retry limit (logged)."""
+    """Given up: a permanent API error (403, 422 ...), or conflicts past the retry limit
+    (logged). An unavailable or throttling API server never ends a write as an error."""
 
 
 class Retry(StrEnum):
@@ -61,6 +67,17 @@ class Retry(StrEnum):
     """429: the API server asked to slow down (with ``Retry-After``)."""
     UNAVAILABLE = "unavailable"
     """5xx, a timeout or no answer at all."""
+
+
+def gives_up(reason: Retry, attempt: int, max_attempts: int) -> bool:
+    """Whether a request that failed for ``reason`` on attempt number ``attempt`` ends here.
+
+    Only conflicts are capped (at ``max_attempts``): each retry reads the pod again, and one
+    that conflicts every time is fought over by another writer. An unavailable or throttling
+    API server is waited out however long it takes: giving up would commit past the record and
+    lose its decision until the workload changes again. (Permanent errors never get here.)
+    """
+    return reason is Retry.CONFLICT and attempt >= max_attempts
 
 
 class Verdict(StrEnum):
@@ -110,7 +127,11 @@ def decide(
     if state is None or state.uid != uid or state.deleting:
         # A recreated pod under the same name is another pod; a terminating one needs no cost.
         return Verdict.GONE
-    if state.value is not None and state.invalid is None and int(state.value) == cost:
+    if (
+        state.value is not None
+        and state.invalid is None
+        and parse_deletion_cost(state.value) == cost
+    ):
         return Verdict.UNCHANGED
     # An invalid value is no cost (the controller reads 0), whoever set it: it is replaced.
     if state.owner is CostOwner.OTHER and state.invalid is None and not overwrite_foreign:
@@ -226,6 +247,80 @@ class WriteQueue(Generic[T]):
     def _drop_if_idle(self, uid: PodUID, slot: _Slot[T]) -> None:
         if slot.queued is None and slot.running is None:
             del self._slots[uid]
+
+
+# --- stale and duplicate decisions --------------------------------------------------------------
+
+
+class Freshness(StrEnum):
+    """What :meth:`VersionGuard.admit` says of one decision; ``stale`` and ``duplicate`` are
+    outcomes of ``podcost_messages_consumed``."""
+
+    NEW = "new"
+    """Newer than any decision accepted for its workload: write it."""
+    STALE = "stale"
+    """Older than one already accepted: writing it would rewind the costs."""
+    DUPLICATE = "duplicate"
+    """The very decision accepted already (a redelivery): its writes are done or under way."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """Where one decision stands in its workload's order (``DesiredCostsMessage`` fields)."""
+
+    version: int
+    """The snapshot version decided."""
+    changed_at: float | None
+    """When the watcher saw the change (it stamps the snapshot's ``emitted_at`` with it)."""
+    complete: bool
+    """A complete decision follows an incomplete (deadline) one of the same version."""
+
+
+def _compare(a: Decided, b: Decided) -> int:
+    """-1, 0 or 1 as ``a`` is older than, the same as, or newer than ``b``.
+
+    The aggregator's order of snapshots (``podcost_core.aggregate``): when the change was seen,
+    then the version, so that a new watcher leader (another incarnation, whose versions may be
+    lower) is heard; the version alone when a decision does not say when (an older producer).
+    Then an incomplete decision before the complete one of the same version.
+    """
+    both = a.changed_at is not None and b.changed_at is not None
+    keys_a = (a.changed_at if both else 0.0, a.version, a.complete)
+    keys_b = (b.changed_at if both else 0.0, b.version, b.complete)
+    return (keys_a > keys_b) - (keys_a < keys_b)
+
+
+class VersionGuard:
+    """The newest decision accepted per workload key (see :class:`Freshness`).
+
+    It lives as long as one run of the annotator. A restart begins empty and learns again from
+    the records it reads: the uncommitted tail of each partition, in the order the aggregator
+    published them, so a stale record after a newer one in that tail is still refused. What it
+    cannot refuse is a stale record published after a newer one that was committed before the
+    restart: nothing it reads says a newer decision exists (the costs on the pods carry no
+    version).
+    """
+
+    def __init__(self) -> None:
+        self._latest: dict[str, Decided] = {}
+
+    def __len__(self) -> int:
+        return len(self._latest)
+
+    def admit(self, key: str, decided: Decided) -> Freshness:
+        """Accept ``decided`` for workload ``key`` if it is newer than what was accepted."""
+        known = self._latest.get(key)
+        order = 1 if known is None else _compare(decided, known)
+        if order < 0:
+            return Freshness.STALE
+        if order == 0:
+            return Freshness.DUPLICATE
+        self._latest[key] = decided
+        return Freshness.NEW
+
+    def latest(self, key: str) -> Decided | None:
+        """The newest decision accepted for ``key``."""
+        return self._latest.get(key)
 
 
 # --- commit ledger ----------------------------------------------------------------------------

@@ -1,24 +1,42 @@
 """The annotator service: desired costs from the bus, written onto the pods, gently.
 
 Built by :func:`bootstrap` (the composition root ``podcost annotator``, ``podcost run`` and the
-tests use) and run by ``podcost.runtime.runner.serve``. One consumer task reads the costs topic
-(group ``podcost-annotator``), decodes each record (an undecodable one goes to the dead-letter
-topic with its reason) and queues one write per pod; ``max_in_flight`` writer tasks take pods
-off the queue and, for each, read the pod, decide (``plan.decide``), and write its cost with
-one conditional PATCH; a commit task commits offsets past the records whose every write is done.
-All the deciding is in ``plan`` and ``pacing``; this module only waits, talks and records.
-It also keeps the last decision per pod and what became of its write (``decisions``), served as
-``GET /explain/{namespace}/{pod}`` for ``podcost explain``.
+tests use) and run by ``podcost.runtime.runner.serve``. One consumer task reads its own
+cluster's costs topic (``<costs>.<cluster>``, group ``podcost-annotator.<cluster>``: see
+``podcost_contracts.topics`` for the routing), decodes each record (an undecodable one goes to
+the dead-letter topic with its reason) and queues one write per pod; ``max_in_flight`` writer
+tasks take pods off the queue and, for each, read the pod, decide (``plan.decide``), and write
+its cost with one conditional PATCH; a commit task commits offsets past the records whose every
+write is done. All the deciding is in ``plan`` and ``pacing``; this module only waits, talks and
+records. It also keeps the last decision per pod and what became of its write (``decisions``),
+served as ``GET /explain/{namespace}/{pod}`` for ``podcost explain``.
 
 A write is a read and a compare-and-swap: the read gives the value on the pod now and who set
 it; the PATCH (a JSON patch that tests the pod's uid and that one annotation) only lands if
 neither changed since, so a cost someone sets between the two is never overwritten (the PATCH
 is refused with ``CostChanged`` and the pod is read again), while status changes of a young pod
 do not get in the way. Requests go through a token bucket; 404 means the pod is gone (skipped,
-counted); a refused swap, 409, 429 (after its ``Retry-After``), 5xx and timeouts are retried
-with exponential backoff up to ``max_attempts``, then counted as errors and logged; nothing is
-dropped silently. Consumption pauses when the queue passes the high-water mark and resumes
-below the low one.
+counted); a refused swap and 409 are retried with exponential backoff up to ``max_attempts``,
+then counted as errors and logged; 429 (after its ``Retry-After``), 5xx, timeouts and refused
+connections are retried with capped exponential backoff for as long as they last (``plan.
+gives_up``), so an API server outage delays the writes and loses none; a permanent error (403,
+422 ...) is counted as an error at once. Nothing is dropped silently. Consumption pauses when
+the queue passes the high-water mark and resumes below the low one.
+
+Stale and duplicate decisions (``plan.VersionGuard``): a record older than one already accepted
+for its workload is skipped (``podcost_messages_consumed{outcome="stale"}``), even if the newer
+one's writes are still under way, and the same decision again writes nothing
+(``outcome="duplicate"``); both are committed in partition order like any other, so never
+before the newer decision's writes are done (a duplicate read again while its first reading's
+writes are under way is queued behind them, and finds nothing left to write). The guard lives
+as long as one run (what a restart can and cannot refuse is in ``VersionGuard``'s docstring).
+
+Readiness (``ready``, served on ``/readyz``): consuming; not in an API server outage (every
+request failing for ``unready_after`` seconds, logged when it begins to count and when the
+server answers again); and, when built with ``catch_up`` (embedded mode: the watcher's first
+pass after start), caught up: every decision of that pass written, i.e. the costs are current
+again after a restart. A retriable bus error in the consume or commit loop is logged and
+retried after a backoff; only a permanent one stops the annotator.
 
 Offsets are committed only after the writes (at least once): a restart re-reads what was not
 committed, and re-reading finds the costs already written, so nothing is written twice.
@@ -27,6 +45,7 @@ committed, and re-reading finds the costs already written, so nothing is written
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import Counter
@@ -42,23 +61,29 @@ from podcost.annotator.pacing import (
     Clock,
     Flow,
     LoopClock,
+    Outage,
     TokenBucket,
     WaterMarks,
     backoff_delay,
 )
 from podcost.annotator.plan import (
+    Decided,
+    Freshness,
     Ledger,
     Result,
     Retry,
     Ticket,
     Verdict,
+    VersionGuard,
     Want,
     WriteQueue,
     decide,
+    gives_up,
     pod_state,
 )
 from podcost.annotator.settings import AnnotatorSettings
 from podcost.runtime.metrics import Metrics
+from podcost.runtime.retry import DEFAULT_BACKOFF, retry_transient
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_COMPLETE,
@@ -75,7 +100,15 @@ from podcost.runtime.telemetry import (
     extract,
     tracer,
 )
-from podcost_bus import Bus, BusSettings, Consumer, Record, TopicPartition, open_bus
+from podcost_bus import (
+    Bus,
+    BusError,
+    BusSettings,
+    Consumer,
+    Record,
+    TopicPartition,
+    open_bus,
+)
 from podcost_bus.messaging import decode_or_dead_letter
 from podcost_contracts.messages import DesiredCostsMessage
 from podcost_core.model import PodUID
@@ -89,6 +122,10 @@ R = TypeVar("R")
 POLL_WAIT_S = 0.5
 #: How often the consumer lag gauge is refreshed (it asks the broker).
 LAG_INTERVAL_S = 5.0
+
+CatchUp = Callable[[], Mapping[str, int] | None]
+"""The decisions to write before the costs are current again after a start: per workload key,
+the snapshot version (``None`` while they are not all known yet)."""
 
 
 class PodAPI(Protocol):
@@ -133,6 +170,7 @@ class AnnotatorService:
         metrics: Metrics,
         otel: trace.Tracer,
         wall: Callable[[], float] = time.time,
+        catch_up: CatchUp | None = None,
     ) -> None:
         self.settings = settings
         self.bus_settings = bus_settings
@@ -156,6 +194,25 @@ class AnnotatorService:
         self._consumer: Consumer | None = None
         self.decisions = DecisionLog()
         """The last decision per pod and what became of it, for ``GET /explain/...``."""
+        self.guard = VersionGuard()
+        """The newest decision accepted per workload (stale and duplicate ones are skipped)."""
+        self.outage = Outage(config.unready_after)
+        """Whether the API server has been failing long enough to be reported."""
+        self._catch_up = catch_up
+        self._caught_up = catch_up is None
+        self._started_at: float | None = None
+        self._done: dict[str, int] = {}
+        """Per workload key, the newest version whose every write is done."""
+
+    @property
+    def topic(self) -> str:
+        """The costs topic of this annotator's cluster, the only one it reads."""
+        return self.bus_settings.topics.costs_for(self.settings.cluster)
+
+    @property
+    def group(self) -> str:
+        """The consumer group of this cluster's annotators."""
+        return self.config.group_for(self.settings.cluster)
 
     @property
     def dry_run(self) -> bool:
@@ -167,7 +224,13 @@ class AnnotatorService:
         return self._writes.depth
 
     def ready(self) -> bool:
-        return self._consumer is not None
+        """Consuming, not in an API server outage, and caught up (see the module docstring)."""
+        return self._consumer is not None and not self.outage.reported and self._caught_up
+
+    @property
+    def caught_up(self) -> bool:
+        """Every decision of the catch-up pass is written (always, without a ``catch_up``)."""
+        return self._caught_up
 
     def routes(self) -> APIRouter:
         """``GET /explain/{namespace}/{pod}``, served by the runner on the HTTP port."""
@@ -185,21 +248,23 @@ class AnnotatorService:
 
     async def _run(self, kube: PodAPI) -> None:
         topics = self.bus_settings.topics
-        await self.bus.ensure_topics([topics.costs, topics.deadletter])
+        await self.bus.ensure_topics([self.topic, topics.deadletter])
         # A fresh start forgets what a previous run had in flight: it is read again from the bus.
         self._writes, self._ledger, self._open = WriteQueue(), Ledger(), set()
         self._ready, self._progress = asyncio.Queue(), asyncio.Event()
+        self.guard, self._done = VersionGuard(), {}
+        self._started_at = self._clock.now()
         self.marks = WaterMarks(self.config.high_water, self.config.low_water)
         self._bucket = TokenBucket(self.config.qps, self.config.burst, now=self._clock.now())
         consumer = self.bus.consumer(
-            [topics.costs], group=self.config.group, max_poll_records=self.config.poll_records
+            [self.topic], group=self.group, max_poll_records=self.config.poll_records
         )
         async with consumer:
             self._consumer = consumer
             log.info(
                 "annotator consuming %s as group %s%s",
-                topics.costs,
-                self.config.group,
+                self.topic,
+                self.group,
                 " (dry run: nothing is written)" if self.dry_run else "",
             )
             try:
@@ -217,18 +282,32 @@ class AnnotatorService:
                 self._open.clear()
 
     async def _consume_loop(self, consumer: Consumer) -> None:
-        topic = self.bus_settings.topics.costs
+        topic = self.topic
         loop = asyncio.get_running_loop()
         next_lag = loop.time()
+        failures = 0
         while True:
-            records = await consumer.poll(max_wait=POLL_WAIT_S)
-            for record in records:
-                await self._accept(record)
-            self._observe_depth()
-            if loop.time() >= next_lag:
-                lags = await consumer.lag()
-                self.metrics.consumer_lag.labels(topic).set(sum(lags.values()))
-                next_lag = loop.time() + LAG_INTERVAL_S
+            try:
+                records = await consumer.poll(max_wait=POLL_WAIT_S)
+                for record in records:
+                    await self._accept(record)
+                self._observe_depth()
+                self._check_caught_up()
+                if loop.time() >= next_lag:
+                    lags = await consumer.lag()
+                    self.metrics.consumer_lag.labels(topic).set(sum(lags.values()))
+                    next_lag = loop.time() + LAG_INTERVAL_S
+                failures = 0
+            except BusError as error:
+                if not error.retriable:
+                    raise
+                # The broker is away: what was polled is accepted (``_accept`` retries its own
+                # bus calls), so polling again after a pause loses nothing.
+                failures += 1
+                delay = DEFAULT_BACKOFF.delay(failures)
+                log.warning("consuming %s failed (%d in a row), again in %.1fs: %s", topic,
+                            failures, delay, error)  # fmt: skip
+                await self._clock.sleep(delay)
 
     async def _write_loop(self, kube: PodAPI) -> None:
         while True:
@@ -249,7 +328,12 @@ class AnnotatorService:
             self._progress.clear()
             done = self._ledger.committable()
             if done:
-                committed = await consumer.commit([batch.record for batch in done])
+                records = [batch.record for batch in done]
+                committed = await retry_transient(
+                    functools.partial(consumer.commit, records),
+                    what=f"committing {self.group}'s offsets",
+                    sleep=self._clock.sleep,
+                )
                 self.committed.update(committed)
 
     # --- consuming ------------------------------------------------------------------------
@@ -257,20 +341,52 @@ class AnnotatorService:
     async def _accept(self, record: Record) -> None:
         """Queue the writes of one record (or dead-letter it); never waits for the writes."""
         topics = self.bus_settings.topics
-        message = await decode_or_dead_letter(
-            self.bus, record, DesiredCostsMessage, topic=topics.deadletter, group=self.config.group
+        message = await retry_transient(
+            lambda: decode_or_dead_letter(
+                self.bus, record, DesiredCostsMessage, topic=topics.deadletter, group=self.group
+            ),
+            what=f"dead-lettering {record.topic}@{record.partition}:{record.offset}",
+            sleep=self._clock.sleep,
         )
         if message is None:
             self.metrics.consumed.labels(record.topic, "dead_letter").inc()
             self._nothing_to_write(record, None)
             return
         if message.workload.cluster != self.settings.cluster:
-            # A fleet may share topics: another cluster's pods are not ours to write.
+            # Only a misrouted or forged record gets here (the topic is this cluster's own):
+            # another cluster's pods are never ours to write.
             self.metrics.consumed.labels(record.topic, "other_cluster").inc()
-            log.debug("ignoring %s: not cluster %s", message.key, self.settings.cluster)
+            log.warning(
+                "ignoring %s on %s: not cluster %s", message.key, record.topic,
+                self.settings.cluster,
+            )  # fmt: skip
             self._nothing_to_write(record, message)
             return
-        self.metrics.consumed.labels(record.topic, "ok").inc()
+        decided = Decided(message.version, message.changed_at, message.complete)
+        freshness = self.guard.admit(message.key, decided)
+        if freshness is not Freshness.NEW:
+            self.metrics.consumed.labels(record.topic, freshness.value).inc()
+        if freshness is Freshness.STALE or (
+            freshness is Freshness.DUPLICATE and self._done.get(message.key, -1) >= message.version
+        ):
+            # Older than a decision already accepted (whose writes may still be under way; this
+            # record, later in the partition, is committed only after them): writing it would
+            # rewind the costs. A duplicate whose writes are done has nothing left to write.
+            newest = self.guard.latest(message.key)
+            log.info(
+                "skipping %s decision %d of %s: version %s accepted already",
+                freshness.value, message.version, message.key,
+                newest.version if newest is not None else "?",
+                extra={"workload": message.key, "version": message.version,
+                       "result": freshness.value},
+            )  # fmt: skip
+            self._nothing_to_write(record, message)
+            return
+        # New, or a duplicate read again while its writes are under way (a rebalance gave the
+        # partition back): queued like any other, so its offset waits for those writes; the
+        # writes coalesce with the ones in flight, which leave nothing to PATCH.
+        if freshness is Freshness.NEW:
+            self.metrics.consumed.labels(record.topic, "ok").inc()
         span = self._tracer.start_span(
             SPAN_ANNOTATE,
             context=extract(record.headers),
@@ -330,7 +446,27 @@ class AnnotatorService:
         if batch.span is not None:
             batch.span.set_attribute(ATTR_WRITES, batch.results[Result.OK])
             batch.span.end()
+        message = batch.message
+        if message is not None:
+            key = message.key
+            self._done[key] = max(self._done.get(key, message.version), message.version)
+            self._check_caught_up()
         self._progress.set()
+
+    def _check_caught_up(self) -> None:
+        """Latch ``caught_up`` once every decision ``catch_up`` names is written (or a newer
+        one of the same workload is)."""
+        if self._caught_up or self._catch_up is None:
+            return
+        expected = self._catch_up()
+        if expected is None:
+            return
+        done = self._done
+        if all(done.get(key, -1) >= version for key, version in expected.items()):
+            self._caught_up = True
+            took = self._clock.now() - (self._started_at or 0.0)
+            log.info("caught up: the costs of %d workloads are current, %.2fs after start",
+                     len(expected), took)  # fmt: skip
 
     def _observe_depth(self) -> None:
         depth = self._writes.depth
@@ -383,7 +519,7 @@ class AnnotatorService:
             except (KubeError, TimeoutError) as error:
                 retriable = isinstance(error, TimeoutError) or error.retriable
                 reason = _retry_reason(error)
-                if not retriable or attempt >= self.config.max_attempts:
+                if not retriable or gives_up(reason, attempt, self.config.max_attempts):
                     log.error(
                         "giving up writing cost %d to pod %s after %d attempt(s): %s",
                         want.cost,
@@ -407,11 +543,11 @@ class AnnotatorService:
                     "retry", {"attempt": attempt, "reason": reason.value, "delay_seconds": delay}
                 )
                 log.warning(
-                    "retrying pod %s in %.2fs (attempt %d of %d): %s",
+                    "retrying pod %s in %.2fs (attempt %d%s): %s",
                     pod,
                     delay,
                     attempt,
-                    self.config.max_attempts,
+                    f" of {self.config.max_attempts}" if reason is Retry.CONFLICT else "",
                     _describe(error),
                     extra={"pod": pod, "cost": want.cost, "result": reason.value},
                 )
@@ -482,8 +618,39 @@ class AnnotatorService:
         if wait > 0:
             self.metrics.rate_limit_waits.inc(wait)
             await self._clock.sleep(wait)
-        async with asyncio.timeout(self.config.request_timeout):
-            return await call()
+        try:
+            async with asyncio.timeout(self.config.request_timeout):
+                answer = await call()
+        except (KubeError, TimeoutError) as error:
+            if _unanswered(error):
+                self._api_failed()
+            else:
+                self._api_answered()
+            raise
+        self._api_answered()
+        return answer
+
+    def _api_failed(self) -> None:
+        now = self._clock.now()
+        self.outage.failed(now)
+        if self.outage.down(now) and not self.outage.reported:
+            self.outage.reported = True
+            log.error(
+                "not ready: the API server has failed every request for %.1fs; writes are "
+                "retried until it answers", self.outage.lasted(now),
+            )  # fmt: skip
+
+    def _api_answered(self) -> None:
+        lasted = self.outage.answered(self._clock.now())
+        if lasted is not None:
+            log.warning("ready again: the API server answers after an outage of %.1fs", lasted)
+
+
+def _unanswered(error: KubeError | TimeoutError) -> bool:
+    """Whether a request got no answer from a working API server (no reply, a timeout, 5xx)."""
+    if isinstance(error, TimeoutError):
+        return True
+    return error.status is None or error.status == 0 or error.status >= 500
 
 
 def _retry_reason(error: KubeError | TimeoutError) -> Retry:
@@ -508,11 +675,12 @@ def bootstrap(
     kube: PodAPI | None = None,
     clock: Clock | None = None,
     tracer_provider: trace.TracerProvider | None = None,
+    catch_up: CatchUp | None = None,
 ) -> AnnotatorService:
     """The annotator, wired: ``bus`` (default: the one ``bus_settings`` ask for, not started;
     ``serve`` starts it), ``kube`` (default: connect with ``$KUBECONFIG`` or in-cluster when
     it runs), ``clock`` (default: the event loop's), spans to ``tracer_provider`` (default: the
-    global one)."""
+    global one); ``catch_up``: what must be written before it is ready (default: nothing)."""
     return AnnotatorService(
         settings=settings,
         bus_settings=bus_settings,
@@ -522,4 +690,5 @@ def bootstrap(
         clock=clock if clock is not None else LoopClock(),
         metrics=Metrics("annotator"),
         otel=tracer(tracer_provider),
+        catch_up=catch_up,
     )

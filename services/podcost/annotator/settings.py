@@ -13,16 +13,21 @@ Variables (defaults in brackets), all prefixed ``PODCOST_ANNOTATOR_``:
 - ``MAX_IN_FLIGHT``: API requests in flight at once [8]
 - ``HIGH_WATER`` / ``LOW_WATER``: pause consuming when this many pod writes are pending; resume
   when they are down to the low mark [1000 / 500]
-- ``MAX_ATTEMPTS``: tries of one request on 409, 429, 5xx or a timeout before it is counted as
-  an error and the annotator moves on [5]
+- ``MAX_ATTEMPTS``: tries of one write whose pod keeps changing between the read and the write
+  (409, a refused compare-and-swap) before it is counted as an error and the annotator moves
+  on [5]. 429, 5xx, timeouts and refused connections are retried for as long as they last: a
+  write is never given up because the API server is down.
 - ``BACKOFF_INITIAL`` / ``BACKOFF_MAX``: seconds before the first retry, doubled per retry up
   to the maximum; a longer ``Retry-After`` from the server wins [0.2 / 10]
+- ``UNREADY_AFTER``: seconds the API server may fail every request (5xx, timeouts, no answer)
+  before ``/readyz`` reports the annotator not ready; ready again at the first answer [10]
 - ``REQUEST_TIMEOUT``: seconds one API request may take before it counts as failed [10]
 - ``OVERWRITE_FOREIGN``: also overwrite costs another field manager set (a person, another
   tool) [false: leave them alone]
 - ``POLL_RECORDS``: most records taken from the bus at once; the queue can pass the high-water
   mark by at most one such batch [100]
-- ``GROUP``: the consumer group [podcost-annotator]
+- ``GROUP``: the prefix of the consumer group; a cluster's annotators join
+  ``<GROUP>.<PODCOST_CLUSTER>`` and share its costs topic's partitions [podcost-annotator]
 """
 
 from __future__ import annotations
@@ -57,13 +62,16 @@ class AnnotatorSettings(BaseSettings):
         default=500, ge=0, description="Pending pod writes at which paused consumption resumes."
     )
     max_attempts: int = Field(
-        default=5, ge=1, le=100, description="Tries of one request before giving up on it."
+        default=5, ge=1, le=100, description="Tries of one write that keeps conflicting."
     )
     backoff_initial: float = Field(
         default=0.2, gt=0, le=60, description="Seconds before the first retry."
     )
     backoff_max: float = Field(
         default=10.0, gt=0, le=600, description="Longest wait between retries (Retry-After wins)."
+    )
+    unready_after: float = Field(
+        default=10.0, gt=0, le=3600, description="Seconds of API server outage before not ready."
     )
     request_timeout: float = Field(
         default=10.0, gt=0, le=600, description="Seconds one API request may take."
@@ -75,8 +83,17 @@ class AnnotatorSettings(BaseSettings):
         default=100, ge=1, le=10_000, description="Most records taken from the bus at once."
     )
     group: str = Field(
-        default=DEFAULT_GROUP, min_length=1, max_length=249, description="The consumer group."
+        default=DEFAULT_GROUP,
+        min_length=1,
+        max_length=180,
+        pattern=r"^[a-zA-Z0-9._-]+$",
+        description="The consumer group prefix: a cluster's annotators join <group>.<cluster>.",
     )
+
+    def group_for(self, cluster: str) -> str:
+        """The consumer group of ``cluster``'s annotators: one per cluster, so that a rebalance
+        in one cluster's agents never stops another's."""
+        return f"{self.group}.{cluster}"
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:

@@ -16,7 +16,7 @@ from typing import Annotated
 import typer
 
 from podcost.annotator import AnnotatorSettings, bootstrap
-from podcost.commands.startup import EXIT_FAILED, fail, load_settings
+from podcost.commands.startup import EXIT_FAILED, fail, load_settings, require_cluster
 from podcost.runtime.logs import configure_logging
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
@@ -42,6 +42,7 @@ def annotator_command(
     settings = load_settings(COMMAND, ServiceSettings, **({"dry_run": True} if dry_run else {}))
     bus_settings = load_settings(COMMAND, BusSettings)
     config = load_settings(COMMAND, AnnotatorSettings)
+    require_cluster(COMMAND, settings, bus_settings)
     configure_logging(settings.log_level, settings.log_format)
     setup_tracing("podcost-annotator")
     if not bus_settings.bootstrap_servers:

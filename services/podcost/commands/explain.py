@@ -125,11 +125,17 @@ def ask_annotator(url: str, namespace: str, pod: str, timeout: float = 10.0) -> 
 
 
 async def read_costs_topic(
-    bus_settings: BusSettings, namespace: str, pod: str, uid: str, limit_s: float = KAFKA_TIMEOUT_S
+    bus_settings: BusSettings,
+    cluster: str,
+    namespace: str,
+    pod: str,
+    uid: str,
+    limit_s: float = KAFKA_TIMEOUT_S,
 ) -> Explanation | None:
-    """The latest decision about the pod on the costs topic, read to its end as a consumer group
-    of its own that commits nothing. Only the pod's namespace's records are decoded."""
-    topic = bus_settings.topics.costs
+    """The latest decision about the pod on ``cluster``'s costs topic, read to its end as a
+    consumer group of its own that commits nothing. Only the pod's namespace's records are
+    decoded."""
+    topic = bus_settings.topics.costs_for(cluster)
     best: tuple[float, Explanation] | None = None
     deadline = time.monotonic() + limit_s
     async with open_bus(bus_settings) as bus:
@@ -236,8 +242,9 @@ async def explain(
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid", ""))
         if bus_settings is not None:
-            asked = f"topic {bus_settings.topics.costs} at {bus_settings.bootstrap_servers}"
-            decision = await read_costs_topic(bus_settings, namespace, name, uid)
+            topic = bus_settings.topics.costs_for(settings.cluster)
+            asked = f"topic {topic} at {bus_settings.bootstrap_servers}"
+            decision = await read_costs_topic(bus_settings, settings.cluster, namespace, name, uid)
         else:
             asked = f"the annotator at {url}"
             try:
@@ -358,8 +365,9 @@ def explain_command(
         str | None,
         typer.Option(
             metavar="HOST:PORT",
-            help="Read the latest decision off the costs topic of this Kafka instead of asking "
-            "the annotator (topic and TLS/SASL settings: PODCOST_TOPIC_COSTS, PODCOST_KAFKA_*).",
+            help="Read the latest decision off this cluster's costs topic of this Kafka instead "
+            "of asking the annotator (cluster, topic and TLS/SASL settings: PODCOST_CLUSTER, "
+            "PODCOST_TOPIC_COSTS, PODCOST_KAFKA_*).",
         ),
     ] = None,
     output: Annotated[

@@ -14,7 +14,7 @@ import logging
 
 import typer
 
-from podcost.commands.startup import EXIT_FAILED, fail, load_settings
+from podcost.commands.startup import EXIT_FAILED, fail, load_settings, require_cluster
 from podcost.runtime.logs import configure_logging
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
@@ -43,6 +43,7 @@ def watcher_command() -> None:
     settings = load_settings("watcher", ServiceSettings)
     bus_settings = load_settings("watcher", BusSettings)
     watcher_settings = load_settings("watcher", WatcherSettings)
+    require_cluster("watcher", settings, bus_settings)
     configure_logging(settings.log_level, settings.log_format)
     setup_tracing("podcost-watcher")
     if not bus_settings.bootstrap_servers:

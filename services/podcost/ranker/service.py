@@ -123,7 +123,7 @@ class RankerService:
 
     async def run(self) -> None:
         """Rank what the workloads topic brings until cancelled."""
-        await self.bus.ensure_topics(self.topics.all())
+        await self.bus.ensure_topics(self.topics.shared())
         async with self.bus.consumer([self.topics.workloads], group=self.group) as consumer:
             self._consumer = consumer
             try:

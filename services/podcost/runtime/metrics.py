@@ -21,7 +21,8 @@ class Metrics:
         r = self.registry
         self.consumed = Counter(
             "podcost_messages_consumed",
-            "Records consumed, by topic and outcome (ok, dead_letter).",
+            "Records consumed, by topic and outcome (ok, dead_letter; the annotator also "
+            "other_cluster, stale: older than a decision it accepted, duplicate).",
             ["topic", "outcome"], registry=r,
         )  # fmt: skip
         self.produced = Counter(

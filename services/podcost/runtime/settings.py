@@ -4,7 +4,10 @@ Each service's composition root (``bootstrap``) takes a ``ServiceSettings`` (and
 settings from ``podcost_bus.BusSettings``); values are validated at start, so a bad value stops
 the service with the variable named. Variables (defaults in brackets):
 
-- ``PODCOST_CLUSTER``: the cluster name in workload keys ``cluster/namespace/kind/name`` [local]
+- ``PODCOST_CLUSTER``: the cluster name in workload keys ``cluster/namespace/kind/name``; it
+  also names the cluster's costs topic ``<PODCOST_TOPIC_COSTS>.<cluster>``, so a DNS-1123 label
+  [local; ``podcost watcher`` and ``podcost annotator`` over Kafka refuse to start without it,
+  since two agents with the same name would write each other's decisions]
 - ``PODCOST_HTTP_HOST`` / ``PODCOST_HTTP_PORT``: where ``/healthz``, ``/readyz`` and
   ``/metrics`` are served [0.0.0.0 / 8080; port 0 disables the server]
 - ``PODCOST_LOG_LEVEL``: DEBUG, INFO, WARNING or ERROR [INFO]
@@ -22,16 +25,23 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from podcost_contracts.topics import ClusterName
+
 
 class ServiceSettings(BaseSettings):
     """Settings shared by every service (see the module docstring for the variables)."""
 
     model_config = SettingsConfigDict(env_prefix="PODCOST_", frozen=True, extra="ignore")
 
-    cluster: str = Field(default="local", min_length=1, pattern=r"^[^/]+$")
+    cluster: ClusterName = "local"
     http_host: str = "0.0.0.0"
     http_port: int = Field(default=8080, ge=0, le=65535)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
     dry_run: bool = False
     policy_file: Path | None = None
+
+    @property
+    def cluster_explicit(self) -> bool:
+        """Whether ``PODCOST_CLUSTER`` was given (not the default ``local``)."""
+        return "cluster" in self.model_fields_set

@@ -32,6 +32,15 @@ Publishing does not wait for each snapshot's acknowledgement: snapshots are queu
 the bus cannot deliver ends the watcher, whose restart publishes every workload again. Once the
 cache is synced it is frozen out of the garbage collector's passes (``settle_heap``).
 
+API server outages. The informer runs with ``SERVICE_BACKOFF``: it retries for as long as the
+outage lasts and relists after it, never giving up on a retriable error. While its requests
+have been failing for ``PODCOST_WATCHER_UNREADY_AFTER_SECONDS`` the watcher is not ready (logged
+when it begins and ends).
+
+The first pass (:meth:`WatcherService.first_pass`): once synced, every opted-in workload is
+published once; the versions of that pass are what embedded mode's annotator must write before
+it is ready again after a start (the costs are current).
+
 Pods are converted through a ``PodCache`` (once per pod version), which is also where a pod
 with an invalid deletion cost is reported, once per version: counted in
 ``podcost_invalid_annotations`` and logged; it is ranked as a pod without a cost.
@@ -67,7 +76,7 @@ from podcost.runtime.telemetry import (
 )
 from podcost_bus import Bus, BusSettings, Delivery, open_bus, publish_message
 from podcost_contracts.messages import (
-    MessageTooLarge,
+    EncodeError,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
     encode,
@@ -78,7 +87,7 @@ from podcost_core.model import DELETION_COST_ANNOTATION, Pod
 from podcost_core.policy import PolicyError, load_policy_file
 from podcost_kube.client import Kube
 from podcost_kube.debounce import Debouncer, Emission
-from podcost_kube.informer import NAMESPACE, WORKLOAD_RESOURCES, Informer
+from podcost_kube.informer import NAMESPACE, SERVICE_BACKOFF, WORKLOAD_RESOURCES, Informer
 from podcost_kube.leader import LeaderElector, check_timing
 from podcost_kube.podcache import PodCache
 from podcost_kube.store import Change, Store
@@ -124,6 +133,8 @@ class WatcherSettings(BaseSettings):
       stops publishing; less than the lease duration [10]
     - ``PODCOST_WATCHER_RETRY_PERIOD_SECONDS``: how often the leader renews and the others try
       [2]
+    - ``PODCOST_WATCHER_UNREADY_AFTER_SECONDS``: how long the API server may fail every list and
+      watch before the watcher reports not ready (it goes on retrying) [10]
     """
 
     model_config = SettingsConfigDict(
@@ -159,6 +170,7 @@ class WatcherSettings(BaseSettings):
     lease_duration_seconds: float = Field(default=15.0, gt=0)
     renew_deadline_seconds: float = Field(default=10.0, gt=0)
     retry_period_seconds: float = Field(default=2.0, gt=0)
+    unready_after_seconds: float = Field(default=10.0, gt=0)
 
     @model_validator(mode="after")
     def _election_timing(self) -> Self:
@@ -221,6 +233,10 @@ class WatcherService:
             clock=self.clock,
         )
         self._ready = False
+        self._outage = False
+        """The API server has failed the informer's requests for too long (not ready)."""
+        self._pass_pending: set[WorkloadKey] | None = None
+        self._pass: dict[str, int] = {}
         self._change_seen_at: dict[WorkloadKey, float] = {}
         self.pods = PodCache(on_convert=self._check_pod)
         self._published: set[WorkloadKey] = set()
@@ -245,8 +261,20 @@ class WatcherService:
         self.metrics.leading.set(0 if self.elector is not None else 1)
 
     def ready(self) -> bool:
-        """Synced; a standby replica is ready too (it takes over with a warm cache)."""
-        return self._ready
+        """Synced and the API server answering; a standby replica is ready too (it takes over
+        with a warm cache)."""
+        return self._ready and not self._outage
+
+    def first_pass(self) -> dict[str, int] | None:
+        """Per workload key, the version of the snapshot the first pass after the sync
+        published; ``None`` until every opted-in workload of that pass is published (or found
+        to need none). A standby replica's is empty: the leader's costs are not its to wait for.
+        """
+        if not self.leading():
+            return {}
+        if self._pass_pending is None or self._pass_pending:
+            return None
+        return dict(self._pass)
 
     def leading(self) -> bool:
         """Whether this watcher publishes: always without leader election, else while it leads."""
@@ -291,18 +319,21 @@ class WatcherService:
             namespace=self.settings.namespace,
             store=self.store,
             handlers=(self._on_change,),
+            backoff=SERVICE_BACKOFF,
         )
-        await self.bus.ensure_topics(self.topics.all())
+        await self.bus.ensure_topics(self.topics.shared())
         async with informer:
             await informer.wait_synced()
             self._ready = True
             log.info("watcher synced: %d pods, %d nodes", self.store.count("Pod"),
                      self.store.count("Node"))  # fmt: skip
             settle_heap()
+            self._start_first_pass()
             tasks = [
                 asyncio.create_task(self._publish_forever(), name="watcher-publish"),
                 asyncio.create_task(informer.join(), name="watcher-informer"),
                 asyncio.create_task(self._fail_on_lost_delivery(), name="watcher-deliveries"),
+                asyncio.create_task(self._watch_outage(informer), name="watcher-outage"),
             ]
             if self.elector is not None:
                 # Only now: a replica that leads must have the whole cluster in its cache.
@@ -316,6 +347,40 @@ class WatcherService:
                 for task in tasks:
                     task.cancel()  # the elector steps down, then releases its Lease
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _start_first_pass(self) -> None:
+        """Every opted-in workload is due once now (most are already, from the initial list)."""
+        keys = opted_in_workloads(self.store, self.rules)
+        self._pass_pending, self._pass = set(keys), {}
+        if self.leading():
+            for key in keys:
+                self._change_seen_at.setdefault(key, self.clock.now())
+                self.debouncer.touch(key)
+
+    def _passed(self, key: WorkloadKey, version: int | None) -> None:
+        """``key`` was published at ``version`` (``None``: nothing to publish for it)."""
+        pending = self._pass_pending
+        if pending is None or key not in pending:
+            return
+        pending.discard(key)
+        if version is not None:
+            self._pass[key.bus_key(self.cluster)] = version
+        if not pending:
+            log.info("first pass published: %d workloads", len(self._pass))
+
+    async def _watch_outage(self, informer: Informer) -> None:
+        """Flip readiness when the informer's requests have failed for too long, and back."""
+        limit = self.settings.unready_after_seconds
+        while True:
+            failing = informer.failing_for()
+            if failing >= limit and not self._outage:
+                self._outage = True
+                log.error("not ready: the API server has failed every list and watch for %.1fs; "
+                          "retrying until it answers", failing)  # fmt: skip
+            elif failing == 0 and self._outage:
+                self._outage = False
+                log.warning("ready again: the API server answers the informer")
+            await asyncio.sleep(min(1.0, limit / 4))
 
     async def _publish_forever(self) -> None:
         async for emission in self.debouncer:
@@ -339,6 +404,7 @@ class WatcherService:
             if policy.error is not None:
                 log.warning("not ranking %s: %s", key.bus_key(self.cluster), policy.error)
             await self._gone(key, version, changed_at, policy.error)
+            self._passed(key, None)
             return False
         try:
             snapshot = workload_snapshot(
@@ -351,6 +417,7 @@ class WatcherService:
             )
         except ConversionError as error:
             log.warning("cannot snapshot %s: %s", key.bus_key(self.cluster), error)
+            self._passed(key, None)
             return False
         with self.tracer.start_as_current_span(SPAN_SNAPSHOT) as span:
             span.set_attribute(ATTR_WORKLOAD, snapshot.workload.key)
@@ -363,9 +430,10 @@ class WatcherService:
             )
             try:
                 encoded = encode(message, trace=inject())
-            except MessageTooLarge as error:
-                log.error("snapshot of %s is too large to publish: %s", snapshot.workload.key,
+            except EncodeError as error:  # too large, or text that is not Unicode
+                log.error("snapshot of %s cannot be published: %s", snapshot.workload.key,
                           error)  # fmt: skip
+                self._passed(key, None)
                 return False
             if self._delivery_error is not None:
                 raise self._delivery_error  # the bus lost an earlier snapshot: stop publishing
@@ -381,6 +449,7 @@ class WatcherService:
             self._in_flight.popleft()
         if len(self._in_flight) > MAX_IN_FLIGHT:
             await asyncio.wait([self._in_flight[0]])
+        self._passed(key, version)
         return True
 
     def _track(self, acked: asyncio.Future[Delivery]) -> None:

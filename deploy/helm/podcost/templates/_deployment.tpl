@@ -123,7 +123,7 @@ spec:
                   fieldPath: metadata.namespace
             {{- end }}
             - name: PODCOST_CLUSTER
-              value: {{ $v.clusterName | quote }}
+              value: {{ $v.clusterName | default "local" | quote }}
             - name: PODCOST_HTTP_PORT
               value: {{ $v.http.port | int | quote }}
             - name: PODCOST_LOG_LEVEL

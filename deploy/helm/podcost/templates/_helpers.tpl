@@ -162,6 +162,9 @@ Checks across values that the schema cannot express; each fails with one line na
 values. (The services check the same at start; failing here stops a bad release before it rolls.)
 */}}
 {{- define "podcost.validate" -}}
+{{- if and (eq .Values.mode "agent") (not .Values.clusterName) -}}
+{{- fail "clusterName is required in agent mode: each cluster's agent reads the costs topic of its own name" -}}
+{{- end -}}
 {{- $seen := dict -}}
 {{- range .Values.policy.strategies -}}
 {{- if hasKey $seen .name -}}
