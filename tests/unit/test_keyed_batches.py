@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 from tests.support.clock import FakeClock
 from tests.support.pipeline import Reader, eventually, running
+from tests.support.snapshots import CLUSTER
 from tests.support.snapshots import snapshot as deployment
 
 from podcost import aggregator
@@ -176,6 +177,7 @@ BUS = BusSettings()
 TOPICS = BUS.topics
 CAP, AGE = "capacity-type", "age"
 ANNOTATIONS = {"podcost.dev/enabled": "true", "podcost.dev/strategies": f"{CAP}=3, {AGE}"}
+COSTS = TOPICS.costs_for(CLUSTER)  # where the decisions of the snapshots here go
 
 
 class RefusingBus(MemoryBus):
@@ -197,7 +199,7 @@ class RefusingBus(MemoryBus):
     ) -> Awaitable[Delivery]:
         text = key.decode() if isinstance(key, bytes) else key
         refusing = self.times is None or self.refused < self.times
-        if topic == TOPICS.costs and text in self.refuse and refusing:
+        if topic == COSTS and text in self.refuse and refusing:
             self.refused += 1
             if self.times is None:
                 raise BusError("authorisation failed", retriable=False)
@@ -263,7 +265,7 @@ async def test_costs_the_bus_refuses_for_good_dead_letter_their_record_and_the_b
         for name in names:  # all there before the aggregator reads: one batch
             await publish_answered(bus, workload(name), START)
         async with (
-            Reader(bus, TOPICS.costs, DesiredCostsMessage) as costs,
+            Reader(bus, COSTS, DesiredCostsMessage) as costs,
             Reader(bus, TOPICS.deadletter, DeadLetter) as dead,
             running(service),
         ):
@@ -298,7 +300,7 @@ async def test_costs_the_bus_refuses_for_a_while_are_published_again_until_ackno
     service = combiner(bus, provider)
     async with bus:
         await publish_answered(bus, snapshot, START)
-        async with Reader(bus, TOPICS.costs, DesiredCostsMessage) as costs, running(service):
+        async with Reader(bus, COSTS, DesiredCostsMessage) as costs, running(service):
             # The retries sleep on the fake clock: move it along until the costs are through.
             clock = service.processor.clock
             assert isinstance(clock, FakeClock)
