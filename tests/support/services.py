@@ -11,8 +11,8 @@ Local stand-ins for what a pod has and a process does not, and nothing else:
 - the downward API: ``POD_NAME`` is the spec's name made a DNS label, ``POD_NAMESPACE`` the
   Deployment's namespace;
 - ConfigMap volumes (the policy file) are written under the process's own directory next to its
-  log, an ``emptyDir`` at ``/tmp`` becomes a private ``TMPDIR``, and every env value that names a
-  path under a mount is pointed at the local copy;
+  log, and every env value that names a path under one is pointed at the local copy; an
+  ``emptyDir`` at ``/tmp`` becomes a private ``TMPDIR``;
 - each process serves its HTTP endpoints on a free port of 127.0.0.1 (``PODCOST_HTTP_HOST`` /
   ``PODCOST_HTTP_PORT``) instead of the container's 8080.
 
@@ -175,7 +175,7 @@ def free_port() -> int:
             return port
 
 
-def metric_key(name: str, **labels: str) -> str:
+def metric_key(name: str, /, **labels: str) -> str:
     """The key :meth:`ServiceProcess.metrics` uses: ``name{a="x",b="y"}``, labels sorted."""
     if not labels:
         return name
@@ -196,18 +196,27 @@ _KEY = re.compile(r"^(?P<name>[^{]+)(?:\{(?P<labels>.*)\})?$")
 _LABEL = re.compile(r'(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)="(?P<value>(?:[^"\\]|\\.)*)"')
 
 
-def sample(metrics: Mapping[str, float], name: str, **labels: str) -> float:
-    """The sum of the samples called ``name`` whose labels include ``labels`` (0 if none):
-    ``sample(m, "podcost_patches_total")`` is every patch, ``result="ok"`` the successful ones."""
-    total = 0.0
+def series(metrics: Mapping[str, float], name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample called ``name``: (its labels, its value)."""
+    found = []
     for key, value in metrics.items():
         match = _KEY.match(key)
-        if match is None or match.group("name") != name:
-            continue
-        have = {m.group("key"): m.group("value") for m in _LABEL.finditer(match["labels"] or "")}
-        if all(have.get(k) == v for k, v in labels.items()):
-            total += value
-    return total
+        if match is not None and match.group("name") == name:
+            labels = {m["key"]: m["value"] for m in _LABEL.finditer(match["labels"] or "")}
+            found.append((labels, value))
+    return found
+
+
+def sample(metrics: Mapping[str, float], name: str, /, **labels: str) -> float:
+    """The sum of the samples called ``name`` whose labels include ``labels`` (0 if none):
+    ``sample(m, "podcost_patches_total")`` is every patch, ``result="ok"`` the successful ones."""
+    return float(
+        sum(
+            value
+            for have, value in series(metrics, name)
+            if all(have.get(k) == v for k, v in labels.items())
+        )
+    )
 
 
 class ServiceProcess:
@@ -230,15 +239,13 @@ class ServiceProcess:
         """What the process is started with: the test's environment minus what a container
         would not have, the spec's env, the extra env, local paths and the HTTP address."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
-        env.update(self.spec.env)
+        # Paths into the ConfigMap mounts; /tmp is TMPDIR instead, since the test's own local
+        # paths (a kubeconfig) live under /tmp too.
+        mounts = {str(Path(path).parent) for path in self.spec.files}
+        for key, value in self.spec.env.items():
+            under = any(value == m or value.startswith(f"{m}/") for m in mounts)
+            env[key] = str(self.root) + value if under else value
         env.update(self._extra)
-        mounts = sorted({*self.spec.scratch, *(str(Path(p).parent) for p in self.spec.files)},
-                        key=len, reverse=True)  # fmt: skip
-        for key, value in env.items():
-            for mount in mounts:
-                if value == mount or value.startswith(f"{mount}/"):
-                    env[key] = str(self.root) + value
-                    break
         if _TMP in self.spec.scratch:
             env["TMPDIR"] = str(self.root) + _TMP
         env["PODCOST_HTTP_HOST"] = "127.0.0.1"
@@ -331,7 +338,7 @@ class ServiceProcess:
             raise AssertionError(f"{self.spec.name}: GET /metrics answered {status}")
         return parse_metrics(body)
 
-    async def sample(self, name: str, **labels: str) -> float:
+    async def sample(self, name: str, /, **labels: str) -> float:
         """One number of ``/metrics`` (see :func:`sample`)."""
         return sample(await self.metrics(), name, **labels)
 
