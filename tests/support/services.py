@@ -232,6 +232,10 @@ class ServiceProcess:
         """Where the process's ConfigMap files and scratch directories live."""
         self._extra = dict(env)
         self._process: asyncio.subprocess.Process | None = None
+        self.started_at = 0.0
+        """``time.monotonic()`` when the process was last started."""
+        self.ready_after: float | None = None
+        """Seconds from the last start until ``/readyz`` first answered 200 (imports included)."""
 
     # -- life ----------------------------------------------------------------------------------
 
@@ -265,6 +269,7 @@ class ServiceProcess:
                 stdout=log, stderr=asyncio.subprocess.STDOUT,
             )  # fmt: skip
         self.pid = self._process.pid
+        self.started_at, self.ready_after = time.monotonic(), None
 
     def _materialize(self) -> None:
         """The container's ConfigMap files and scratch directories, under ``root``."""
@@ -297,6 +302,8 @@ class ServiceProcess:
                 )
             status, _ = await self._get("/readyz")
             if status == 200:
+                if self.ready_after is None:
+                    self.ready_after = time.monotonic() - self.started_at
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(
