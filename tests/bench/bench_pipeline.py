@@ -33,6 +33,26 @@ b. Latency. Opted-in Deployments are created and scaled up on kwok nodes; a sepa
 c. During b, the PATCH requests the annotator sent, against the minimum the labelling asked for:
    per pod, each change of its decided cost across the decisions on the costs topic (from what
    the pod carried when first decided).
+
+A third mode, "Kafka, one process per service" (``--modes ...,kafka-procs``), runs every
+service in an OS process of its own, as the chart runs them. In a (``throughput_processes``):
+the rankers and the aggregator are ``podcost ranker --strategy S`` / ``podcost aggregator``
+started with the arguments and environment ``helm template`` renders for the core
+(``procs.chart_core_specs``, through the harness ``tests.support.services``); the watcher and
+the annotator each run in a bench agent process (``bench_agent``) that bootstraps the real
+service from the environment as the commands do. The churn process writes into a FIFO the
+watcher process reads, line by line through the same informer path. The annotator's pod reads
+are answered by a stand-in (``bench_agent.StandInPods``: a pod of the requested uid, with no
+cost, so every decision goes through the whole plan path): the synthetic pods exist only in the
+watcher's cache, in another process now, and no real API server here serves 5,000 synthetic pod
+events/s; the stand-in replaces the API server for pod reads only, and the output says so. The
+lags are computed as above from each process's counters, read over its ``/metrics``; the
+watcher process reports the events it has taken in, against the offer the bench set. Instead of
+this process's CPU, each process's share of a core and its memory are printed (``/proc``). The
+table gives, for both Kafka modes, the sustained rate against embedded mode's (goal >= 0.8).
+In b and c (``latency_processes``) the watcher and the annotator are the real ``podcost
+watcher`` / ``podcost annotator`` commands as the chart's agent mode starts them, against the
+real control plane; the PATCH requests are then the annotator's own count.
 """
 
 from __future__ import annotations
@@ -65,7 +85,7 @@ from kubernetes_asyncio import config
 from tests.bench import procs
 from tests.support.costs import CountingPods
 from tests.support.kube import KubeTestCluster
-from tests.support.services import ServiceProcess, processes
+from tests.support.services import ServiceProcess, chart_specs, processes
 
 from podcost import aggregator, ranker
 from podcost.aggregator import AggregatorSettings
@@ -1261,6 +1281,102 @@ async def latency(
                    len(decisions), wrong)  # fmt: skip
 
 
+async def latency_processes(
+    mode: Mode, api: Any, helpers: KubeTestCluster, node_label: Mapping[str, str],
+    kubeconfig: str, args: argparse.Namespace,
+) -> Latency:  # fmt: skip
+    """b and c with every service in its own OS process: the core as in
+    ``throughput_processes``, and the real ``podcost watcher`` and ``podcost annotator``
+    commands as the chart's agent mode starts them (``chart_specs``; no leader election), against
+    the real control plane; the annotator writes with its default budget. The PATCH requests are
+    the annotator's own count (``podcost_patches_total``: written, and refused swaps retried)."""
+    assert mode.kafka is not None, "over Kafka"
+    namespace = await helpers.create_namespace(f"bench-pipeline-b-{uuid.uuid4().hex[:5]}")
+    run = uuid.uuid4().hex[:8]
+    helm = build.ensure_helm()
+    core = procs.chart_core_specs(helm, mode.kafka, run)
+    topics_env = {k: v for k, v in core[0].env.items() if k.startswith("PODCOST_TOPIC_")}
+    agent = chart_specs(helm, {
+        "mode": "agent", "clusterName": CLUSTER, "leaderElection": {"enabled": False},
+        "watch": {"namespace": namespace}, "log": {"format": "text", "level": "WARNING"},
+        "kafka": {"bootstrapServers": mode.kafka, "topics": {
+            kind: topics_env[f"PODCOST_TOPIC_{kind.upper()}"]
+            for kind in ("workloads", "ranks", "costs", "deadletter")}},
+    })  # fmt: skip
+    bus_settings = BusSettings(
+        bootstrap_servers=mode.kafka,
+        **{f"topic_{k.removeprefix('PODCOST_TOPIC_').lower()}": v for k, v in topics_env.items()},
+    )
+    kube = Kube(api)
+    clock = PodClock()
+    decisions: list[DesiredCostsMessage] = []
+    deployments = [f"web-{i}" for i in range(args.deployments)]
+    replicas = dict.fromkeys(deployments, 2)
+    try:
+        with tempfile.TemporaryDirectory(prefix="podcost-bench-procs-") as tmp:
+            env = {"KUBECONFIG": kubeconfig, "PODCOST_ANNOTATOR_GROUP": f"bench-{run}"}
+            async with (
+                processes([*core, *agent], env=env, log_dir=Path(tmp), ready_timeout=180)
+                as running,
+                open_bus(bus_settings) as bus,
+            ):  # fmt: skip
+                annotator = running["annotator"]
+                reader = bus.consumer(
+                    [bus_settings.topics.costs_for(CLUSTER)], group=f"bench-reader-{run}"
+                )
+                watch = Informer(kube, (POD,), namespace=namespace, handlers=(clock,))
+                async with reader, watch:
+                    await watch.wait_synced()
+
+                    async def read() -> None:
+                        while True:
+                            for record in await reader.poll(max_wait=0.5):
+                                decisions.append(
+                                    decode(DesiredCostsMessage, record.value, record.headers)
+                                )
+
+                    async def idle() -> bool:
+                        return await annotator.sample("podcost_queue_depth") == 0
+
+                    reading = asyncio.create_task(read(), name="decisions")
+                    try:
+                        for name in deployments:
+                            await helpers.create_deployment(
+                                namespace, name, replicas[name], opt_in=True,
+                                node_selector=node_label,
+                            )  # fmt: skip
+                        for round_ in range(args.rounds):
+                            await asyncio.sleep(args.round_seconds)
+                            name = deployments[round_ % len(deployments)]
+                            replicas[name] += args.scale_by
+                            await helpers.scale(namespace, name, replicas[name])
+                        total = sum(replicas.values())
+                        await until(lambda: len(clock.annotated_at) >= total,
+                                    f"{total} pods Ready and annotated", 180)  # fmt: skip
+                        if not await holds_within_async(idle, 60):
+                            raise RuntimeError("timed out waiting for the annotator to be idle")
+                        await asyncio.sleep(2.0)
+                        patches = int(
+                            await annotator.sample("podcost_patches_total", result="ok")
+                            + await annotator.sample("podcost_patches_total", result="conflict")
+                        )
+                    finally:
+                        reading.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await reading
+    finally:
+        await helpers.delete_namespace(namespace)
+    minimum, last = minimum_writes(decisions)
+    wrong = sum(1 for pod, cost in last.items() if clock.costs.get(pod) != cost)
+    latencies = [clock.annotated_at[pod] - clock.ready_at[pod] for pod in clock.annotated_at]
+    print(f"\n[{mode.name}] b/c. {len(latencies)} pods of {len(deployments)} opted-in "
+          f"Deployments made Ready by kwok ({args.rounds} scale-ups of {args.scale_by}, every "
+          f"{args.round_seconds:g}s); {len(decisions)} decisions, {patches} PATCHes (the "
+          f"annotator's count), minimum {minimum}")  # fmt: skip
+    return Latency(mode, len(latencies), latencies, clock.before_ready, patches, minimum,
+                   len(decisions), wrong)  # fmt: skip
+
+
 def minimum_writes(decisions: Sequence[DesiredCostsMessage]) -> tuple[int, dict[str, int]]:
     """Writes the labelling asked for: per pod, each change of its decided cost, starting from
     what it carried when first decided; and each pod's last decided cost."""
@@ -1393,11 +1509,14 @@ async def bench(kubeconfig: str, brokers: str | None, args: argparse.Namespace) 
                 modes.append(Mode("kafka-procs", brokers, processes=True))
             results: list[tuple[Mode, Throughput, Latency]] = []
             for mode in modes:
-                got_latency = (
-                    await latency(mode, api, helpers, label, args)
-                    if "b" in args.parts and not mode.processes
-                    else Latency(mode, 0, [], 0, 0, 0, 0, 0)
-                )
+                if "b" not in args.parts:
+                    got_latency = Latency(mode, 0, [], 0, 0, 0, 0, 0)
+                elif mode.processes:
+                    got_latency = await latency_processes(
+                        mode, api, helpers, label, kubeconfig, args
+                    )
+                else:
+                    got_latency = await latency(mode, api, helpers, label, args)
                 if "a" not in args.parts:
                     got_throughput = Throughput(mode, "", 0, [])
                 elif mode.processes:
@@ -1419,11 +1538,12 @@ async def bench(kubeconfig: str, brokers: str | None, args: argparse.Namespace) 
                     "Kafka, one process per service: the rankers and the aggregator are `podcost "
                     "ranker`/`podcost aggregator` processes started as the chart's core mode "
                     "starts them; the watcher and the annotator each run in a process of their "
-                    "own (tests/bench/bench_agent.py bootstraps the real services); a only. The "
-                    "annotator's pod reads are answered by a STAND-IN (a pod of the requested "
-                    "uid, no cost) instead of the API server: no real API server here serves "
-                    "5,000 synthetic pod events/s, and the synthetic pods exist only in the "
-                    "watcher's cache, in another process. Lags from each process's /metrics."
+                    "own (tests/bench/bench_agent.py bootstraps the real services) in a, the real "
+                    "`podcost watcher`/`podcost annotator` commands (chart agent mode) in b. In a, "
+                    "the annotator's pod reads are answered by a STAND-IN (a pod of the "
+                    "requested uid, no cost) instead of the API server: no real API server here "
+                    "serves 5,000 synthetic pod events/s, and the synthetic pods exist only in "
+                    "the watcher's cache, in another process. Lags from each process's /metrics."
                 )
             table(results)
         finally:
