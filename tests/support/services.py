@@ -235,14 +235,15 @@ class ServiceProcess:
         would not have, the spec's env, the extra env, local paths and the HTTP address."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(_NOT_INHERITED)}
         env.update(self.spec.env)
-        env.update(self._extra)
         mounts = sorted({*self.spec.scratch, *(str(Path(p).parent) for p in self.spec.files)},
                         key=len, reverse=True)  # fmt: skip
-        for key, value in env.items():
+        for key in self.spec.env:  # container paths only: the extra env names this host's
+            value = env[key]
             for mount in mounts:
                 if value == mount or value.startswith(f"{mount}/"):
                     env[key] = str(self.root) + value
                     break
+        env.update(self._extra)
         if _TMP in self.spec.scratch:
             env["TMPDIR"] = str(self.root) + _TMP
         env["PODCOST_HTTP_HOST"] = "127.0.0.1"
