@@ -74,7 +74,7 @@ from tests.bench.bench_pipeline import (
     read_templates,
 )
 from tests.support.kube import KubeTestCluster
-from tests.support.services import ServiceProcess, processes, sample
+from tests.support.services import ServiceProcess, metric_key, processes
 
 from podcost_bus import BusSettings
 from podcost_contracts.topics import Topics
@@ -129,7 +129,10 @@ class Fleet:
         for host in self.hosts:
             for name in host.clusters:
                 per[name] = {
-                    what: sample(agents[host.name], f"podcost_bench_{what}", cluster=name)
+                    # An exact key: sample() would scan every key of the process's /metrics.
+                    what: agents[host.name].get(
+                        metric_key(f"podcost_bench_{what}", cluster=name), 0.0
+                    )
                     for what in ("events_fed", "debouncer_pending", "snapshots",
                                  "annotator_read_bytes", "annotator_consumed",
                                  "annotator_dry_runs", "annotator_queue")

@@ -1526,16 +1526,17 @@ async def bench(kubeconfig: str, brokers: str | None, args: argparse.Namespace) 
                 else:
                     got_throughput = await throughput(mode, api, helpers, templates, args)
                 results.append((mode, got_throughput, got_latency))
-            print(
-                "\nMethod: every service in this one process (one core of the 2); a: synthetic "
-                "watch events into the watcher's informer path, annotator in dry-run reading "
-                "the watcher's cache (the synthetic pods exist only there); b/c: the real "
-                "control plane, kwok making pods Ready, the annotator writing with its default "
-                "budget (20 requests/s, burst 40)."
-            )
+            if not all(mode.processes for mode in modes):
+                print(
+                    "\nMethod: every service in this one process (one core of the 2); a: synthetic "
+                    "watch events into the watcher's informer path, annotator in dry-run reading "
+                    "the watcher's cache (the synthetic pods exist only there); b/c: the real "
+                    "control plane, kwok making pods Ready, the annotator writing with its default "
+                    "budget (20 requests/s, burst 40)."
+                )
             if any(mode.processes for mode in modes):
                 print(
-                    "Kafka, one process per service: the rankers and the aggregator are `podcost "
+                    "\nKafka, one process per service: the rankers and the aggregator are `podcost "
                     "ranker`/`podcost aggregator` processes started as the chart's core mode "
                     "starts them; the watcher and the annotator each run in a process of their "
                     "own (tests/bench/bench_agent.py bootstraps the real services) in a, the real "
