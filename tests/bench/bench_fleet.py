@@ -3,7 +3,7 @@ core (a ranker per strategy and the aggregator), over the real Kafka broker; for
 50 by default. How the cost grows with N, and which process saturates first.
 
 A script, not a test (``python -m tests.bench.bench_fleet [--clusters 1,5,20,50]
-[--rates 500,1000,2000,4000] [--step-seconds 5]``); it prints numbers and asserts nothing. It
+[--rates 250,500,1000,2000,4000] [--step-seconds 5]``); it prints numbers and asserts nothing. It
 starts its own control plane and Kafka broker (``podcost_localinfra``) unless
 ``PODCOST_USE_KUBECONFIG=1`` with ``KUBECONFIG``, and ``PODCOST_KAFKA``, point at running ones.
 
@@ -560,7 +560,7 @@ def main() -> None:
     parser.add_argument("--clusters", type=lambda v: [int(n) for n in v.split(",")],
                         default=[1, 5, 20, 50], help="fleet sizes N, one run each")  # fmt: skip
     parser.add_argument("--rates", type=lambda v: [float(r) for r in v.split(",")],
-                        default=[500, 1000, 2000, 4000],
+                        default=[250, 500, 1000, 2000, 4000],
                         help="offered pod events/s for the whole fleet, one step each; "
                              "stops at the first not sustained")  # fmt: skip
     parser.add_argument("--step-seconds", type=float, default=5.0)
