@@ -68,6 +68,9 @@ class ServiceSpec:
     """Files the container has from ConfigMap volumes: container path → content."""
     scratch: tuple[str, ...] = ()
     """Container directories that are ``emptyDir`` volumes (``/tmp``)."""
+    module: str = "podcost"
+    """What ``python -m`` runs: the podcost CLI, or another entry point that bootstraps the
+    real services (the benchmarks' agent processes, ``tests.bench.bench_agent``)."""
 
 
 # --- the chart -----------------------------------------------------------------------------------
@@ -220,7 +223,8 @@ def sample(metrics: Mapping[str, float], name: str, /, **labels: str) -> float:
 
 
 class ServiceProcess:
-    """One real OS process, ``python -m podcost <args>``, with its own HTTP port and log."""
+    """One real OS process, ``python -m podcost <args>`` (or the spec's ``module``), with its
+    own HTTP port and log."""
 
     def __init__(self, spec: ServiceSpec, *, env: Mapping[str, str], log_dir: Path) -> None:
         self.spec = spec
@@ -264,7 +268,7 @@ class ServiceProcess:
         self.port = free_port()
         with self.log_path.open("ab") as log:
             self._process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "podcost", *self.spec.args,
+                sys.executable, "-m", self.spec.module, *self.spec.args,
                 env=self.environment(), stdin=asyncio.subprocess.DEVNULL,
                 stdout=log, stderr=asyncio.subprocess.STDOUT,
             )  # fmt: skip
