@@ -55,6 +55,7 @@ bench: setup  ## benchmarks that print numbers (not tests)
 	$(RUN) python tests/bench/bench_rank_aggregate.py
 	$(RUN) python -m tests.bench.bench_annotator
 	$(RUN) python -m tests.bench.bench_pipeline
+	$(RUN) python -m tests.bench.bench_fleet
 	$(RUN) python -m tests.bench.bench_aggregator
 
 demo: tools  ## the demo on an embedded default cluster

@@ -3,8 +3,9 @@
 Both are built and started by the project's own code (``podcost_localinfra``) on free loopback
 ports, once per test session, and stopped at its end. ``PODCOST_KAFKA`` / ``KUBECONFIG`` with
 ``PODCOST_USE_KUBECONFIG=1`` point the tests at servers already running (``make kafka-up`` /
-``make cluster-up``) instead. Under ``CI=true`` a server that cannot be built or started fails
-the run; elsewhere the tests that need it are skipped with the reason.
+``make cluster-up``) instead. The fleet tests ask for a second control plane
+(``second_control_plane``), started the same way. Under ``CI=true`` a server that cannot be
+built or started fails the run; elsewhere the tests that need it are skipped with the reason.
 
 Selection: ``@pytest.mark.long`` tests run only when ``-m`` names ``long`` (``make test-long``),
 and a ``-m long`` run that selects no test fails (``tests/support/selection.py``).
@@ -92,6 +93,30 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 async def kube(control_plane: ControlPlane) -> AsyncIterator[KubeTestCluster]:
     """Helpers over the real API server (nodes, Deployments, scaling, victims)."""
     api = await config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    async with api:
+        yield KubeTestCluster(api)
+
+
+@pytest.fixture(scope="session")
+def second_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """Another real control plane, for the fleet tests (two clusters, one core): started the
+    same way as ``control_plane``, only by the tests that ask for it. ``PODCOST_KUBECONFIG_2``
+    with ``PODCOST_USE_KUBECONFIG=1`` points at one already running."""
+    if os.environ.get("PODCOST_USE_KUBECONFIG") == "1" and os.environ.get("PODCOST_KUBECONFIG_2"):
+        yield ControlPlane(Path(os.environ["PODCOST_KUBECONFIG_2"]))
+        return
+    try:
+        started = cluster.start(tmp_path_factory.mktemp("cluster-2"))
+    except (build.BuildError, process.StartError, OSError) as error:
+        _unavailable("the second Kubernetes control plane", error)
+    yield ControlPlane(started.kubeconfig, started.run_dir)
+    started.stop()
+
+
+@pytest.fixture(scope="session")
+async def second_kube(second_control_plane: ControlPlane) -> AsyncIterator[KubeTestCluster]:
+    """``kube`` for the second control plane."""
+    api = await config.new_client_from_config(config_file=str(second_control_plane.kubeconfig))
     async with api:
         yield KubeTestCluster(api)
 

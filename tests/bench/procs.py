@@ -1,0 +1,133 @@
+"""What the benchmarks need to run podcost's services as real OS processes and watch them from
+outside: the core (rankers and aggregator) as the Helm chart's core mode starts it, the bench's
+agent processes next to it, the processes' counters over their ``/metrics`` endpoints, and each
+process's CPU time and memory from ``/proc``.
+
+Used by ``bench_pipeline`` (its mode "Kafka, one process per service") and ``bench_fleet``.
+The processes are started with the shared harness ``tests.support.services``; the bench's own
+agent processes (``tests.bench.bench_agent``, which feed synthetic watch streams into the real
+watcher and annotator) are specs whose ``module`` is not ``podcost``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.services import ServiceSpec, chart_specs, sample
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+# --- the core, as the chart starts it ----------------------------------------------------------
+
+
+def chart_core_specs(helm: Path, brokers: str, run: str) -> list[ServiceSpec]:
+    """One spec per Deployment of the chart in core mode (one ranker per strategy of the
+    default policy, and the aggregator; ``chart_specs``: the arguments and environment ``helm
+    template`` renders), over topics of their own (``bench-<run>.*``). One variable is added:
+    a faust app id of this run's own (the chart's default would share a consumer group and
+    changelog topics with earlier runs on the same broker)."""
+    values = {
+        "mode": "core",
+        "kafka": {
+            "bootstrapServers": brokers,
+            "topics": {kind: f"bench-{run}.{kind}"
+                       for kind in ("workloads", "ranks", "costs", "deadletter")},
+        },
+        "log": {"format": "text", "level": "WARNING"},
+    }  # fmt: skip
+    specs = []
+    for spec in chart_specs(helm, values):
+        if spec.args[0] == "aggregator":
+            env = {**spec.env, "PODCOST_AGGREGATOR_APP_ID": f"bench-{run}-aggregator"}
+            spec = ServiceSpec(spec.name, spec.args, env, spec.files, spec.scratch)
+        specs.append(spec)
+    return specs
+
+
+def agent_spec(
+    name: str, args: Sequence[str], env: Mapping[str, str], core: ServiceSpec
+) -> ServiceSpec:
+    """A bench agent process (``python -m tests.bench.bench_agent <args>``) with the bus
+    settings the core was given (so it reads and writes the same topics) and ``env``."""
+    bus = {k: v for k, v in core.env.items() if k.startswith(("PODCOST_KAFKA", "PODCOST_TOPIC_"))}
+    bus["PODCOST_KAFKA_CLIENT_ID"] = f"bench-{name}"
+    return ServiceSpec(
+        name, tuple(args),
+        {**bus, "PODCOST_LOG_FORMAT": "text", "PODCOST_LOG_LEVEL": "WARNING", **env},
+        module="tests.bench.bench_agent",
+    )  # fmt: skip
+
+
+# --- counters over /metrics ---------------------------------------------------------------------
+
+
+def consumed(metrics: Mapping[str, float], topic: str) -> float:
+    """Records of ``topic`` a process consumed, whatever became of them."""
+    return sample(metrics, "podcost_messages_consumed_total", topic=topic)
+
+
+def produced(metrics: Mapping[str, float], topic: str) -> float:
+    return sample(metrics, "podcost_messages_produced_total", topic=topic)
+
+
+# --- CPU and memory from /proc ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One process at one instant, from ``/proc/<pid>/stat``."""
+
+    cpu_seconds: float
+    """User and system time so far."""
+    rss_bytes: int
+
+
+def usage(pid: int) -> Usage | None:
+    """``None`` once the process is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces
+    # Fields 14, 15 (utime, stime) and 24 (rss), counted from 1 with pid and comm first.
+    return Usage((int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[21]) * PAGE_BYTES)
+
+
+@dataclass
+class CpuWatch:
+    """CPU time of named processes over an interval: ``start()``, then ``stop()``."""
+
+    pids: Mapping[str, int]
+    _before: dict[str, Usage] | None = None
+
+    def start(self) -> None:
+        self._before = {name: u for name, pid in self.pids.items() if (u := usage(pid))}
+
+    def stop(self, seconds: float) -> dict[str, tuple[float, int]]:
+        """Per process: the fraction of one core it used over ``seconds``, and its RSS now."""
+        assert self._before is not None, "started"
+        out = {}
+        for name, pid in self.pids.items():
+            now, before = usage(pid), self._before.get(name)
+            if now is not None and before is not None:
+                out[name] = ((now.cpu_seconds - before.cpu_seconds) / seconds, now.rss_bytes)
+        return out
+
+
+def describe_usage(used: Mapping[str, tuple[float, int]], *, indent: str = "    ") -> str:
+    """``name cpu% rss`` per process, busiest first, wrapped."""
+    parts = [f"{name} {cpu:.0%} {rss / 2**20:.0f}MiB"
+             for name, (cpu, rss) in sorted(used.items(), key=lambda kv: -kv[1][0])]  # fmt: skip
+    lines, line = [], ""
+    for part in parts:
+        if line and len(line) + len(part) > 92:
+            lines.append(line)
+            line = ""
+        line = f"{line}, {part}" if line else part
+    lines.append(line)
+    return "\n".join(indent + text for text in lines)
