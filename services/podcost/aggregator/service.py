@@ -133,7 +133,7 @@ def bootstrap(
         if settings.policy_file is not None
         else DEFAULT_POLICY
     )
-    bus = bus if bus is not None else open_bus(bus_settings)
+    bus = bus if bus is not None else open_bus(_own_bus_settings(bus_settings))
     clock = clock if clock is not None else WallClock()
     topics = bus_settings.topics
     metrics = Metrics("aggregator")
@@ -174,3 +174,14 @@ def bootstrap(
     return AggregatorService(
         processor=processor, transport=transport, bus=bus, topics=topics, metrics=metrics
     )
+
+
+def _own_bus_settings(bus_settings: BusSettings) -> BusSettings:
+    """The settings of the aggregator's own producer: without batch compression unless
+    ``PODCOST_KAFKA_COMPRESSION`` says otherwise. Its records are the costs, gzipped one by one
+    above 8 KB of JSON (every workload of a dozen pods or more): gzipping the batches again
+    (aiokafka does it at level 9) cost about a twelfth of the aggregator's CPU for a few percent
+    of the bytes (``tests/bench/bench_aggregator.py``)."""
+    if "compression" in bus_settings.model_fields_set:
+        return bus_settings
+    return bus_settings.model_copy(update={"compression": "none"})
