@@ -16,7 +16,8 @@ Environment variables (defaults in brackets):
   client certificate and key (PEM) for mutual TLS, and the key's password [none]
 - ``PODCOST_KAFKA_SASL_MECHANISM``: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 [none]
 - ``PODCOST_KAFKA_SASL_USERNAME``, ``PODCOST_KAFKA_SASL_PASSWORD``: SASL credentials [none]
-- ``PODCOST_KAFKA_COMPRESSION``: producer batch compression, gzip or none [gzip]
+- ``PODCOST_KAFKA_COMPRESSION``: producer batch compression, gzip or none [gzip; the aggregator's
+  producer: none unless set, its records are gzipped one by one]
 - ``PODCOST_KAFKA_LINGER_MS``: how long the producer waits to fill a batch [1]; records queued
   while a request is in flight are batched anyway, and every awaited acknowledgement pays it
 - ``PODCOST_KAFKA_MAX_BATCH_BYTES``: producer batch size per partition [262144]

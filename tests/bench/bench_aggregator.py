@@ -10,11 +10,14 @@ on several nodes over three zones, spot and on-demand, some tainted) and, for ea
 every ranked strategy of the default policy, computed with the real strategies from the registry
 and encoded as a ranker encodes them. The aggregator then starts as ``podcost aggregator`` starts
 it (``setup_tracing``, ``podcost.aggregator.bootstrap`` with its own bus, ``serve``), in this
-process, and reads the backlog. Measured: from its first decision to the moment the ``N``-th
-``DesiredCostsMessage`` is on the costs topic (the costs topic's end offsets, polled); the first
-decision's time is its record's timestamp, read back afterwards, so the measurement reads nothing
-while the aggregator works. Then it reads every decision back and says how many workloads were
-decided, how many completely.
+process, and reads the backlog; its deadline is set far beyond the run, so every decision waits
+for every answer. Measured: from its first decision to the moment the ``N``-th
+``DesiredCostsMessage`` is on the costs topic of the snapshots' cluster (its end offsets,
+polled); the first decision's time is its record's timestamp, read back afterwards, so the
+measurement reads nothing while the aggregator works. Also printed: this process's CPU time
+meanwhile (decisions per CPU-second are less disturbed by other work on the machine) and, for
+the faust engine, how many changelog records the tables wrote. Then it reads every decision back
+and says how many workloads were decided, how many completely.
 
 ``--profile FILE`` writes cProfile stats of the run (the aggregator's process is this one).
 """
