@@ -49,19 +49,34 @@ def _unavailable(what: str, error: BaseException) -> None:
     pytest.skip(message)
 
 
+@dataclass(frozen=True)
+class Broker:
+    """A running Kafka broker: its bootstrap address, and its run directory when it is one of
+    ``podcost_localinfra``'s (which a test may stop and start again)."""
+
+    bootstrap: str
+    run_dir: Path | None = None
+
+
 @pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The bootstrap address of a real Kafka broker."""
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """A real Kafka broker."""
     external = os.environ.get("PODCOST_KAFKA")
     if external:
-        yield external
+        yield Broker(external)
         return
     try:
         broker = kafka.start(tmp_path_factory.mktemp("kafka"))
     except (build.BuildError, process.StartError, OSError) as error:
         _unavailable("the Kafka broker", error)
-    yield broker.bootstrap
+    yield Broker(broker.bootstrap, broker.run_dir)
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(kafka_broker: Broker) -> str:
+    """The bootstrap address of a real Kafka broker."""
+    return kafka_broker.bootstrap
 
 
 @dataclass(frozen=True)

@@ -469,7 +469,9 @@ def test_the_chart_renders_rbac_and_policy_only_where_asked() -> None:
     assert _kinds({"admissionPolicy.enabled": "false"}) == everything[:4]
     assert _kinds({"rbac.create": "false"}) == everything[4:]
     kafka = {"kafka.bootstrapServers": "kafka:9092"}
-    assert _kinds({"mode": "agent", **kafka}) == everything  # the watcher and the annotator
+    assert (
+        _kinds({"mode": "agent", "clusterName": "eu-1", **kafka}) == everything
+    )  # the watcher and the annotator
     assert _kinds({"mode": "core", **kafka}) == []  # rankers and the aggregator never call it
     rendered = render("podcost", "ops", {"serviceAccount.name": "robot"})
     assert one(rendered, "ClusterRoleBinding")["subjects"] == [

@@ -197,8 +197,8 @@ def start(run_dir: Path, timeout: float = 120.0) -> Cluster:
          f"--service-account-key-file={pki / 'sa.pub'}",
          f"--service-account-signing-key-file={pki / 'sa.key'}",
          f"--service-cluster-ip-range={SERVICE_CIDR}", "--endpoint-reconciler-type=none",
-         "--allow-privileged=true", "--enable-priority-and-fairness=false",
-         "--max-requests-inflight=0", "--max-mutating-requests-inflight=0",
+         "--allow-privileged=true", "--enable-priority-and-fairness=true",
+         "--max-requests-inflight=400", "--max-mutating-requests-inflight=200",
          "--profiling=false", "--v=1"],
     )  # fmt: skip
     ca_file = pki / "ca.crt"

@@ -2,7 +2,9 @@
 
 Called by the CLI (``make kafka-up`` / ``make kafka-down``) and by the test fixtures. Ports are
 free ports picked at start, so two runs never collide; the run directory holds the config, the
-data, the log and the pid.
+data, the log and the pid. ``stop_broker`` / ``start_broker`` take a running broker away by its
+pid and bring it back (same ports, node id, data and log dirs; KRaft recovers from its own
+storage): a real broker outage for the tests.
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import build, process
+
+BROKER = "kafka"
+#: The line the broker logs once it serves; a restart appends to the same log.
+STARTED = "Kafka Server started"
 
 SERVER_PROPERTIES = """\
 process.roles=broker,controller
@@ -64,6 +70,37 @@ class KafkaBroker:
     def stop(self) -> None:
         process.stop_all(self.run_dir)
 
+    def stop_broker(self) -> int:
+        """See :func:`stop_broker`."""
+        return stop_broker(self.run_dir)
+
+    def start_broker(self, timeout: float = 90.0) -> float:
+        """See :func:`start_broker`."""
+        return start_broker(self.run_dir, timeout)
+
+
+def stop_broker(run_dir: Path) -> int:
+    """Stop the broker of ``run_dir`` by its pid (SIGTERM: a controlled shutdown, SIGKILL after
+    15 s); returns the pid. Every client request fails (connection refused) until
+    :func:`start_broker`."""
+    return process.stop(run_dir, BROKER)
+
+
+def start_broker(run_dir: Path, timeout: float = 90.0) -> float:
+    """Start the broker of ``run_dir`` again with the command line it was started with (same
+    ports, node id and log dirs, so the same topics, offsets and groups); wait until it serves
+    again (a new "Kafka Server started" in its log and its port open). Returns the seconds."""
+    port = int((run_dir / "bootstrap").read_text().strip().rsplit(":", 1)[1])
+    log = run_dir / "logs" / f"{BROKER}.log"
+    seen = log.read_text(errors="replace").count(STARTED) if log.exists() else 0
+    daemon = process.restart(run_dir, BROKER)
+    return process.wait_until(
+        daemon,
+        lambda: process.tcp_open(port) and log.read_text(errors="replace").count(STARTED) > seen,
+        timeout,
+        "serving again",
+    )
+
 
 def _java() -> str:
     java = shutil.which("java")
@@ -93,17 +130,14 @@ def start(run_dir: Path, timeout: float = 90.0) -> KafkaBroker:
     started = time.monotonic()
     daemon = process.start(
         run_dir,
-        "kafka",
+        BROKER,
         [_java(), "-Xms256m", "-Xmx512m", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",
          "-Djava.awt.headless=true", log4j, "-cp", classpath, "kafka.Kafka",
          str(run_dir / "server.properties")],
     )  # fmt: skip
     process.wait_until(
         daemon,
-        lambda: (
-            process.tcp_open(port)
-            and "Kafka Server started" in daemon.log.read_text(errors="replace")
-        ),
+        lambda: process.tcp_open(port) and STARTED in daemon.log.read_text(errors="replace"),
         timeout,
         "serving",
     )
