@@ -348,7 +348,11 @@ class KafkaConsumer(PollingConsumer):
             if self._buffer and not self._paused:
                 return self._deliver(limit)
             wait = _FETCH_SLICE_S if deadline is None else max(0.0, deadline - loop.time())
-            self._buffer.extend(await self._fetch(min(wait, _FETCH_SLICE_S), limit))
+            # Fetched first, then added: ``self._buffer.extend(await ...)`` would bind the deque
+            # before the fetch, and a rebalance during the fetch (which can then return the new
+            # assignment's first records) must find these records in the buffer it filters.
+            fetched = await self._fetch(min(wait, _FETCH_SLICE_S), limit)
+            self._buffer.extend(fetched)
             if self._buffer and not self._paused:
                 return self._deliver(limit)
             if deadline is not None and loop.time() >= deadline:
@@ -457,7 +461,10 @@ class KafkaConsumer(PollingConsumer):
         return taken
 
     def _revoked(self, revoked: set[TopicPartition]) -> None:
-        self._buffer = deque(record for record in self._buffer if record.tp not in revoked)
+        # Filtered in place: the buffer stays the one object that ``poll`` fills.
+        kept = [record for record in self._buffer if record.tp not in revoked]
+        self._buffer.clear()
+        self._buffer.extend(kept)
         for tp in revoked:
             self._delivered.pop(tp, None)
             self._committed.pop(tp, None)

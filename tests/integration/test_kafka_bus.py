@@ -4,6 +4,9 @@ snapshot in one record, pause/resume, and errors that say whether to retry."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -186,6 +189,70 @@ async def test_a_paused_consumer_gets_nothing_until_resumed_and_reports_its_lag(
         rest = await take(consumer, 2)
     assert lag[first.tp] == 2
     assert [record.value for record in rest] == [b"second", b"third"]
+
+
+async def test_a_member_polling_through_rebalances_loses_no_record(bus: KafkaBus) -> None:
+    """Each rebalance revokes a member's partitions while it waits in a fetch, and that fetch then
+    returns the first records of the new assignment: those must be delivered (aiokafka has
+    already moved its position past them, so a record dropped there is never read again and the
+    next commit covers it). A stream flows throughout while a second member joins and leaves
+    three times; every record published must be delivered to one member or the other."""
+    topic = topics(bus).workloads
+    group = f"rebalance-{uuid.uuid4().hex[:8]}"
+    published: set[tuple[int, int]] = set()
+    delivered: set[tuple[int, int]] = set()
+
+    async def produce() -> None:
+        for index in range(100_000):
+            delivery = await bus.publish(topic, f"workload-{index}", b"snapshot")
+            published.add((delivery.partition, delivery.offset))
+            await asyncio.sleep(0.01)
+
+    async def work(consumer: KafkaConsumer, stop: asyncio.Event) -> None:
+        # The ranker's loop: poll, process, commit what was processed.
+        while not stop.is_set():
+            records = await consumer.poll(max_wait=1.0)
+            delivered.update((record.partition, record.offset) for record in records)
+            await consumer.commit(records)
+
+    async def owns(consumer: KafkaConsumer, count: int) -> None:
+        for _ in range(int(WAIT_S / 0.1)):
+            if len(consumer.assignment()) == count:
+                return
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"{count} partitions not assigned in {WAIT_S}s")
+
+    async with bus.consumer([topic], group=group) as first:
+        await joined(first)
+        first_done = asyncio.Event()
+        workers = [asyncio.create_task(work(first, first_done))]
+        producer = asyncio.create_task(produce())
+        try:
+            for _ in range(3):
+                await asyncio.sleep(1.0)
+                second_done = asyncio.Event()
+                async with bus.consumer([topic], group=group) as second:
+                    workers.append(asyncio.create_task(work(second, second_done)))
+                    await owns(second, 1)
+                    await owns(first, 1)
+                    await asyncio.sleep(1.5)
+                    second_done.set()
+                    await workers.pop()
+                await owns(first, 2)  # the second left: the first takes its partition over
+            await asyncio.sleep(1.0)
+            producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await producer
+            for _ in range(int(WAIT_S / 0.1)):
+                if published <= delivered:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            producer.cancel()
+            first_done.set()
+            await asyncio.gather(*workers, producer, return_exceptions=True)
+    missing = sorted(published - delivered)
+    assert missing == [], f"{len(missing)} of {len(published)} records never delivered: {missing}"
 
 
 async def test_creating_topics_that_exist_is_a_no_op_and_uses_the_configured_partitions(
