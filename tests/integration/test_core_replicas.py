@@ -1,0 +1,408 @@
+"""Replicas of the core share the work, and a consumer-group rebalance loses no decision (issue 11).
+
+The core runs as real OS processes started as the Helm chart's ``core`` mode starts them
+(``tests.support.services.chart_specs``): one ``podcost ranker --strategy NAME`` per strategy of
+the cluster policy (three of the default policy's, so that ten processes do not crowd the
+machine), with two replicas of one ranker, and two ``podcost aggregator`` replicas, on
+the real broker with topics of four partitions so that two members of a group each get some.
+While a stream of workload snapshots flows, the membership changes three times: one replica of
+each pair stops cleanly (SIGTERM), a third joins, then the other original one crashes (SIGKILL).
+Each change is a rebalance of the ranker's consumer group and of the faust aggregator's.
+
+The stream is closed-loop per workload, as a watcher's would be once the cluster settles: a
+workload's next version is published once the decision for its current one is on the costs topic.
+A decision lost in a rebalance therefore stops its workload, and the test fails naming it. The
+aggregator's deadline is set far beyond the test, so every decision waits for every strategy and
+is a deterministic function of its snapshot (which carries the pods' current costs).
+
+The oracle is an undisturbed twin: the same services in-process over the in-memory bus
+(``tests.support.pipeline``), fed the very snapshots the stream published, version by version.
+Every decision on the costs topic, duplicates included (delivery is at least once), must equal the
+twin's decision for that version, and every workload's last version must be decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.support.pipeline import Reader, Runnable, fresh_kafka_settings, running
+from tests.support.services import ServiceProcess, ServiceSpec, assert_alive, chart_specs, processes
+from tests.support.snapshots import CLUSTER
+from tests.support.snapshots import snapshot as deployment
+from tests.support.tools import require_helm
+
+from podcost import aggregator, ranker
+from podcost.aggregator import AggregatorSettings
+from podcost.runtime.settings import ServiceSettings
+from podcost_bus import BusSettings, Consumer, KafkaBus, MemoryBus, publish_message
+from podcost_contracts.messages import (
+    DeadLetter,
+    DesiredCostsMessage,
+    StrategyRanksMessage,
+    WorkloadSnapshotMessage,
+    decode,
+)
+from podcost_core.model import DELETION_COST_ANNOTATION, NodeName, QoSClass, Snapshot
+
+pytestmark = pytest.mark.integration
+
+WORKLOADS = 40
+PODS = 25
+NODES = 8
+PARTITIONS = 4
+POLICY = [  # the chart runs one ranker per strategy: three keep the machine's load down
+    {"name": "topology-spread", "tier": 0, "weight": 1},
+    {"name": "priority-qos", "tier": 1, "weight": 4},
+    {"name": "age", "tier": 1, "weight": 1, "threshold": 86400},
+]
+DUPLICATED = "age"
+"""The strategy whose ranker runs as two processes (one the default policy needs answered)."""
+PACE_S = 1.2
+"""Mean time between two versions of one workload, once the previous one is decided."""
+MIN_VERSIONS = 3
+TAIL_VERSIONS = 2
+"""Versions each workload still gets after the last membership change."""
+DEADLINE_S = 900
+"""The aggregator's deadline: beyond the test, so a decision is never made without an answer."""
+DECISION_TIMEOUT_S = 120.0
+"""How long one version may take to be decided, a crash's session timeout and rebalance included."""
+SESSION_TIMEOUT_MS = 6000
+"""How soon the broker gives a crashed member's partitions away (the settings' minimum is 1 s)."""
+
+Essence = tuple[int, bool, tuple[str, ...], tuple[tuple[str, int, int | None, Any], ...]]
+
+
+# --- the snapshots ------------------------------------------------------------------------------
+
+
+def workload_snapshot(index: int, version: int) -> Snapshot:
+    """Version ``version`` of workload ``index``: the same 25 pods each time (same uids), moved
+    between nodes, restarted, re-prioritised and carrying other current costs, so that every
+    strategy's answer and the decision change between versions. Deterministic."""
+    base = deployment(f"web-{index:02d}", pods=PODS, nodes=NODES, version=version, seed=index)
+    rng = random.Random(f"{index}/{version}")
+    nodes = sorted(base.nodes)
+    costs = rng.sample(range(-PODS, PODS), PODS)
+    pods = tuple(
+        replace(
+            pod,
+            node=NodeName(nodes[rng.randrange(len(nodes))]),
+            restarts=rng.randrange(4),
+            ready_since=base.taken_at - rng.randrange(600, 200_000),
+            priority=rng.choice((0, 1000, 1000, 2000)),
+            qos=rng.choice((QoSClass.BURSTABLE, QoSClass.GUARANTEED, QoSClass.BEST_EFFORT)),
+            annotations={DELETION_COST_ANNOTATION: str(cost)},
+            deletion_cost=cost,
+            deletion_cost_raw=str(cost),
+        )
+        for pod, cost in zip(base.pods, costs, strict=True)
+    )
+    return replace(base, pods=pods)
+
+
+def essence(decision: DesiredCostsMessage) -> Essence:
+    """What a decision decides: everything but when it was emitted."""
+    pods = tuple(
+        (
+            pod.uid,
+            pod.cost,
+            pod.previous,
+            tuple(sorted((name, term.model_dump_json()) for name, term in pod.breakdown.items())),
+        )
+        for pod in decision.costs
+    )
+    return decision.version, decision.complete, decision.missing, pods
+
+
+# --- the stream and what comes back -------------------------------------------------------------
+
+
+class Stream:
+    """Publishes every workload's versions, closed-loop, and reads every decision back."""
+
+    def __init__(self, bus: KafkaBus) -> None:
+        self.bus = bus
+        self.topics = bus.settings.topics
+        self.published: dict[str, list[Snapshot]] = defaultdict(list)
+        self.decisions: dict[tuple[str, int], list[DesiredCostsMessage]] = defaultdict(list)
+        self.answers: dict[tuple[str, int], list[str]] = defaultdict(list)
+        """The strategies whose ranks for a version are on the ranks topic (for a failure's
+        message: a lost answer is the ranker's, a lost decision with every answer there the
+        aggregator's)."""
+        self.dead: list[DeadLetter] = []
+        self.records = 0
+        self.done = asyncio.Event()
+        """Set after the last membership change: each workload then gets its tail versions."""
+        self._decided: dict[tuple[str, int], asyncio.Event] = defaultdict(asyncio.Event)
+        self._arrived = asyncio.Event()
+
+    async def read(self, consumer: Consumer) -> None:
+        """Record every decision on the costs topic until cancelled."""
+        while True:
+            for record in await consumer.poll(max_wait=0.5):
+                decision = decode(DesiredCostsMessage, record.value, record.headers, key=record.key)
+                self.decisions[decision.key, decision.version].append(decision)
+                self.records += 1
+                self._decided[decision.key, decision.version].set()
+                self._arrived.set()
+
+    async def read_answers(self, consumer: Consumer) -> None:
+        """Record which strategy answered which version, and the dead letters, until
+        cancelled."""
+        while True:
+            for record in await consumer.poll(max_wait=0.5):
+                if record.topic == self.topics.deadletter:
+                    self.dead.append(
+                        decode(DeadLetter, record.value, record.headers, key=record.key)
+                    )
+                    continue
+                answer = decode(StrategyRanksMessage, record.value, record.headers, key=record.key)
+                self.answers[answer.key, answer.version].append(answer.strategy)
+
+    async def drive(self, index: int) -> None:
+        """Workload ``index``: publish a version, wait for its decision, pause, and again, until
+        it has had its tail versions after the last membership change."""
+        pace = random.Random(index)
+        version, last = 0, None
+        while last is None or version < last:
+            version += 1
+            snapshot = workload_snapshot(index, version)
+            key = snapshot.workload.key
+            message = WorkloadSnapshotMessage.of(snapshot, emitted_at=time.time())
+            delivery = await publish_message(self.bus, self.topics.workloads, message)
+            where = f"partition {delivery.partition} offset {delivery.offset}"
+            self.published[key].append(snapshot)
+            try:
+                await asyncio.wait_for(self._decided[key, version].wait(), DECISION_TIMEOUT_S)
+            except TimeoutError:
+                answered = sorted(self.answers[key, version])
+                raise AssertionError(
+                    f"no decision for {key} v{version} ({where}) within "
+                    f"{DECISION_TIMEOUT_S}s; answers on the ranks topic: {answered}; "
+                    f"dead letters: {self.dead}"
+                ) from None
+            if self.done.is_set() and last is None:
+                last = max(version + TAIL_VERSIONS, MIN_VERSIONS)
+            # The stream's rate, jittered so that workloads do not move in lockstep.
+            await asyncio.sleep(pace.uniform(0.5, 1.5) * PACE_S)
+
+    async def more_decided(self, count: int, timeout: float = DECISION_TIMEOUT_S) -> None:
+        """Wait until ``count`` more decisions than now have arrived."""
+        target = self.records + count
+        deadline = time.monotonic() + timeout
+        while True:
+            self._arrived.clear()
+            if self.records >= target:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{self.records} of {target} decisions after {timeout}s")
+            try:
+                await asyncio.wait_for(self._arrived.wait(), left)
+            except TimeoutError:
+                continue
+
+
+async def consumed(process: ServiceProcess, topic: str) -> float:
+    """The records of ``topic`` that ``process`` has read and processed."""
+    return await process.sample("podcost_messages_consumed_total", topic=topic, outcome="ok")
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 60.0) -> None:
+    """Return once ``check()`` holds; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.25)
+
+
+async def all_read(members: Iterable[ServiceProcess], topic: str) -> None:
+    """Wait until every one of ``members`` has processed records of ``topic``: each holds some of
+    its partitions (the stream puts records in all of them)."""
+    for member in members:
+
+        async def read_some(member: ServiceProcess = member) -> bool:
+            return await consumed(member, topic) > 0
+
+        await until(read_some, f"{member.spec.name} to read {topic}", DECISION_TIMEOUT_S)
+
+
+# --- the twin -----------------------------------------------------------------------------------
+
+
+async def twin_decisions(
+    published: Mapping[str, list[Snapshot]], strategies: Iterable[str], policy_file: Path
+) -> dict[tuple[str, int], DesiredCostsMessage]:
+    """The decisions of the same services, undisturbed, in-process over the in-memory bus, for the
+    same snapshots: every workload's version 1, each decided, then every version 2, and so on."""
+    settings = ServiceSettings(http_port=0, policy_file=policy_file)
+    bus_settings = BusSettings(bootstrap_servers=None, partitions=PARTITIONS)
+    bus = MemoryBus(partitions=PARTITIONS)
+    config = AggregatorSettings(deadline_s=DEADLINE_S, tick_s=0.1)
+    services: list[Runnable] = [
+        *(ranker.bootstrap(settings, bus_settings, strategy=name, bus=bus) for name in strategies),
+        aggregator.bootstrap(settings, bus_settings, config=config, bus=bus),
+    ]
+    topics = bus_settings.topics
+    decided: dict[tuple[str, int], DesiredCostsMessage] = {}
+    async with (
+        running(*services),
+        Reader(bus, topics.costs_for(CLUSTER), DesiredCostsMessage) as costs,
+    ):
+        for version in range(1, max(len(v) for v in published.values()) + 1):
+            batch = [
+                versions[version - 1] for versions in published.values() if len(versions) >= version
+            ]
+            for snapshot in batch:
+                message = WorkloadSnapshotMessage.of(snapshot, emitted_at=time.time())
+                await publish_message(bus, topics.workloads, message)
+            for decision in await costs.take(len(batch), timeout=60):
+                decided[decision.key, decision.version] = decision
+    return decided
+
+
+# --- the core's processes -----------------------------------------------------------------------
+
+
+@pytest.fixture
+async def kafka(kafka_bootstrap: str) -> AsyncIterator[KafkaBus]:
+    settings = fresh_kafka_settings(kafka_bootstrap, "replicas").model_copy(
+        update={"partitions": PARTITIONS}
+    )
+    async with KafkaBus(settings) as bus:
+        topics = settings.topics
+        await bus.ensure_topics([*topics.shared(), topics.costs_for(CLUSTER)])
+        yield bus
+
+
+def core_specs(bus: BusSettings) -> list[ServiceSpec]:
+    """The chart's core mode with two aggregators and two rankers of :data:`DUPLICATED`, on this
+    test's topics."""
+    values = {
+        "mode": "core",
+        "kafka": {
+            "bootstrapServers": bus.bootstrap_servers,
+            "partitions": PARTITIONS,
+            "topics": {
+                "workloads": bus.topic_workloads,
+                "ranks": bus.topic_ranks,
+                "costs": bus.topic_costs,
+                "deadletter": bus.topic_deadletter,
+            },
+        },
+        "aggregator": {"replicaCount": 2, "deadlineSeconds": DEADLINE_S},
+        "rankers": {"overrides": {DUPLICATED: {"replicaCount": 2}}},
+        "policy": {"strategies": POLICY},
+    }
+    return chart_specs(require_helm(), values)
+
+
+async def test_replicas_share_the_partitions_and_rebalances_lose_no_decision_and_change_no_cost(
+    kafka: KafkaBus, tmp_path: Path
+) -> None:
+    topics = kafka.settings.topics
+    specs = core_specs(kafka.settings)
+    # Not in the chart's values: a faust app id of this run's own (it names the consumer group
+    # and the changelog topics, which must not hold another run's tables), and a short session
+    # timeout so that the broker notices the crash soon.
+    env = {
+        "PODCOST_AGGREGATOR_APP_ID": f"replicas-{uuid.uuid4().hex[:8]}-aggregator",
+        "PODCOST_KAFKA_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
+    }
+    stream = Stream(kafka)
+    shares: dict[str, float] = {}
+    started = time.monotonic()
+    async with (
+        processes(specs, env=env, log_dir=tmp_path) as core,
+        kafka.consumer([topics.costs_for(CLUSTER)], group=f"test-{uuid.uuid4().hex}") as costs,
+        kafka.consumer(
+            [topics.ranks, topics.deadletter], group=f"test-{uuid.uuid4().hex}"
+        ) as ranks,
+        AsyncExitStack() as joined,
+    ):
+        a1, a2 = core["aggregator#1"], core["aggregator#2"]
+        r1, r2 = core[f"ranker-{DUPLICATED}#1"], core[f"ranker-{DUPLICATED}#2"]
+        readers = asyncio.gather(stream.read(costs), stream.read_answers(ranks))
+        drivers = asyncio.gather(*(stream.drive(index) for index in range(WORKLOADS)))
+        try:
+            # 0. Two of each from the start: both hold partitions and do work.
+            await all_read([a1, a2], topics.workloads)
+            await all_read([r1, r2], topics.workloads)
+            for member in (a1, a2, r1, r2):
+                shares[member.spec.name] = await consumed(member, topics.workloads)
+
+            # 1. One of each leaves cleanly (SIGTERM): the others take its partitions over.
+            assert list(await asyncio.gather(a1.stop(), r1.stop())) == [0, 0]
+            await stream.more_decided(WORKLOADS)
+
+            # 2. A third of each joins mid-stream and gets partitions.
+            a3 = ServiceProcess(replace(a1.spec, name="aggregator#3"), env=env, log_dir=tmp_path)
+            r3 = ServiceProcess(replace(r1.spec, name=f"ranker-{DUPLICATED}#3"), env=env,
+                                log_dir=tmp_path)  # fmt: skip
+            for newcomer in (a3, r3):
+                await newcomer.start()
+                joined.push_async_callback(newcomer.stop)
+            await asyncio.gather(a3.wait_ready(90), r3.wait_ready(90))
+            await all_read([a3, r3], topics.workloads)
+            for member in (a2, r2, a3, r3):
+                shares[f"{member.spec.name} before the crash"] = await consumed(
+                    member, topics.workloads
+                )
+
+            # 3. The second of each crashes (SIGKILL): its partitions wait for the session
+            #    timeout, then the newcomers take them and read its uncommitted records again.
+            a2.kill()
+            r2.kill()
+            await asyncio.gather(a2.stop(), r2.stop())
+            stream.done.set()
+
+            await drivers
+            assert_alive([p for p in core.values() if p not in (a1, a2, r1, r2)] + [a3, r3])
+        finally:
+            drivers.cancel()
+            readers.cancel()
+            await asyncio.gather(drivers, readers, return_exceptions=True)
+    streamed = time.monotonic() - started
+
+    policy_file = tmp_path / "policy.json"
+    aggregator_spec = next(spec for spec in specs if spec.args[0] == "aggregator")
+    [policy_text] = aggregator_spec.files.values()
+    policy_file.write_text(policy_text)
+    strategies = {spec.args[-1] for spec in specs if spec.args[0] == "ranker"}
+    twin = await twin_decisions(stream.published, sorted(strategies), policy_file)
+
+    published = {(key, s.version) for key, versions in stream.published.items() for s in versions}
+    assert len(stream.published) == WORKLOADS
+    assert set(stream.decisions) == published  # every version decided, none invented
+    assert set(twin) == published
+    wrong = [
+        (key, version)
+        for (key, version), decisions in stream.decisions.items()
+        for decision in decisions
+        if essence(decision) != essence(twin[key, version])
+    ]
+    assert wrong == [], f"decisions that differ from the undisturbed twin's: {wrong}"
+    for key, versions in stream.published.items():
+        last = versions[-1].version
+        assert max(version for k, version in stream.decisions if k == key) == last
+        assert all(d.complete for d in stream.decisions[key, last])
+    assert all(count > 0 for count in shares.values()), shares
+    assert stream.dead == []
+
+    duplicates = Counter(len(d) - 1 for d in stream.decisions.values() if len(d) > 1)
+    print(
+        f"\n{len(published)} versions of {WORKLOADS} workloads decided in {streamed:.0f}s, "
+        f"{stream.records} decision records, {sum(n * c for n, c in duplicates.items())} "
+        f"duplicates ({dict(duplicates)} extra copies: versions), records read per member: {shares}"
+    )
