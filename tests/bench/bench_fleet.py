@@ -42,11 +42,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fcntl
 import itertools
 import json
 import os
-import select
 import sys
 import tempfile
 import time
@@ -58,7 +56,6 @@ from pathlib import Path
 from kubernetes_asyncio import config
 from tests.bench import procs
 from tests.bench.bench_pipeline import (
-    F_SETPIPE_SZ,
     FLEET_END,
     REPO,
     SAMPLE_EVERY_S,
@@ -69,9 +66,11 @@ from tests.bench.bench_pipeline import (
     Sample,
     Step,
     Templates,
+    churn_output,
     holds_within_async,
     judge,
     read_templates,
+    serve_offer,
 )
 from tests.support.kube import KubeTestCluster
 from tests.support.services import ServiceProcess, metric_key, processes
@@ -483,38 +482,22 @@ def churn_main(args: argparse.Namespace) -> None:
               namespaces=args.namespaces, nodes=args.nodes, seed=args.churn_seed + i)
         for i in range(args.churn_clusters)
     ]  # fmt: skip
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(1, F_SETPIPE_SZ, 1 << 20)
-    out = os.fdopen(1, "wb", buffering=1 << 20)
+    out = churn_output()
     for index, churn in enumerate(churns):
         out.writelines(b"%d %s %s\n" % (index, kind.encode(), line) for kind, line in churn.fleet())
     out.write(FLEET_END)
     out.flush()
-    offer = Offer()
-    sent = 0
     turn = itertools.cycle(range(len(churns)))
-    with contextlib.suppress(BrokenPipeError):
-        while True:
-            waiting, _, _ = select.select([sys.stdin], [], [], 0 if offer.rate else 0.05)
-            if waiting:
-                command = sys.stdin.readline()
-                if not command:
-                    return
-                rate, since = command.split()
-                offer.set_rate(float(rate), float(since))
-            due = offer.due(time.monotonic()) - sent
-            if due <= 0:
-                time.sleep(0.001)
-                continue
-            wall = time.time()
-            batch = []
-            for _ in range(min(due, 200)):
-                index = next(turn)
-                kind, line = churns[index].next_event(wall)
-                batch.append(b"%d %s %s\n" % (index, kind.encode(), line))
-            out.writelines(batch)
-            out.flush()
-            sent += len(batch)
+
+    def events(count: int, wall: float) -> list[bytes]:
+        batch = []
+        for _ in range(count):
+            index = next(turn)
+            kind, line = churns[index].next_event(wall)
+            batch.append(b"%d %s %s\n" % (index, kind.encode(), line))
+        return batch
+
+    serve_offer(out, events)
 
 
 # --- setup -------------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from kubernetes_asyncio import config
 from tests.bench import procs
@@ -678,12 +678,30 @@ def churn_main(args: argparse.Namespace) -> None:
     churn = Churn(Templates(**raw), workloads=args.workloads, pods=args.pods,
                   namespaces=args.namespaces, nodes=args.nodes,
                   named_uids=args.named_uids)  # fmt: skip
-    with contextlib.suppress(OSError):  # a pipe as deep as a socket's buffers, if allowed
-        fcntl.fcntl(1, F_SETPIPE_SZ, 1 << 20)
-    out = os.fdopen(1, "wb", buffering=1 << 20)
+    out = churn_output()
     out.writelines(b"%s %s\n" % (kind.encode(), line) for kind, line in churn.fleet())
     out.write(FLEET_END)
     out.flush()
+
+    def events(count: int, wall: float) -> list[bytes]:
+        batch = [churn.next_event(wall) for _ in range(count)]
+        return [b"%s %s\n" % (kind.encode(), line) for kind, line in batch]
+
+    serve_offer(out, events)
+
+
+def churn_output() -> BinaryIO:
+    """A churn process's stdout, buffered, on a pipe as deep as a socket's buffers if allowed."""
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(1, F_SETPIPE_SZ, 1 << 20)
+    return os.fdopen(1, "wb", buffering=1 << 20)
+
+
+def serve_offer(out: BinaryIO, events: Callable[[int, float], list[bytes]]) -> None:
+    """Write ``events(count, wall time)`` lines at the rate each line on stdin sets
+    (``<events/s> <from, monotonic>``), at most 200 at once, until stdin closes. Writes block
+    while the reader is behind and the offer goes on: a reader that falls behind finds the
+    events waiting, as on a watch socket."""
     offer = Offer()
     sent = 0
     with contextlib.suppress(BrokenPipeError):
@@ -699,9 +717,8 @@ def churn_main(args: argparse.Namespace) -> None:
             if due <= 0:
                 time.sleep(0.001)
                 continue
-            wall = time.time()
-            batch = [churn.next_event(wall) for _ in range(min(due, 200))]
-            out.writelines(b"%s %s\n" % (kind.encode(), line) for kind, line in batch)
+            batch = events(min(due, 200), time.time())
+            out.writelines(batch)
             out.flush()
             sent += len(batch)
 
