@@ -88,28 +88,43 @@ class ControlPlane:
     run_dir: Path | None = None
 
 
-@pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """A real kube-apiserver with kube-controller-manager, kube-scheduler and kwok."""
-    if os.environ.get("PODCOST_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):
-        kubeconfig = Path(os.environ["KUBECONFIG"])
+def _control_plane(
+    factory: pytest.TempPathFactory, external: str, run_dir: str, what: str
+) -> Iterator[ControlPlane]:
+    """The one running at ``$<external>`` when ``PODCOST_USE_KUBECONFIG=1``, else one started in
+    a fresh ``run_dir`` and stopped after the session."""
+    if os.environ.get("PODCOST_USE_KUBECONFIG") == "1" and os.environ.get(external):
+        kubeconfig = Path(os.environ[external])
         ours = (kubeconfig.parent / "cluster.json").exists()  # ``make cluster-up``'s
         yield ControlPlane(kubeconfig, kubeconfig.parent if ours else None)
         return
     try:
-        started = cluster.start(tmp_path_factory.mktemp("cluster"))
+        started = cluster.start(factory.mktemp(run_dir))
     except (build.BuildError, process.StartError, OSError) as error:
-        _unavailable("the Kubernetes control plane", error)
+        _unavailable(what, error)
     yield ControlPlane(started.kubeconfig, started.run_dir)
     started.stop()
+
+
+async def _kube(plane: ControlPlane) -> AsyncIterator[KubeTestCluster]:
+    api = await config.new_client_from_config(config_file=str(plane.kubeconfig))
+    async with api:
+        yield KubeTestCluster(api)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A real kube-apiserver with kube-controller-manager, kube-scheduler and kwok."""
+    yield from _control_plane(
+        tmp_path_factory, "KUBECONFIG", "cluster", "the Kubernetes control plane"
+    )
 
 
 @pytest.fixture(scope="session")
 async def kube(control_plane: ControlPlane) -> AsyncIterator[KubeTestCluster]:
     """Helpers over the real API server (nodes, Deployments, scaling, victims)."""
-    api = await config.new_client_from_config(config_file=str(control_plane.kubeconfig))
-    async with api:
-        yield KubeTestCluster(api)
+    async for helpers in _kube(control_plane):
+        yield helpers
 
 
 @pytest.fixture(scope="session")
@@ -117,23 +132,17 @@ def second_control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[C
     """Another real control plane, for the fleet tests (two clusters, one core): started the
     same way as ``control_plane``, only by the tests that ask for it. ``PODCOST_KUBECONFIG_2``
     with ``PODCOST_USE_KUBECONFIG=1`` points at one already running."""
-    if os.environ.get("PODCOST_USE_KUBECONFIG") == "1" and os.environ.get("PODCOST_KUBECONFIG_2"):
-        yield ControlPlane(Path(os.environ["PODCOST_KUBECONFIG_2"]))
-        return
-    try:
-        started = cluster.start(tmp_path_factory.mktemp("cluster-2"))
-    except (build.BuildError, process.StartError, OSError) as error:
-        _unavailable("the second Kubernetes control plane", error)
-    yield ControlPlane(started.kubeconfig, started.run_dir)
-    started.stop()
+    yield from _control_plane(
+        tmp_path_factory, "PODCOST_KUBECONFIG_2", "cluster-2",
+        "the second Kubernetes control plane",
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
 async def second_kube(second_control_plane: ControlPlane) -> AsyncIterator[KubeTestCluster]:
     """``kube`` for the second control plane."""
-    api = await config.new_client_from_config(config_file=str(second_control_plane.kubeconfig))
-    async with api:
-        yield KubeTestCluster(api)
+    async for helpers in _kube(second_control_plane):
+        yield helpers
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
