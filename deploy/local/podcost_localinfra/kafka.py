@@ -109,6 +109,16 @@ def _java() -> str:
     return java
 
 
+def new_cluster_id() -> str:
+    """A KRaft cluster id: the 22-character URL-safe base64 of a random UUID, as Kafka's
+    ``Uuid.randomUuid()`` makes it, which also draws again when the text starts with ``-``
+    (the storage tool would read such an id as an option: 1 start in 64 failed)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def start(run_dir: Path, timeout: float = 90.0) -> KafkaBroker:
     """Build (if needed), configure, format and start a broker in ``run_dir``."""
     lib = build.ensure_kafka_tools()
@@ -119,7 +129,7 @@ def start(run_dir: Path, timeout: float = 90.0) -> KafkaBroker:
         SERVER_PROPERTIES.format(port=port, controller_port=controller_port, data_dir=data_dir)
     )
     (run_dir / "log4j.properties").write_text(LOG4J_PROPERTIES)
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = new_cluster_id()
     classpath = f"{lib}/*"
     log4j = f"-Dlog4j.configuration=file:{run_dir / 'log4j.properties'}"
     subprocess.run(
