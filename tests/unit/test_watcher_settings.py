@@ -32,7 +32,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def test_leader_election_is_off_by_default_with_client_gos_timings() -> None:
+def test_leader_election_is_off_by_default_with_timings_for_a_takeover_within_15s() -> None:
     settings = WatcherSettings()
     assert not settings.leader_election
     assert (settings.lease_name, settings.lease_namespace) == ("podcost-watcher", "default")
@@ -41,7 +41,7 @@ def test_leader_election_is_off_by_default_with_client_gos_timings() -> None:
         settings.lease_duration_seconds,
         settings.renew_deadline_seconds,
         settings.retry_period_seconds,
-    ) == (15, 10, 2)
+    ) == (10, 7, 1)
 
 
 def test_the_downward_apis_pod_name_and_namespace_name_the_replica_and_place_the_lease(

@@ -19,7 +19,11 @@ cache warm and are ready; only the leader touches the debouncer and publishes. A
 becomes the leader touches every opted-in workload once, so nothing that changed while it stood
 by is left unpublished; one that stops leading drops what is still pending. A snapshot that was
 being published as leadership was lost may still go out; the aggregator keeps the latest by
-``emitted_at``, and the new leader stamps its snapshots from the moment it took over.
+``emitted_at``, and the new leader stamps its snapshots from the moment it took over, and
+never below the takeover floor (``LeaderElector.floor``: the last holder's ``renewTime`` plus
+its lease duration, on the last holder's clock), so a new leader whose clock runs behind the
+old one's is not taken for the stale one. For that long after a takeover, latencies measured
+from ``changed_at`` read short.
 
 Workloads that go. When a workload this watcher published is no longer ranked (deleted, opted
 out, or its policy became invalid), the watcher publishes a ``WorkloadGoneMessage`` under its
@@ -128,11 +132,14 @@ class WatcherSettings(BaseSettings):
     - ``PODCOST_WATCHER_LEADER_IDENTITY``, else ``POD_NAME``: this replica's name in the Lease;
       unique per replica [hostname_pid]
     - ``PODCOST_WATCHER_LEASE_DURATION_SECONDS``: how long the others wait for a leader that
-      stopped renewing before they take over (whole seconds, rounded up) [15]
+      stopped renewing before they take over (whole seconds, rounded up) [10]
     - ``PODCOST_WATCHER_RENEW_DEADLINE_SECONDS``: a leader that could not renew for this long
-      stops publishing; less than the lease duration [10]
+      stops publishing; less than the lease duration [7]
     - ``PODCOST_WATCHER_RETRY_PERIOD_SECONDS``: how often the leader renews and the others try
-      [2]
+      [1]. Shorter than client-go's 15/10/2, so that a standby has taken over within 15 s of a
+      leader's crash even in the worst case: the lease, plus up to 2.2 retry periods until the
+      standby first sees the last renewal, plus up to 2.2 until its next try (14.4 s); measured
+      in ``tests/e2e/test_watcher_failover.py``. The cost is a Lease write per second.
     - ``PODCOST_WATCHER_UNREADY_AFTER_SECONDS``: how long the API server may fail every list and
       watch before the watcher reports not ready (it goes on retrying) [10]
     """
@@ -167,9 +174,9 @@ class WatcherSettings(BaseSettings):
             "PODCOST_WATCHER_LEADER_IDENTITY", "POD_NAME", "leader_identity"
         ),
     )
-    lease_duration_seconds: float = Field(default=15.0, gt=0)
-    renew_deadline_seconds: float = Field(default=10.0, gt=0)
-    retry_period_seconds: float = Field(default=2.0, gt=0)
+    lease_duration_seconds: float = Field(default=10.0, gt=0)
+    renew_deadline_seconds: float = Field(default=7.0, gt=0)
+    retry_period_seconds: float = Field(default=1.0, gt=0)
     unready_after_seconds: float = Field(default=10.0, gt=0)
 
     @model_validator(mode="after")
@@ -275,6 +282,11 @@ class WatcherService:
         if self._pass_pending is None or self._pass_pending:
             return None
         return dict(self._pass)
+
+    def _floor(self) -> float:
+        """The least stamp this watcher may give a snapshot: after a takeover, later than every
+        stamp of the leader before it, whatever the two clocks say (``LeaderElector.floor``)."""
+        return 0.0 if self.elector is None else self.elector.floor
 
     def leading(self) -> bool:
         """Whether this watcher publishes: always without leader election, else while it leads."""
@@ -397,7 +409,7 @@ class WatcherService:
         """Publish the snapshot of one emitted workload; ``False`` when there is nothing to say
         (gone, opted out, invalid policy, unreadable objects; each logged)."""
         key = emission.key
-        changed_at = self._change_seen_at.pop(key, emission.first_touch)
+        changed_at = max(self._change_seen_at.pop(key, emission.first_touch), self._floor())
         policy = workload_policy(self.store, key, self.rules)
         version = self.incarnation * VERSION_SPAN + emission.version
         if not policy.enabled:
