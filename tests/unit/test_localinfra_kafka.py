@@ -19,6 +19,6 @@ def test_a_cluster_id_is_22_url_safe_characters_and_never_starts_with_a_dash() -
 def test_an_id_that_would_read_as_an_option_is_drawn_again() -> None:
     dash = base64.urlsafe_b64decode("-E6lQWzaRlyVBYGGy5Yb2Q==")
     plain = base64.urlsafe_b64decode("AE6lQWzaRlyVBYGGy5Yb2Q==")
-    draws = iter([mock.Mock(bytes=dash), mock.Mock(bytes=plain)])
-    with mock.patch.object(kafka.uuid, "uuid4", lambda: next(draws)):
+    draws = [mock.Mock(bytes=dash), mock.Mock(bytes=plain)]
+    with mock.patch.object(kafka.uuid, "uuid4", side_effect=draws):
         assert kafka.new_cluster_id() == "AE6lQWzaRlyVBYGGy5Yb2Q"
