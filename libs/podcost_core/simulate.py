@@ -9,8 +9,10 @@ model (``victims.scale_in``) what the ReplicaSet controller then deletes. Withou
 Which ReplicaSet scales. A ReplicaSet scales itself. A Deployment with one ReplicaSet holding
 replicas scales that one to N (``FindActiveOrLatest`` in the deployment controller's
 ``scale``), exactly. With several (mid-rollout) the deployment controller splits the change
-proportionally and the rollout goes on moving replicas; that is not modelled, and
-``SimulationError`` says so rather than guess.
+proportionally across them (``rollout.scaled_sizes``, given the Deployment's ``Rollout``), and
+each ReplicaSet that shrinks picks its own victims; without the ``Rollout``, or when the split
+would grow one of them, ``SimulationError`` says so rather than guess. A rollout that is not
+paused goes on afterwards and may move more replicas: that is the rollout, not this scale-in.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from podcost_core.model import (
     Snapshot,
 )
 from podcost_core.policy import Policy
+from podcost_core.rollout import Rollout, RolloutError, scaled_sizes
 from podcost_core.strategies import topology_spread
 from podcost_core.victims import Now, VictimChoice, scale_in, victim_inputs
 
@@ -68,6 +71,11 @@ class SimulationResult:
     """One choice per controller sync (at most ``BURST_REPLICAS`` deletions each)."""
     pod_domains: Mapping[str, str] = field(default_factory=dict)
     """Pod name to its domain (``NO_DOMAIN`` if none), for every active pod."""
+    replicasets: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    """Mid-rollout: each ReplicaSet the scale-in shrinks, ``spec.replicas`` before and after
+    the deployment controller's proportional split (empty otherwise)."""
+    rollout_goes_on: bool = False
+    """Mid-rollout and not paused: the rollout moves more replicas after this scale-in."""
 
     def admits(self, deleted: Iterable[str]) -> bool:
         """Whether the controller deleting exactly ``deleted`` (pod names) is an outcome this
@@ -93,6 +101,17 @@ class SimulationResult:
             "skew_after": self.skew_after,
             "tied": [pod.name for pod in self.tied],
             "tie_picks": self.tie_picks,
+            **(
+                {
+                    "replicasets": {
+                        name: {"before": before, "after": after}
+                        for name, (before, after) in self.replicasets.items()
+                    },
+                    "rollout_goes_on": self.rollout_goes_on,
+                }
+                if self.replicasets or self.rollout_goes_on
+                else {}
+            ),
         }
 
 
@@ -170,20 +189,33 @@ def simulate(
     policy: Policy | None,
     topology_key: str | None = None,
     overwrite_foreign: bool = False,
+    rollout: Rollout | None = None,
 ) -> SimulationResult:
     """Scale ``snapshot``'s workload to ``replicas``; ``policy=None`` is the baseline.
 
     ``now`` is the controller's clock (LogarithmicScaleDown compares ages against it).
+    ``rollout`` (``rollout.rollout_for``) lets a Deployment mid-rollout be scaled: its
+    ``replicas`` is then the Deployment's new ``spec.replicas``, split as the deployment
+    controller splits it.
     """
     workload = snapshot.workload
     name = f"{workload.namespace}/{workload.name}"
-    replicaset = scaling_replicaset(snapshot)
-    candidates = [p for p in snapshot.pods if p.active and p.replicaset == replicaset]
-    if replicaset is None or not 0 <= replicas <= len(candidates):
-        raise SimulationError(
-            f"--replicas {replicas} is outside 0..{len(candidates)}, the active pods of {name} "
-            "(simulate models scale-in only)"
-        )
+    split: dict[str, tuple[int, int]] = {}
+    replicaset: str | None
+    mid_rollout = rollout is not None and len(rollout.holding()) > 1
+    if mid_rollout and rollout is not None:
+        split = _proportional_split(rollout, replicas, name)
+        # The largest that shrinks; none when the split leaves every size as it is.
+        replicaset = max(split, key=lambda rs: (split[rs][0], rs), default=None)
+        candidates = [p for p in snapshot.pods if p.active and p.replicaset in rollout.holding()]
+    else:
+        replicaset = scaling_replicaset(snapshot)
+        candidates = [p for p in snapshot.pods if p.active and p.replicaset == replicaset]
+        if replicaset is None or not 0 <= replicas <= len(candidates):
+            raise SimulationError(
+                f"--replicas {replicas} is outside 0..{len(candidates)}, the active pods of "
+                f"{name} (simulate models scale-in only)"
+            )
 
     writes: dict[PodUID, int] = {}
     if policy is not None:
@@ -202,8 +234,14 @@ def simulate(
             ),
         )
 
-    pods, related = victim_inputs(snapshot, replicaset)
-    rounds = scale_in(pods, related, replicas, now)
+    rounds: tuple[VictimChoice, ...] = ()
+    if mid_rollout:
+        for rs, (_, size) in sorted(split.items()):
+            pods, related = victim_inputs(snapshot, rs)
+            rounds += scale_in(pods, related, size, now)
+    else:
+        pods, related = victim_inputs(snapshot, replicaset)
+        rounds = scale_in(pods, related, replicas, now)
     victims = tuple(pod for choice in rounds for pod in choice.victims)
     gone = {pod.uid for pod in victims}
     # Later rounds follow the model's own tie picks (see scale_in); report every round's tie.
@@ -233,4 +271,23 @@ def simulate(
         skew_after=_skew(after),
         rounds=rounds,
         pod_domains={p.name: _domain(snapshot, p, key) for p in active},
+        replicasets=split,
+        rollout_goes_on=mid_rollout and rollout is not None and not rollout.paused,
     )
+
+
+def _proportional_split(rollout: Rollout, replicas: int, name: str) -> dict[str, tuple[int, int]]:
+    """The ReplicaSets a mid-rollout scale to ``replicas`` shrinks: name → (before, after)."""
+    current = {rs.name: rs.replicas for rs in rollout.replicasets}
+    total = sum(current.values())
+    try:
+        sizes = scaled_sizes(rollout, replicas)
+    except RolloutError as error:
+        raise SimulationError(f"{name}: {error}") from None
+    grown = sorted(rs for rs, size in sizes.items() if size > current[rs])
+    if grown:
+        raise SimulationError(
+            f"--replicas {replicas} grows ReplicaSet(s) {', '.join(grown)} of {name}, which "
+            f"hold {total} replicas mid-rollout (simulate models scale-in only)"
+        )
+    return {rs: (current[rs], size) for rs, size in sizes.items() if size < current[rs]}

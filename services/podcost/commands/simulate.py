@@ -20,6 +20,7 @@ from rich.table import Table
 from podcost_core.combine import ScoreContractError
 from podcost_core.convert import ConversionError, load_objects, snapshot_for_workload
 from podcost_core.policy import Policy, PolicyError, load_policy_file, policy_from_annotations
+from podcost_core.rollout import rollout_for
 from podcost_core.simulate import NO_DOMAIN, SimulationError, SimulationResult, simulate
 
 EXIT_BAD_INPUT = 2
@@ -76,6 +77,16 @@ def _print_table(result: SimulationResult, baseline: bool) -> None:
         f"[bold]{result.workload}[/bold] {result.replicas_before} → {result.replicas_after} "
         f"replicas, {mode}"
     )
+    if result.replicasets:
+        split = ", ".join(
+            f"{name} {a} → {b}" for name, (a, b) in sorted(result.replicasets.items())
+        )
+        console.print(f"mid-rollout: the deployment controller scales {split} (proportionally)")
+        if result.rollout_goes_on:
+            console.print(
+                "the rollout is not paused: after this scale-in it goes on and may move more "
+                "replicas (not simulated)"
+            )
     victims = Table(title="Deleted pods, first preferred first")
     for column in ("#", "pod", "node", result.topology_key, "cost"):
         victims.add_column(column)
@@ -156,6 +167,7 @@ def simulate_command(
             clock if clock is not None else (view.taken_at or None),
             policy=chosen,
             topology_key=topology_key,
+            rollout=rollout_for(objects, view),
         )
     except (ConversionError, PolicyError, SimulationError, ScoreContractError) as error:
         _fail(str(error))
