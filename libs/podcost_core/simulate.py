@@ -239,7 +239,7 @@ def simulate(
         for rs, (_, size) in sorted(split.items()):
             pods, related = victim_inputs(snapshot, rs)
             rounds += scale_in(pods, related, size, now)
-    else:
+    elif replicaset is not None:  # refused above when there is none
         pods, related = victim_inputs(snapshot, replicaset)
         rounds = scale_in(pods, related, replicas, now)
     victims = tuple(pod for choice in rounds for pod in choice.victims)
