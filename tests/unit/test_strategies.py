@@ -394,7 +394,7 @@ def test_co_location_hostname_terms_fall_back_to_the_node_name_and_skip_unknown_
 BIG = Resources(cpu_milli=4000, memory_bytes=8 << 30, pods=110)
 
 
-def test_node_consolidation_deletes_pods_on_the_emptiest_nodes_first() -> None:
+def test_node_consolidation_breaks_ties_between_single_pod_nodes_by_utilization_then_name() -> None:
     s = snap(
         pod("idle-node", node="n1"),
         pod("cpu-busy", node="n2"),
@@ -406,14 +406,14 @@ def test_node_consolidation_deletes_pods_on_the_emptiest_nodes_first() -> None:
         ),
     )
     dominant = by_name(s, node_consolidation.score(s, node_consolidation.Args()))
-    assert dominant == {"idle-node": 0.125, "cpu-busy": 0.75, "memory-busy": 0.75}
+    assert dominant == {"idle-node": 0.0, "cpu-busy": 1.0, "memory-busy": 2.0}
     cpu = by_name(s, node_consolidation.score(s, node_consolidation.Args("cpu")))
-    assert cpu == {"idle-node": 0.1, "cpu-busy": 0.75, "memory-busy": 0.1}
+    assert cpu == {"idle-node": 0.0, "cpu-busy": 2.0, "memory-busy": 1.0}
     memory = by_name(s, node_consolidation.score(s, node_consolidation.Args("memory")))
-    assert memory == {"idle-node": 0.125, "cpu-busy": 0.125, "memory-busy": 0.75}
+    assert memory == {"idle-node": 0.0, "cpu-busy": 1.0, "memory-busy": 2.0}
 
 
-def test_node_consolidation_counts_pods_when_a_node_has_no_numbers() -> None:
+def test_node_consolidation_drains_a_node_shared_with_other_pods_after_those_it_can_empty() -> None:
     s = snap(
         pod("alone", node="n1"),
         pod("pair-1", node="n2"),
@@ -423,17 +423,17 @@ def test_node_consolidation_counts_pods_when_a_node_has_no_numbers() -> None:
         nodes=(node("n1", allocatable=BIG, requested=BIG), node("n2")),
     )
     scores = by_name(s, node_consolidation.score(s, node_consolidation.Args()))
-    assert scores == {"alone": 1.0, "pair-1": 2.0, "pair-2": 2.0, "pending": 0.0, "done": 0.0}
+    assert scores == {"alone": 1.0, "pair-1": 0.0, "pair-2": 0.0, "pending": 0.0, "done": 0.0}
 
 
-def test_node_consolidation_count_measure_ignores_the_numbers() -> None:
+def test_node_consolidation_gives_every_pod_of_a_node_the_same_score() -> None:
     s = snap(
         pod("a", node="n1"),
         pod("b", node="n1"),
         nodes=(node("n1", allocatable=BIG, requested=BIG),),
     )
     args = node_consolidation.Args(measure="count")
-    assert by_name(s, node_consolidation.score(s, args)) == {"a": 2.0, "b": 2.0}
+    assert by_name(s, node_consolidation.score(s, args)) == {"a": 0.0, "b": 0.0}
 
 
 # --- shared helpers ----------------------------------------------------------------------------
