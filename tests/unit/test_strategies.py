@@ -25,6 +25,7 @@ from podcost_core.strategies import (
     age,
     capacity_type,
     co_location,
+    karpenter,
     node_consolidation,
     priority_qos,
     untolerated_taints,
@@ -434,6 +435,60 @@ def test_node_consolidation_gives_every_pod_of_a_node_the_same_score() -> None:
     )
     args = node_consolidation.Args(measure="count")
     assert by_name(s, node_consolidation.score(s, args)) == {"a": 0.0, "b": 0.0}
+
+
+# --- karpenter ---------------------------------------------------------------------------------
+
+DISRUPTED = Taint(karpenter.DISRUPTED_TAINT, "NoSchedule")
+KEEP = {karpenter.DO_NOT_DISRUPT: "true"}
+
+
+def test_karpenter_deletes_pods_on_disrupted_nodes_first_and_keeps_do_not_disrupt_pods_last() -> (
+    None
+):
+    s = snap(
+        pod("draining", node="n1"),
+        pod("tolerant", node="n1", tolerations=(Toleration(operator="Exists"),)),
+        pod("plain", node="n2"),
+        replace(pod("precious", node="n2"), annotations=KEEP),
+        replace(pod("precious-but-draining", node="n1"), annotations=KEEP),
+        replace(pod("says-false", node="n2"), annotations={karpenter.DO_NOT_DISRUPT: "false"}),
+        pod("unscheduled", node=None, phase=Phase.PENDING),
+        nodes=(node("n1", taints=(DISRUPTED,)), node("n2")),
+    )
+    assert by_name(s, karpenter.score(s, karpenter.Args())) == {
+        "draining": -1.0,
+        "tolerant": -1.0,
+        "plain": 0.0,
+        "precious": 1.0,
+        "precious-but-draining": -1.0,
+        "says-false": 0.0,
+        "unscheduled": 0.0,
+    }
+
+
+def test_untolerated_taints_counts_karpenters_disrupted_taint_only_for_pods_not_tolerating_it() -> (
+    None
+):
+    s = snap(
+        pod("draining", node="n1"),
+        pod("tolerant", node="n1", tolerations=(Toleration(operator="Exists"),)),
+        nodes=(node("n1", taints=(DISRUPTED,)),),
+    )
+    scores = untolerated_taints.score(s, untolerated_taints.Args())
+    assert by_name(s, scores) == {"draining": -1.0, "tolerant": 0.0}
+
+
+def test_karpenter_reads_other_taint_keys_and_annotations_when_told() -> None:
+    s = snap(
+        pod("a", node="n1"),
+        replace(pod("b", node="n2"), annotations={"acme.io/keep": "True"}),
+        nodes=(node("n1", taints=(Taint("acme.io/draining", "NoExecute"),)), node("n2")),
+    )
+    args = karpenter.Args(disrupted_taints=("acme.io/draining",), do_not_disrupt="acme.io/keep")
+    assert by_name(s, karpenter.score(s, args)) == {"a": -1.0, "b": 1.0}
+    with pytest.raises(ValueError, match="disrupted_taints"):
+        karpenter.Args(disrupted_taints=())
 
 
 # --- shared helpers ----------------------------------------------------------------------------
