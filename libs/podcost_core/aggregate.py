@@ -49,6 +49,7 @@ from pydantic import TypeAdapter
 from podcost_core.combine import Combined, Contribution, ScoreContractError, answers_needed, combine
 from podcost_core.labels import (
     DEFAULT_BAND,
+    NON_NEGATIVE_BAND,
     CostBand,
     CurrentCost,
     Labelling,
@@ -306,7 +307,8 @@ class AggregationConfig:
     overwrite_foreign: bool = False
     """Whether costs someone else set may be rewritten (else they are fixed constraints)."""
     band: CostBand = DEFAULT_BAND
-    """The values podcost writes."""
+    """The values podcost writes, unless the workload's policy sets ``non_negative_costs``
+    (then ``NON_NEGATIVE_BAND``)."""
     early_ttl_s: float = 60.0
     """How long answers for a version not seen yet wait for their snapshot."""
     early_versions: int = 4
@@ -466,7 +468,7 @@ class Aggregator:
             {pod.uid: pod.replicaset for pod in snapshot.pods},
             current,
             overwrite_foreign=self.config.overwrite_foreign,
-            band=self.config.band,
+            band=NON_NEGATIVE_BAND if policy.non_negative_costs else self.config.band,
         )
         return Decision(
             key, snapshot, combined, labelling, current, latest.trace, rejected, latest.changed_at
