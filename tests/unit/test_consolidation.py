@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import replace
 
 import pytest
@@ -139,10 +139,12 @@ def with_podcost_costs(snapshot: Snapshot, policy: Policy) -> Snapshot:
     return replace(snapshot, pods=pods)
 
 
-def emptied(snapshot: Snapshot, gone: set[str], nodes: Iterable[str] | None = None) -> int:
+def emptied(snapshot: Snapshot, gone: Collection[str], nodes: Iterable[str] | None = None) -> int:
     """How many nodes (of ``nodes``, default all) hold no active pod once ``gone`` are deleted."""
-    own = Counter(p.node for p in snapshot.pods if p.active and p.node is not None)
-    left = Counter(p.node for p in snapshot.pods if p.active and p.node and p.uid not in gone)
+    own: Counter[str | None] = Counter(p.node for p in snapshot.pods if p.active)
+    left: Counter[str | None] = Counter(
+        p.node for p in snapshot.pods if p.active and p.uid not in gone
+    )
     count = 0
     for name in snapshot.nodes if nodes is None else nodes:
         others = snapshot.nodes[name].requested.pods - own[name]
@@ -243,7 +245,7 @@ def test_with_topology_spread_first_the_skew_is_least_and_each_zone_empties_the_
 
 def best_in_zone(snapshot: Snapshot, names: list[str], picks: int) -> int:
     """The most nodes of ``names`` that ``picks`` deletions of ready pods there can empty."""
-    own = Counter(p.node for p in snapshot.pods if p.active and p.node in names)
+    own: Counter[str | None] = Counter(p.node for p in snapshot.pods if p.active)
     free = [
         own[name]
         for name in names
