@@ -209,6 +209,7 @@ def naive_consolidation(snapshot: Snapshot, args: Any) -> dict[PodUID, float]:
         return node_consolidation.node_key(
             name,
             sum(1 for pod in mine if controller_class(pod) == cls),
+            len(mine),
             node_consolidation.other_pods(snapshot.nodes.get(name), len(mine)),
             any(controller_class(pod) > cls for pod in mine),
             (used[name] or 0.0) if known else 0.0,

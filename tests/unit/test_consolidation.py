@@ -59,20 +59,26 @@ STATES = (
 
 
 def cluster(
-    layout: Sequence[tuple[int, int, str]], states: Iterable[int] = (), restarts: int = 0
+    layout: Sequence[tuple[int, int, str]],
+    states: Iterable[int] = (),
+    restarts: int = 0,
+    daemons: int = 0,
 ) -> Snapshot:
-    """A Deployment's snapshot: node *i* holds ``layout[i][0]`` of its pods and ``layout[i][1]``
-    other pods, in zone ``layout[i][2]``; pod *j* gets ``STATES[states[j]]`` (default ready)."""
+    """A Deployment's snapshot: node *i* holds ``layout[i][0]`` of its pods, ``layout[i][1]``
+    other pods and ``daemons`` DaemonSet pods, in zone ``layout[i][2]``; pod *j* gets
+    ``STATES[states[j]]`` (default ready)."""
     choices = list(states)
     pods: list[Pod] = []
     nodes: dict[str, Node] = {}
     for index, (own, others, zone) in enumerate(layout):
         name = NodeName(f"node-{index}")
+        total = own + others + daemons
         nodes[name] = Node(
             name,
             labels={ZONE: zone},
             allocatable=Resources(8000, 32 << 30, 110),
-            requested=Resources(100 * (own + others), 1 << 20, own + others),
+            requested=Resources(100 * total, 1 << 20, total),
+            daemon_pods=daemons,
         )
         for slot in range(own):
             number = len(pods)
@@ -118,7 +124,9 @@ def clusters(draw: st.DrawFn, *, classes: bool, zones: int = 1) -> Snapshot:
     states: list[int] = []
     if classes:
         states = draw(st.lists(st.sampled_from(range(len(STATES))), min_size=total, max_size=total))
-    return cluster(layout, states, restarts=draw(st.integers(0, 1)))
+    return cluster(
+        layout, states, restarts=draw(st.integers(0, 1)), daemons=draw(st.sampled_from((0, 0, 2)))
+    )
 
 
 def with_podcost_costs(snapshot: Snapshot, policy: Policy) -> Snapshot:
@@ -140,14 +148,16 @@ def with_podcost_costs(snapshot: Snapshot, policy: Policy) -> Snapshot:
 
 
 def emptied(snapshot: Snapshot, gone: Collection[str], nodes: Iterable[str] | None = None) -> int:
-    """How many nodes (of ``nodes``, default all) hold no active pod once ``gone`` are deleted."""
+    """How many nodes (of ``nodes``, default all) hold no active pod but daemon pods once
+    ``gone`` are deleted."""
     own: Counter[str | None] = Counter(p.node for p in snapshot.pods if p.active)
     left: Counter[str | None] = Counter(
         p.node for p in snapshot.pods if p.active and p.uid not in gone
     )
     count = 0
     for name in snapshot.nodes if nodes is None else nodes:
-        others = snapshot.nodes[name].requested.pods - own[name]
+        node = snapshot.nodes[name]
+        others = node.requested.pods - node.daemon_pods - own[name]
         if own[name] and not left[name] and others == 0:
             count += 1
     return count
@@ -249,7 +259,8 @@ def best_in_zone(snapshot: Snapshot, names: list[str], picks: int) -> int:
     free = [
         own[name]
         for name in names
-        if own[name] and snapshot.nodes[name].requested.pods == own[name]
+        if own[name]
+        and snapshot.nodes[name].requested.pods - snapshot.nodes[name].daemon_pods == own[name]
     ]
     best = 0
     for size in range(len(free) + 1):
@@ -296,6 +307,13 @@ def test_utilization_breaks_ties_between_nodes_with_as_many_pods_then_the_name(
     scores = node_consolidation.score(snapshot, node_consolidation.Args(measure))
     by_node = {p.node: scores[p.uid] for p in snapshot.pods}
     assert by_node[NodeName(first)] == 0.0
+
+
+def test_daemonset_pods_do_not_keep_a_node_from_counting_as_one_the_scale_in_can_empty() -> None:
+    snapshot = cluster([(1, 1, "z"), (3, 0, "z")], daemons=2)
+    order = rank(snapshot, CONSOLIDATE).flat()
+    first = next(p.node for p in snapshot.pods if p.uid == order[0])
+    assert first == "node-1"  # three pods and two daemons, before one pod beside another's
 
 
 def test_a_node_without_a_pod_count_is_taken_to_run_the_workloads_pods_only() -> None:

@@ -241,13 +241,14 @@ def test_a_snapshot_message_keeps_every_field_of_every_pod() -> None:
     assert decoded.workload == WorkloadKey("prod-eu-1", "shop", "Deployment", "web")
 
 
-def test_the_karpenter_facts_survive_the_round_trip_and_score_the_same() -> None:
+def test_the_karpenter_and_consolidation_facts_survive_the_round_trip_and_score_the_same() -> None:
     original = snapshot(pods=6, nodes=3, version=2)
     name = original.pods[0].node
     assert name is not None
     disrupted = replace(
         original.nodes[name],
         taints=(Taint(karpenter.DISRUPTED_TAINT, "NoSchedule"), Taint("other", "NoExecute", "x")),
+        daemon_pods=3,
     )
     kept = replace(original.pods[1], annotations={karpenter.DO_NOT_DISRUPT: "true"})
     original = replace(
@@ -259,6 +260,7 @@ def test_the_karpenter_facts_survive_the_round_trip_and_score_the_same() -> None
     decoded = decode(WorkloadSnapshotMessage, encoded.value, encoded.headers).snapshot
     assert decoded == original
     assert decoded.nodes[name].taints == disrupted.taints
+    assert decoded.nodes[name].daemon_pods == 3
     scores = karpenter.score(decoded, karpenter.Args())
     assert scores == karpenter.score(original, karpenter.Args())
     assert scores[original.pods[0].uid] == -1.0

@@ -11,9 +11,11 @@ The order of the nodes, first drained first, by :func:`node_key`:
 
 1. Nodes the scale-in can empty before those it cannot. A node cannot be emptied when it also
    runs pods the workload does not own (``Node.requested.pods``, every active pod on the node,
-   counts them; a node without that count is taken to run the workload's pods only).
-2. Then the fewest pods first: the workload's pods for a node it can empty, every pod for the
-   others (the emptiest node, counting all pods the snapshot knows of).
+   counts them, less ``Node.daemon_pods``: DaemonSet and static pods leave with the node, so
+   Karpenter and the cluster autoscaler call a node empty without them; a node without that
+   count is taken to run the workload's pods only).
+2. Then the fewest pods first: the workload's pods for a node it can empty, every pod but the
+   daemon pods for the others (the emptiest node, counting all pods the snapshot knows of).
 3. Then the least used first (``measure``: ``dominant``, ``cpu`` or ``memory`` utilization,
    requested / allocatable, when every node of the snapshot has the numbers; ``count``: skip).
 4. Then the node name, so that ties between nodes are broken deterministically.
@@ -84,25 +86,28 @@ def utilization(node: Node, measure: str) -> float | None:
 def other_pods(node: Node | None, own: int) -> int:
     """Active pods on ``node`` the workload does not own: what keeps a scale-in from emptying it.
 
-    ``Node.requested.pods`` counts every active pod on the node; 0 (or a node missing from the
-    snapshot) means unknown, and then the node is taken to run the workload's ``own`` pods only.
+    ``Node.requested.pods`` counts every active pod on the node; DaemonSet and mirror pods
+    (``Node.daemon_pods``) do not count, since they leave with the node. 0 (or a node missing
+    from the snapshot) means unknown, and then the node is taken to run the workload's ``own``
+    pods only.
     """
     if node is None or node.requested.pods <= 0:
         return 0
-    return max(0, node.requested.pods - own)
+    return max(0, node.requested.pods - node.daemon_pods - own)
 
 
 def node_key(
-    name: str, own: int, others: int, blocked_by_class: bool, used: float
+    name: str, own: int, own_total: int, others: int, blocked_by_class: bool, used: float
 ) -> tuple[bool, int, float, str]:
     """Sort key of a node, ascending = drained first (module docstring, rules 1-4).
 
-    ``own`` is the number of the workload's pods that must go to empty it (for the class being
-    ordered), ``others`` its other active pods, ``blocked_by_class`` whether it also holds pods
-    of the workload the controller deletes only later, ``used`` its utilization (0 if unused).
+    ``own`` is the number of the workload's pods that must go to empty it (those of the class
+    being ordered), ``own_total`` all its active pods there, ``others`` the node's other
+    active pods but daemon pods, ``blocked_by_class`` whether it also holds pods of the workload
+    that the controller deletes only later, ``used`` its utilization (0 when not compared).
     """
     blocked = others > 0 or blocked_by_class
-    return (blocked, own + others if blocked else own, used, name)
+    return (blocked, own_total + others if blocked else own, used, name)
 
 
 def node_positions(snapshot: Snapshot, args: Args) -> dict[tuple[int, str], int]:
@@ -126,7 +131,12 @@ def node_positions(snapshot: Snapshot, args: Args) -> dict[tuple[int, str], int]
         names = [name for c, name in by_class if c == cls]
         names.sort(
             key=lambda name: node_key(
-                name, by_class[(cls, name)], others[name], top_class[name] > cls, used[name]
+                name,
+                by_class[(cls, name)],
+                total[name],
+                others[name],
+                top_class[name] > cls,
+                used[name],
             )
         )
         for position, name in enumerate(names):
