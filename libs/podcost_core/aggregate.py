@@ -49,10 +49,10 @@ from pydantic import TypeAdapter
 from podcost_core.combine import Combined, Contribution, ScoreContractError, answers_needed, combine
 from podcost_core.labels import (
     DEFAULT_BAND,
-    NON_NEGATIVE_BAND,
     CostBand,
     CurrentCost,
     Labelling,
+    band_for,
     current_costs,
     label_costs,
 )
@@ -468,7 +468,7 @@ class Aggregator:
             {pod.uid: pod.replicaset for pod in snapshot.pods},
             current,
             overwrite_foreign=self.config.overwrite_foreign,
-            band=NON_NEGATIVE_BAND if policy.non_negative_costs else self.config.band,
+            band=band_for(policy.non_negative_costs, self.config.band),
         )
         return Decision(
             key, snapshot, combined, labelling, current, latest.trace, rejected, latest.changed_at

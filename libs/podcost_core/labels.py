@@ -66,6 +66,12 @@ DEFAULT_BAND = CostBand(-1_000_000_000, 1_000_000_000)
 NON_NEGATIVE_BAND = CostBand(0, 2**27 - 1)
 
 
+def band_for(non_negative_costs: bool, default: CostBand = DEFAULT_BAND) -> CostBand:
+    """The band a policy's costs are written in: ``NON_NEGATIVE_BAND`` when it asks for
+    ``non_negative_costs``, else ``default``."""
+    return NON_NEGATIVE_BAND if non_negative_costs else default
+
+
 @dataclass(frozen=True, slots=True)
 class CurrentCost:
     """The cost now on a pod as far as labelling cares."""

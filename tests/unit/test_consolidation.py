@@ -285,6 +285,15 @@ def test_kep_5982s_example_scaled_from_20_to_10_empties_2_of_5_nodes() -> None:
     assert (drawn.tie_picks, len(drawn.tied)) == (10, 20)
 
 
+def test_simulate_writes_costs_of_at_least_0_when_the_policy_asks_for_non_negative_costs() -> None:
+    snapshot = cluster([(4, 0, "zone-a")] * 5)
+    policy = Policy((StrategySpec(node_consolidation.NAME),), non_negative_costs=True)
+    result = simulate(snapshot, 10, NOW, policy=policy)
+    assert all(0 <= cost < 2**27 for cost in result.writes.values())
+    (choice,) = result.rounds
+    assert all(emptied(snapshot, gone) == 2 for gone in outcomes(choice))
+
+
 def test_the_pods_of_one_node_are_contiguous_and_the_emptiest_node_goes_first() -> None:
     snapshot = cluster([(3, 0, "z"), (1, 0, "z"), (2, 0, "z"), (1, 2, "z"), (2, 0, "z")])
     order = rank(snapshot, CONSOLIDATE).flat()
