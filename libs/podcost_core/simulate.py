@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from podcost_core.combine import rank
-from podcost_core.labels import current_costs, label_costs
+from podcost_core.labels import band_for, current_costs, label_costs
 from podcost_core.model import (
     DELETION_COST_ANNOTATION,
     CostOwner,
@@ -225,6 +225,7 @@ def simulate(
             {p.uid: p.replicaset for p in snapshot.pods},
             current_costs(snapshot.pods),
             overwrite_foreign=overwrite_foreign,
+            band=band_for(policy.non_negative_costs),
         )
         writes = dict(labelling.writes)
         snapshot = replace(

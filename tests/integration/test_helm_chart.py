@@ -106,7 +106,7 @@ CASES: dict[str, Manifest] = {
     },
     "custom-policy": {
         "kafka": KAFKA,
-        "policy": {"strategies": CUSTOM_POLICY},
+        "policy": {"strategies": CUSTOM_POLICY, "nonNegativeCosts": True},
         "rankers": {
             "extraStrategies": ["priority-qos"],
             "overrides": {"topology-spread": {"replicaCount": 3}},
@@ -462,6 +462,18 @@ def test_a_custom_policy_reaches_the_policy_file_unchanged(
         for e in CUSTOM_POLICY
     )  # fmt: skip
     assert _policy_in(rendered("custom-policy")) == expected
+
+
+@pytest.mark.parametrize(("case", "non_negative"), [("default", False), ("custom-policy", True)])
+def test_the_non_negative_costs_value_reaches_the_policy_file(
+    rendered: Callable[[str], list[Manifest]], case: str, non_negative: bool, tmp_path: Path
+) -> None:
+    [config_map] = [
+        c for c in of_kind(rendered(case), "ConfigMap") if c["metadata"]["name"].endswith("-policy")
+    ]
+    path = tmp_path / "policy.json"
+    path.write_text(config_map["data"]["policy.json"])
+    assert load_policy_file(path).non_negative_costs is non_negative
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -42,7 +42,7 @@ from podcost_core.aggregate import Decision
 from podcost_core.combine import ScoreContractError, rank
 from podcost_core.convert import ConversionError, ObjectMetaJSON, cost_owner
 from podcost_core.explain import Placement
-from podcost_core.labels import current_costs, label_costs
+from podcost_core.labels import band_for, current_costs, label_costs
 from podcost_core.model import DELETION_COST_ANNOTATION
 from podcost_core.policy import PolicyError
 from podcost_kube.client import Kube, KubeError, PodGone, connect
@@ -205,7 +205,8 @@ async def compute_now(
         return None, f"{name} cannot be ranked now: {error}"
     current = current_costs(snapshot.pods)
     replicaset_of = {p.uid: p.replicaset for p in snapshot.pods}
-    labelling = label_costs(combined.order, replicaset_of, current)
+    band = band_for(policy.policy.non_negative_costs)
+    labelling = label_costs(combined.order, replicaset_of, current, band=band)
     decision = Decision(key.bus_key(settings.cluster), snapshot, combined, labelling, current)
     message = desired_costs(decision, emitted_at=now)
     uid = str(pod.get("metadata", {}).get("uid", ""))
