@@ -268,7 +268,9 @@ def _delivery(acked: asyncio.Future[Any], topic: str) -> asyncio.Future[Delivery
         if done.cancelled():
             result.cancel()
         elif (error := done.exception()) is not None:
-            result.set_exception(_bus_error(error, f"{topic!r} did not acknowledge a record"))
+            failed = _bus_error(error, f"{topic!r} did not acknowledge a record")
+            failed.__cause__ = error  # as ``raise ... from`` does for the other errors
+            result.set_exception(failed)
         else:
             metadata = done.result()
             result.set_result(Delivery(metadata.topic, metadata.partition, metadata.offset))

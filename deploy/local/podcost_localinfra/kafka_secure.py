@@ -30,6 +30,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import process
+
 #: The SASL mechanism of the client listener.
 MECHANISM = "SCRAM-SHA-512"
 ADMIN = "admin"
@@ -185,8 +187,14 @@ class Secrets:
     """A Kafka client config (``--command-config``) that is ``admin`` over SASL_SSL."""
 
 
-def _openssl(run_dir: Path, *args: str) -> None:
-    subprocess.run(["openssl", *args], cwd=run_dir, check=True, capture_output=True)
+def _run(argv: list[str], cwd: Path) -> None:
+    result = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise process.StartError(f"{' '.join(argv[:2])} failed: {result.stderr.strip()[-2000:]}")
+
+
+def _openssl(tls_dir: Path, *args: str) -> None:
+    _run(["openssl", *args], tls_dir)
 
 
 def make_certificates(tls_dir: Path, store_password: str) -> None:
@@ -215,11 +223,9 @@ def make_certificates(tls_dir: Path, store_password: str) -> None:
     _openssl(tls_dir, "pkcs12", "-export", "-in", "broker.pem", "-inkey", "broker.key",
              "-certfile", "ca.pem", "-name", "broker", "-out", "broker.p12",
              "-passout", f"pass:{store_password}")  # fmt: skip
-    subprocess.run(
-        ["keytool", "-importcert", "-noprompt", "-alias", "podcost-ca", "-file", "ca.pem",
-         "-keystore", "truststore.p12", "-storetype", "PKCS12", "-storepass", store_password],
-        cwd=tls_dir, check=True, capture_output=True,
-    )  # fmt: skip
+    _run(["keytool", "-importcert", "-noprompt", "-alias", "podcost-ca", "-file", "ca.pem",
+          "-keystore", "truststore.p12", "-storetype", "PKCS12", "-storepass", store_password],
+         tls_dir)  # fmt: skip
 
 
 def prepare(run_dir: Path, layout: Layout) -> tuple[Secrets, str]:
