@@ -11,9 +11,9 @@ The broker's listeners:
 
 - ``SASL_SSL`` on a free port of 127.0.0.1: the only one clients use, also the inter-broker one.
 - ``CONTROLLER``, ``SASL_PLAINTEXT`` with the PLAIN mechanism on another free port of
-  127.0.0.1: the broker's own link to its KRaft controller (KRaft controllers cannot
-  authenticate SCRAM, whose credentials live in the metadata they serve). Only ``admin`` has a
-  password there, and it is a super user.
+  127.0.0.1: the broker's own link to its KRaft controller. PLAIN with a static JAAS user, so
+  that this link needs nothing from the metadata log the SCRAM credentials live in (the layout
+  described in KAFKA-15513). Only ``admin`` has a password there, and it is a super user.
 
 :func:`acl_matrix` is the policy, as data: each component's principal may write (and create)
 only its own output topic and the dead-letter topic, and read only its inputs, in its own
