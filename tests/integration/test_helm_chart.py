@@ -2,7 +2,7 @@
 
 - helm itself: ``helm lint --strict`` passes and ``values.schema.json`` rejects bad values, for
   the default values and one values file per way of running podcost (embedded, over Kafka,
-  agent, core, TLS + SASL, ServiceMonitor, a custom policy, dry-run).
+  agent, core, TLS + SASL, SASL per component, ServiceMonitor, a custom policy, dry-run).
 - podcost itself: every container's arguments parse with the real ``podcost`` CLI (the typer app
   turned into its click command), every ``PODCOST_*`` variable is a field of a settings class
   the command reads and that class accepts the rendered value, every ``OTEL_*`` variable is one
