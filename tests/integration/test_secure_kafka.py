@@ -20,12 +20,8 @@ from aiokafka.helpers import create_ssl_context
 from tests.support.secure_kafka import LAYOUT, OTHER_CLUSTER, SecureBroker
 from tests.support.snapshots import CLUSTER
 
-from podcost.aggregator.settings import DEFAULT_APP_ID
-from podcost.annotator.settings import DEFAULT_GROUP
-from podcost.ranker.service import GROUP_PREFIX
 from podcost_bus import BusError, BusSettings, KafkaBus
-from podcost_contracts.topics import DEFAULT_TOPICS
-from podcost_localinfra.kafka_secure import Layout, acl_matrix, annotator_user, users
+from podcost_localinfra.kafka_secure import annotator_user, users
 
 pytestmark = pytest.mark.integration
 
@@ -42,29 +38,6 @@ EXPECTED = {
     ANNOTATOR: {WORKLOADS: "-", RANKS: "-", COSTS: "r", OTHER_COSTS: "-", DEADLETTER: "w"},
     OTHER_ANNOTATOR: {WORKLOADS: "-", RANKS: "-", COSTS: "-", OTHER_COSTS: "r", DEADLETTER: "w"},
 }
-
-
-def test_the_layouts_defaults_are_the_names_the_services_use_by_default() -> None:
-    layout = Layout()
-    assert (layout.workloads, layout.ranks, layout.costs, layout.deadletter) == (
-        DEFAULT_TOPICS.workloads, DEFAULT_TOPICS.ranks, DEFAULT_TOPICS.costs,
-        DEFAULT_TOPICS.deadletter,
-    )  # fmt: skip
-    assert layout.ranker_group_prefix == GROUP_PREFIX
-    assert layout.aggregator_app_id == DEFAULT_APP_ID
-    assert layout.annotator_group == DEFAULT_GROUP
-
-
-def test_only_the_aggregator_may_create_topics_beyond_its_outputs_and_only_its_own() -> None:
-    created = {(acl.principal, acl.name, acl.pattern) for acl in acl_matrix(LAYOUT)
-               if acl.operation == "Create"}  # fmt: skip
-    assert created == {
-        ("watcher", WORKLOADS, "literal"),
-        ("ranker", RANKS, "literal"),
-        ("aggregator", f"{LAYOUT.costs}.", "prefixed"),
-        ("aggregator", f"{DEFAULT_APP_ID}-", "prefixed"),
-        *((user, DEADLETTER, "literal") for user in users(LAYOUT)),
-    }
 
 
 def _client(broker: SecureBroker, user: str) -> dict[str, object]:

@@ -69,7 +69,7 @@ allow.everyone.if.no.acl.found=false
 class Layout:
     """The names the ACLs are about. The defaults are the services' own defaults
     (``podcost_contracts.topics``, the ranker's group prefix, the aggregator's app id, the
-    annotator's group prefix); ``tests/integration/test_secure_kafka.py`` checks that they
+    annotator's group prefix); ``tests/unit/test_kafka_acls.py`` checks that they
     agree."""
 
     workloads: str = "podcost.workloads"
