@@ -2,7 +2,7 @@
 
 - helm itself: ``helm lint --strict`` passes and ``values.schema.json`` rejects bad values, for
   the default values and one values file per way of running podcost (embedded, over Kafka,
-  agent, core, TLS + SASL, ServiceMonitor, a custom policy, dry-run).
+  agent, core, TLS + SASL, SASL per component, ServiceMonitor, a custom policy, dry-run).
 - podcost itself: every container's arguments parse with the real ``podcost`` CLI (the typer app
   turned into its click command), every ``PODCOST_*`` variable is a field of a settings class
   the command reads and that class accepts the rendered value, every ``OTEL_*`` variable is one
@@ -70,6 +70,14 @@ CUSTOM_POLICY: list[Manifest] = [
     {"name": "age", "tier": 1, "weight": 2, "threshold": 3600},
 ]
 
+#: One Kafka principal per component: the Secret each component's SASL credentials come from.
+SASL_SECRETS = {
+    "watcher": "kafka-watcher",
+    "annotator": "kafka-annotator-eu-1",
+    "ranker": "kafka-ranker",
+    "aggregator": "kafka-aggregator",
+}
+
 #: Values files, by name, that must lint, render and pass the API server's strict validation.
 CASES: dict[str, Manifest] = {
     "default": {},
@@ -98,6 +106,14 @@ CASES: dict[str, Manifest] = {
             "resourceAttributes": {"deployment.environment": "prod"},
             "sampler": "parentbased_traceidratio",
             "samplerArg": "0.25",
+        },
+    },
+    "sasl-per-component": {
+        "kafka": {
+            **KAFKA,
+            "securityProtocol": "SASL_SSL",
+            "tls": {"caSecret": {"name": "kafka-ca"}},
+            "sasl": {"mechanism": "SCRAM-SHA-512", "secretNames": SASL_SECRETS},
         },
     },
     "servicemonitor": {
@@ -136,6 +152,19 @@ REJECTED: dict[str, tuple[Manifest, str]] = {
     "tls-file-over-plaintext": (
         {"kafka": {**KAFKA, "tls": {"caSecret": {"name": "kafka-ca"}}}},
         SCHEMA_ERROR,
+    ),
+    "sasl-without-a-secret-for-a-component": (
+        {
+            "kafka": {
+                **KAFKA,
+                "securityProtocol": "SASL_SSL",
+                "sasl": {
+                    "mechanism": "SCRAM-SHA-512",
+                    "secretNames": {**SASL_SECRETS, "aggregator": ""},
+                },
+            },
+        },
+        "kafka.sasl.secretNames.aggregator or kafka.sasl.secretName must name the aggregator's",
     ),
     "two-watchers-without-election": (
         {"leaderElection": {"enabled": False}, "watcher": {"replicaCount": 2}},
@@ -494,6 +523,31 @@ def test_pods_run_locked_down_and_only_agents_get_an_api_token(
         assert pod["serviceAccountName"] == RELEASE
         probes = {container[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")}
         assert probes == {"/healthz", "/readyz"}
+
+
+def sasl_secrets(container: Manifest) -> set[str]:
+    """The Secrets a container's SASL username and password come from."""
+    return {
+        entry["valueFrom"]["secretKeyRef"]["name"]
+        for entry in container.get("env") or []
+        if entry["name"] in ("PODCOST_KAFKA_SASL_USERNAME", "PODCOST_KAFKA_SASL_PASSWORD")
+    }
+
+
+def test_each_component_is_its_own_kafka_principal_from_its_own_secret(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    found = {
+        deployment["metadata"]["name"]: sasl_secrets(container)
+        for deployment, container in containers(rendered("sasl-per-component"))
+    }
+    assert found == {
+        name: {SASL_SECRETS["ranker" if "-ranker-" in name else name.removeprefix(f"{RELEASE}-")]}
+        for name in expected_deployments(CASES["sasl-per-component"])
+    }
+    # One shared Secret still works for all (secretNames empty).
+    shared = {frozenset(sasl_secrets(c)) for _, c in containers(rendered("tls-sasl"))}
+    assert shared == {frozenset({"kafka-sasl"})}
 
 
 def test_the_service_monitor_scrapes_every_metrics_service(

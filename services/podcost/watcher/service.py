@@ -333,7 +333,8 @@ class WatcherService:
             handlers=(self._on_change,),
             backoff=SERVICE_BACKOFF,
         )
-        await self.bus.ensure_topics(self.topics.shared())
+        # Only what it writes: on a broker with ACLs it may not even see the ranks topic.
+        await self.bus.ensure_topics([self.topics.workloads, self.topics.deadletter])
         async with informer:
             await informer.wait_synced()
             self._ready = True
