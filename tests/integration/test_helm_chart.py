@@ -114,6 +114,8 @@ CASES: dict[str, Manifest] = {
         "annotator": {"highWater": 2_000_000, "lowWater": 1_000_000},
     },
     "dry-run": {"dryRun": True, "leaderElection": {"enabled": False}, "log": {"level": "DEBUG"}},
+    # RBAC in a Role of the watched namespace (here the release's, where the dry run applies).
+    "one-namespace": {"watch": {"namespace": NAMESPACE}},
     "dry-run-agent": {"mode": "agent", "clusterName": "eu-2", "kafka": KAFKA, "dryRun": True},
 }
 

@@ -123,8 +123,13 @@ class ServiceAccount:
     @property
     def lease(self) -> str:
         """The watcher's Lease, the one name the leader-election Role may read and renew."""
-        rules = one(self.objects, "Role")["rules"]
-        names: list[str] = next(rule["resourceNames"] for rule in rules if "resourceNames" in rule)
+        names: list[str] = next(
+            rule["resourceNames"]
+            for role in self.objects
+            if role["kind"] == "Role"
+            for rule in role["rules"]
+            if "leases" in rule["resources"] and "resourceNames" in rule
+        )
         return names[0]
 
     async def token(self, seconds: int = 3600) -> str:
