@@ -3,7 +3,9 @@ only cluster credential is a service-account token, bound by the chart's RBAC an
 policy, steers a real scale-in.
 
 The chart's ``templates/rbac.yaml`` and ``templates/admission-policy.yaml`` are rendered by the
-real helm and created on the real control plane; the process gets a kubeconfig holding the
+real helm with ``watch.namespace`` set to the workload's namespace (so pods, ReplicaSets and
+Deployments are granted by a Role there, and cost writes are admitted there only) and created on
+the real control plane; the process gets a kubeconfig holding the
 account's token (from the TokenRequest API), the server and the CA, and leader election on, as
 the chart deploys it. An opted-in 12-replica Deployment fills four nodes of three pods each,
 unevenly over three zones (zone-a 6, zone-b 3, zone-c 3); podcost writes the deletion costs;
@@ -136,7 +138,9 @@ async def test_the_pipeline_steers_scale_in_with_only_the_charts_rights(
     taint = {"key": "podcost.dev/e2e", "value": suffix, "effect": "NoSchedule"}
     account: ServiceAccount | None = None
     try:
-        account = await install(kube.api, control_plane.kubeconfig, release_ns)
+        account = await install(
+            kube.api, control_plane.kubeconfig, release_ns, {"watch.namespace": workload_ns}
+        )
         lease = account.lease
         kubeconfig = await account.kubeconfig(tmp_path / "kubeconfig")
         for name, zone in nodes.items():
