@@ -13,9 +13,9 @@ The effective permissions are read back with SelfSubjectRulesReview and must be 
 the chart promises, with no wildcard.
 
 Twice: with the default values (podcost watches every namespace: a ClusterRole), and with
-``watch.namespace`` set (a Role in that namespace for pods, ReplicaSets and Deployments; the
-ClusterRole keeps nodes and namespaces): there, pods elsewhere cannot even be listed, and a cost
-write elsewhere is refused by the policy too when RBAC is widened by hand.
+``watch.namespace`` listing two namespaces (a Role in each for pods, ReplicaSets and
+Deployments; the ClusterRole keeps nodes and namespaces): there, pods elsewhere cannot even be
+listed, and a cost write elsewhere is refused by the policy too when RBAC is widened by hand.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from tests.support.tools import require_helm
 
 from podcost_core.labels import DEFAULT_BAND, INT32_MAX, INT32_MIN
 from podcost_kube.client import Kube, KubeError
-from podcost_kube.informer import WORKLOAD_RESOURCES, Informer, InformerFailed
+from podcost_kube.informer import WORKLOAD_RESOURCES, Informer, InformerFailed, Informers
 from podcost_kube.leader import KubeLeases
 
 pytestmark = pytest.mark.integration
@@ -548,12 +548,18 @@ async def test_the_policy_type_checks_against_the_pod_schema(
 @dataclass
 class Scoped(Installed):
     """The chart installed with ``watch.namespace``: the account lives in ``namespace`` (the
-    release's), watches ``watched``; ``other`` is a namespace it does not watch."""
+    release's), watches ``watched`` and ``second``; ``other`` is a namespace it does not watch."""
 
     watched: str = ""
     watched_pod: str = ""
+    second: str = ""
+    second_pods: tuple[str, ...] = ()
     other: str = ""
     other_pod: str = ""
+
+    @property
+    def scope(self) -> list[str]:
+        return [self.watched, self.second]
 
 
 @pytest.fixture(scope="module")
@@ -562,40 +568,46 @@ async def scoped(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> AsyncIterator[Scoped]:  # fmt: skip
     suffix = uuid.uuid4().hex[:6]
-    release, watched, other = [
-        await kube.create_namespace(f"lps-{role}-{suffix}") for role in ("rel", "shop", "other")
+    release, watched, second, other = [
+        await kube.create_namespace(f"lps-{role}-{suffix}")
+        for role in ("rel", "shop", "web", "other")
     ]
     account = await install(
-        kube.api, control_plane.kubeconfig, release, {"watch.namespace": watched}
+        kube.api, control_plane.kubeconfig, release, {"watch.namespace": f"{watched},{second}"}
     )
     try:
         target, probe = await replicaset_pods(kube, watched)
+        second_pods = await replicaset_pods(kube, second)
         other_pod, _ = await replicaset_pods(kube, other)
         path = await account.kubeconfig(tmp_path_factory.mktemp("sa") / "kubeconfig")
         async with await config.new_client_from_config(config_file=str(path)) as api:
-            ready = Scoped(account, api, release, target, probe, watched, target, other,
-                           other_pod)  # fmt: skip
+            ready = Scoped(account, api, release, target, probe, watched, target, second,
+                           tuple(second_pods), other, other_pod)  # fmt: skip
             # The policy is waited for on the watched namespace's pods.
             await _policy_in_force(Installed(account, api, watched, target, probe), kube)
             yield ready
     finally:
         await account.uninstall()
-        for namespace in (watched, other, release):
+        for namespace in (watched, second, other, release):
             await kube.delete_namespace(namespace)
 
 
-async def test_with_one_watched_namespace_the_annotators_write_there_passes(
+async def test_with_watched_namespaces_the_annotators_write_there_passes(
     scoped: Scoped, kube: KubeTestCluster
 ) -> None:
     pods = Kube(scoped.api)
-    seen = await pods.read_pod(scoped.watched, scoped.watched_pod)
-    written = await pods.patch_deletion_cost_if_unchanged(
-        scoped.watched, scoped.watched_pod, DEFAULT_BAND.high, seen=seen
-    )
-    assert written["metadata"]["annotations"][COST_ANNOTATION] == str(DEFAULT_BAND.high)
-    await pods.patch_deletion_cost(scoped.watched, scoped.watched_pod, 10)
-    read = await kube.core.read_namespaced_pod(scoped.watched_pod, scoped.watched)
-    assert read.metadata.annotations[COST_ANNOTATION] == "10"
+    for namespace, pod in (
+        (scoped.watched, scoped.watched_pod),
+        (scoped.second, scoped.second_pods[0]),
+    ):
+        seen = await pods.read_pod(namespace, pod)
+        written = await pods.patch_deletion_cost_if_unchanged(
+            namespace, pod, DEFAULT_BAND.high, seen=seen
+        )
+        assert written["metadata"]["annotations"][COST_ANNOTATION] == str(DEFAULT_BAND.high)
+        await pods.patch_deletion_cost(namespace, pod, 10)
+        read = await kube.core.read_namespaced_pod(pod, namespace)
+        assert read.metadata.annotations[COST_ANNOTATION] == "10"
 
 
 SCOPED_RBAC_DENIALS: dict[str, tuple[Callable[[Scoped], Awaitable[Any]], str]] = {
@@ -628,7 +640,7 @@ SCOPED_RBAC_DENIALS: dict[str, tuple[Callable[[Scoped], Awaitable[Any]], str]] =
 
 
 @pytest.mark.parametrize("action", list(SCOPED_RBAC_DENIALS))
-async def test_with_one_watched_namespace_rbac_refuses_workloads_elsewhere(
+async def test_with_watched_namespaces_rbac_refuses_workloads_elsewhere(
     action: str, scoped: Scoped
 ) -> None:
     call, expected = SCOPED_RBAC_DENIALS[action]
@@ -637,7 +649,7 @@ async def test_with_one_watched_namespace_rbac_refuses_workloads_elsewhere(
     assert f'User "{scoped.account.username}" {expected.format(other=scoped.other)}' in message
 
 
-async def test_with_one_watched_namespace_the_policy_refuses_a_cost_elsewhere_where_rbac_allows(
+async def test_with_watched_namespaces_the_policy_refuses_a_cost_elsewhere_where_rbac_allows(
     scoped: Scoped, kube: KubeTestCluster
 ) -> None:
     rbac = client.RbacAuthorizationV1Api(kube.api)
@@ -664,9 +676,9 @@ async def test_with_one_watched_namespace_the_policy_refuses_a_cost_elsewhere_wh
         status, message = refused
         assert status == 403, message
         assert f"ValidatingAdmissionPolicy '{policy}'" in message
-        assert (
-            f"podcost may write deletion costs only in namespace {scoped.watched}, the one it "
-            "watches" in message
+        watched = ", ".join(scoped.scope)
+        assert f"podcost may write deletion costs only in the namespaces it watches: {watched}" in (
+            message
         )
         other = await kube.core.read_namespaced_pod(scoped.other_pod, scoped.other)
         assert other.metadata.annotations[COST_ANNOTATION] == "10"
@@ -675,38 +687,52 @@ async def test_with_one_watched_namespace_the_policy_refuses_a_cost_elsewhere_wh
         await rbac.delete_namespaced_role("wider", scoped.other)
 
 
-async def test_with_one_watched_namespace_the_informer_lists_and_watches_that_namespace(
+async def test_with_watched_namespaces_the_informer_lists_and_watches_that_namespace(
     scoped: Scoped, kube: KubeTestCluster
 ) -> None:
     kube_client = Kube(scoped.api)
-    async with Informer(kube_client, WORKLOAD_RESOURCES, namespace=scoped.watched) as informer:
-        await informer.wait_synced()
+    async with Informers(kube_client, WORKLOAD_RESOURCES, namespaces=scoped.scope) as informers:
+        await informers.wait_synced()
 
         async def watching() -> bool:
-            if informer.error is not None:
-                raise informer.error
-            return all(informer.stats(kind).watches >= 1 for kind in informer.kinds)
+            if informers.error is not None:
+                raise informers.error
+            return all(
+                informer.stats(kind).watches >= 1
+                for informer in informers.informers
+                for kind in informer.kinds
+            )
 
         await kube.wait_for(watching, "a watch of every resource", timeout=30)
-        pods = informer.store.objects("Pod", None)
-        assert sorted(pod["metadata"]["name"] for pod in pods) == sorted(
-            (scoped.watched_pod, scoped.probe)
-        )
-        assert {pod["metadata"]["namespace"] for pod in pods} == {scoped.watched}
+        pods = {
+            (pod["metadata"]["namespace"], pod["metadata"]["name"])
+            for pod in informers.store.objects("Pod", None)
+        }
+        assert pods == {
+            (scoped.watched, scoped.watched_pod), (scoped.watched, scoped.probe),
+            *((scoped.second, pod) for pod in scoped.second_pods),
+        }  # fmt: skip
+        # Nodes once, cluster-wide; pods, ReplicaSets, Deployments once per watched namespace.
+        assert [informer.kinds for informer in informers.informers] == [
+            ("Node",),
+            *[("Pod", "ReplicaSet", "Deployment")] * 2,
+        ]
     # Every namespace, as a watcher without PODCOST_WATCHER_NAMESPACE would ask: refused for good.
     async with Informer(kube_client, WORKLOAD_RESOURCES) as everywhere:
         with pytest.raises(InformerFailed, match="HTTP 403"):
             await everywhere.wait_synced()
 
 
-async def test_with_one_watched_namespace_the_effective_permissions_are_scoped(
+async def test_with_watched_namespaces_the_effective_permissions_are_scoped(
     scoped: Scoped, kube: KubeTestCluster, tmp_path: Path
 ) -> None:
     baseline = await _baseline(scoped, kube, tmp_path)
     watched = await _rules(scoped.api, scoped.watched)
+    second = await _rules(scoped.api, scoped.second)
     release = await _rules(scoped.api, scoped.namespace)
     other = await _rules(scoped.api, scoped.other)
     assert watched - baseline == WORKLOAD_RULES | NODE_RULES
+    assert second - baseline == WORKLOAD_RULES | NODE_RULES
     assert release - baseline == NODE_RULES | lease_rules(scoped.lease)
     assert other - baseline == NODE_RULES
     assert all("*" not in part for rule in watched | release | other for part in rule)

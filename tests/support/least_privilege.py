@@ -44,7 +44,9 @@ def render(
     call per template: helm refuses to show a template that renders nothing, which is how the
     chart switches these off)."""
     helm = require_helm()
-    settings = [arg for key, value in (values or {}).items() for arg in ("--set", f"{key}={value}")]
+    # --set splits on commas: a list value ("a,b") keeps its commas escaped.
+    settings = [arg for key, value in (values or {}).items()
+                for arg in ("--set", f"{key}={value.replace(',', chr(92) + ',')}")]  # fmt: skip
     objects: list[Object] = []
     for template in templates:
         assert (CHART / template).is_file(), f"the chart has no {template}"
