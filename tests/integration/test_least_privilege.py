@@ -38,7 +38,13 @@ from tests.support.tools import require_helm
 
 from podcost_core.labels import DEFAULT_BAND, INT32_MAX, INT32_MIN
 from podcost_kube.client import Kube, KubeError
-from podcost_kube.informer import WORKLOAD_RESOURCES, Informer, InformerFailed, Informers
+from podcost_kube.informer import (
+    NAMESPACE,
+    WORKLOAD_RESOURCES,
+    Informer,
+    InformerFailed,
+    Informers,
+)
 from podcost_kube.leader import KubeLeases
 
 pytestmark = pytest.mark.integration
@@ -50,11 +56,10 @@ WORKLOAD_RULES = {
     *(("apps", resource, verb, "") for resource in ("replicasets", "deployments")
       for verb in ("get", "list", "watch")),
 }  # fmt: skip
-#: ... and on the cluster-scoped ones, always cluster-wide.
-NODE_RULES = {
-    ("", resource, verb, "") for resource in ("nodes", "namespaces")
-    for verb in ("get", "list", "watch")
-}  # fmt: skip
+#: ... and on the cluster-scoped ones, always cluster-wide: nodes, and namespaces only with
+#: ``watch.namespaceSelector`` (the one reason the watcher reads them).
+NODE_RULES = {("", "nodes", verb, "") for verb in ("get", "list", "watch")}
+NAMESPACE_RULES = {("", "namespaces", verb, "") for verb in ("get", "list", "watch")}
 CLUSTER_RULES = WORKLOAD_RULES | NODE_RULES
 
 Rule = tuple[str, str, str, str]
@@ -573,8 +578,9 @@ async def scoped(
         for role in ("rel", "shop", "web", "other")
     ]
     account = await install(
-        kube.api, control_plane.kubeconfig, release, {"watch.namespace": f"{watched},{second}"}
-    )
+        kube.api, control_plane.kubeconfig, release,
+        {"watch.namespace": f"{watched},{second}", "watch.namespaceSelector": "podcost=on"},
+    )  # fmt: skip
     try:
         target, probe = await replicaset_pods(kube, watched)
         second_pods = await replicaset_pods(kube, second)
@@ -691,7 +697,8 @@ async def test_with_watched_namespaces_the_informer_lists_and_watches_that_names
     scoped: Scoped, kube: KubeTestCluster
 ) -> None:
     kube_client = Kube(scoped.api)
-    async with Informers(kube_client, WORKLOAD_RESOURCES, namespaces=scoped.scope) as informers:
+    resources = (*WORKLOAD_RESOURCES, NAMESPACE)  # as the watcher with a namespace selector
+    async with Informers(kube_client, resources, namespaces=scoped.scope) as informers:
         await informers.wait_synced()
 
         async def watching() -> bool:
@@ -714,7 +721,7 @@ async def test_with_watched_namespaces_the_informer_lists_and_watches_that_names
         }  # fmt: skip
         # Nodes once, cluster-wide; pods, ReplicaSets, Deployments once per watched namespace.
         assert [informer.kinds for informer in informers.informers] == [
-            ("Node",),
+            ("Node", "Namespace"),
             *[("Pod", "ReplicaSet", "Deployment")] * 2,
         ]
     # Every namespace, as a watcher without PODCOST_WATCHER_NAMESPACE would ask: refused for good.
@@ -731,10 +738,11 @@ async def test_with_watched_namespaces_the_effective_permissions_are_scoped(
     second = await _rules(scoped.api, scoped.second)
     release = await _rules(scoped.api, scoped.namespace)
     other = await _rules(scoped.api, scoped.other)
-    assert watched - baseline == WORKLOAD_RULES | NODE_RULES
-    assert second - baseline == WORKLOAD_RULES | NODE_RULES
-    assert release - baseline == NODE_RULES | lease_rules(scoped.lease)
-    assert other - baseline == NODE_RULES
+    cluster_wide = NODE_RULES | NAMESPACE_RULES  # this install sets watch.namespaceSelector
+    assert watched - baseline == WORKLOAD_RULES | cluster_wide
+    assert second - baseline == WORKLOAD_RULES | cluster_wide
+    assert release - baseline == cluster_wide | lease_rules(scoped.lease)
+    assert other - baseline == cluster_wide
     assert all("*" not in part for rule in watched | release | other for part in rule)
 
 
@@ -775,3 +783,11 @@ def test_the_chart_renders_rbac_and_policy_only_where_asked() -> None:
             if obj["kind"] in ("Role", "RoleBinding")} == {
         ("Role", "shop"), ("RoleBinding", "shop"), ("Role", "ops"), ("RoleBinding", "ops")
     }  # fmt: skip
+    # Namespaces are read (and granted) only to match watch.namespaceSelector.
+    for values, resources in (
+        ({}, ["nodes"]),
+        ({"watch.namespaceSelector": "a=b"}, ["nodes", "namespaces"]),
+    ):
+        cluster_role = one(render("podcost", "ops", values), "ClusterRole")
+        assert [r["resources"] for r in cluster_role["rules"] if r["apiGroups"] == [""]
+                and "pods" not in r["resources"]] == [resources]  # fmt: skip
