@@ -1,8 +1,10 @@
 """List and watch Kubernetes objects into a :class:`~podcost_kube.store.Store`: the informer.
 
-The watcher service runs one :class:`Informer` over pods, nodes, ReplicaSets and Deployments
-(optionally namespaces, or any other resource, e.g. a CRD) and subscribes a handler that turns
-each :class:`~podcost_kube.store.Change` into the workloads it touches (``podcost_kube.workloads``).
+The watcher service runs :class:`Informers` over pods, nodes, ReplicaSets and Deployments
+(optionally namespaces, or any other resource, e.g. a CRD): one :class:`Informer` for every
+namespace, or with a list of namespaces one for the cluster-scoped resources and one per
+namespace, all over one store. It subscribes a handler that turns each
+:class:`~podcost_kube.store.Change` into the workloads it touches (``podcost_kube.workloads``).
 
 What it does, per resource, as client-go's reflector does:
 
