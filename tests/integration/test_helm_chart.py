@@ -130,6 +130,15 @@ CASES: dict[str, Manifest] = {
         "annotator": {"highWater": 2_000_000, "lowWater": 1_000_000},
     },
     "dry-run": {"dryRun": True, "leaderElection": {"enabled": False}, "log": {"level": "DEBUG"}},
+    # RBAC in a Role of the watched namespace (here the release's, where the dry run applies).
+    "one-namespace": {"watch": {"namespace": NAMESPACE}},
+    "explain-token": {"http": {"explainTokenSecret": {"name": "podcost-explain"}}},
+    "explain-token-agent": {
+        "mode": "agent",
+        "clusterName": "eu-3",
+        "kafka": KAFKA,
+        "http": {"explainTokenSecret": {"name": "podcost-explain", "key": "bearer"}},
+    },
     "dry-run-agent": {"mode": "agent", "clusterName": "eu-2", "kafka": KAFKA, "dryRun": True},
 }
 
@@ -455,7 +464,7 @@ def _resolve(variable: Manifest, files: Mapping[str, MountedFile], tmp_path: Pat
             return {"metadata.name": "podcost-watcher-0", "metadata.namespace": NAMESPACE}[
                 source["fieldRef"]["fieldPath"]
             ]
-        return "from-a-secret"
+        return "a-value-from-a-secret"  # as long as a token must be
     value = str(variable["value"])
     if not value.startswith("/"):
         return value

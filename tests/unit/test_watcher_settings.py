@@ -14,6 +14,7 @@ from podcost.commands.startup import EXIT_BAD_CONFIG, load_settings
 from podcost.watcher.service import WatcherSettings
 
 VARIABLES = (
+    "PODCOST_WATCHER_NAMESPACE",
     "PODCOST_WATCHER_LEADER_ELECTION",
     "PODCOST_WATCHER_LEASE_NAME",
     "PODCOST_WATCHER_LEASE_NAMESPACE",
@@ -78,6 +79,9 @@ def test_podcost_s_own_variables_win_over_the_downward_api(
         ({"PODCOST_WATCHER_RETRY_PERIOD_SECONDS": "0"}, "PODCOST_WATCHER_RETRY_PERIOD_SECONDS"),
         ({"PODCOST_WATCHER_LEASE_NAME": "Not_A_Name"}, "PODCOST_WATCHER_LEASE_NAME"),
         ({"PODCOST_WATCHER_LEADER_ELECTION": "maybe"}, "PODCOST_WATCHER_LEADER_ELECTION"),
+        ({"PODCOST_WATCHER_NAMESPACE": "Shop"}, "PODCOST_WATCHER_NAMESPACE"),
+        ({"PODCOST_WATCHER_NAMESPACE": "shop,,web"}, "PODCOST_WATCHER_NAMESPACE"),
+        ({"PODCOST_WATCHER_NAMESPACE": "shop,shop"}, "PODCOST_WATCHER_NAMESPACE"),
     ],
 )
 def test_a_bad_election_setting_stops_the_watcher_naming_the_variable(
@@ -92,3 +96,15 @@ def test_a_bad_election_setting_stops_the_watcher_naming_the_variable(
         load_settings("watcher", WatcherSettings)
     assert exited.value.exit_code == EXIT_BAD_CONFIG
     assert culprit in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "namespaces"),
+    [(None, None), ("", None), ("shop", ("shop",)), (" shop , web-2 ", ("shop", "web-2"))],
+)
+def test_the_watched_namespaces_are_one_a_list_or_all(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, namespaces: tuple[str, ...] | None
+) -> None:
+    if value is not None:
+        monkeypatch.setenv("PODCOST_WATCHER_NAMESPACE", value)
+    assert load_settings("watcher", WatcherSettings).namespaces() == namespaces

@@ -55,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 from collections import deque
 from collections.abc import Mapping
@@ -63,7 +64,7 @@ from typing import Any, Self
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from podcost.runtime.clock import Clock, WallClock
@@ -91,7 +92,7 @@ from podcost_core.model import DELETION_COST_ANNOTATION, Pod
 from podcost_core.policy import PolicyError, load_policy_file
 from podcost_kube.client import Kube
 from podcost_kube.debounce import Debouncer, Emission
-from podcost_kube.informer import NAMESPACE, SERVICE_BACKOFF, WORKLOAD_RESOURCES, Informer
+from podcost_kube.informer import NAMESPACE, SERVICE_BACKOFF, WORKLOAD_RESOURCES, Informers
 from podcost_kube.leader import LeaderElector, check_timing
 from podcost_kube.podcache import PodCache
 from podcost_kube.store import Change, Store
@@ -106,6 +107,9 @@ from podcost_kube.workloads import (
 
 log = logging.getLogger("podcost.watcher")
 
+#: A namespace name (RFC 1123 label), as ``PODCOST_WATCHER_NAMESPACE`` lists them.
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
 VERSION_SPAN = 10**6
 #: Snapshots queued on the bus and not yet acknowledged before publishing waits for the oldest.
 MAX_IN_FLIGHT = 256
@@ -114,7 +118,8 @@ MAX_IN_FLIGHT = 256
 class WatcherSettings(BaseSettings):
     """Watcher settings; environment variables ``PODCOST_WATCHER_*``:
 
-    - ``PODCOST_WATCHER_NAMESPACE``: watch one namespace only [all namespaces]
+    - ``PODCOST_WATCHER_NAMESPACE``: watch these namespaces only, ``ns[,ns]``; each is listed
+      and watched on its own, so a Role in each is all the RBAC it needs [all namespaces]
     - ``PODCOST_WATCHER_NAMESPACE_SELECTOR``: opt in every workload of the namespaces whose
       labels match, ``key=value[,key=value]`` [none]
     - ``PODCOST_WATCHER_DEFAULT_ENABLED``: opt in workloads that say nothing [false]
@@ -192,6 +197,23 @@ class WatcherSettings(BaseSettings):
             ),
         )
         return self
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_list(cls, value: str | None) -> str | None:
+        names = [name.strip() for name in (value or "").split(",")]
+        if value is None or names == [""]:
+            return None
+        for name in names:
+            if not DNS_LABEL.fullmatch(name):
+                raise ValueError(f"{name!r} is not a namespace name (a DNS label)")
+        if len(set(names)) != len(names):
+            raise ValueError(f"a namespace is listed twice in {value!r}")
+        return ",".join(names)
+
+    def namespaces(self) -> tuple[str, ...] | None:
+        """The namespaces watched, ``None`` for all of them."""
+        return tuple(self.namespace.split(",")) if self.namespace else None
 
     def identity(self) -> str:
         """This replica's name in the Lease: the setting, else ``hostname_pid``."""
@@ -325,10 +347,10 @@ class WatcherService:
         resources = WORKLOAD_RESOURCES
         if self.rules.namespace_selector is not None:
             resources = (*resources, NAMESPACE)
-        informer = Informer(
+        informer = Informers(
             self.kube,
             resources,
-            namespace=self.settings.namespace,
+            namespaces=self.settings.namespaces(),
             store=self.store,
             handlers=(self._on_change,),
             backoff=SERVICE_BACKOFF,
@@ -381,7 +403,7 @@ class WatcherService:
         if not pending:
             log.info("first pass published: %d workloads", len(self._pass))
 
-    async def _watch_outage(self, informer: Informer) -> None:
+    async def _watch_outage(self, informer: Informers) -> None:
         """Flip readiness when the informer's requests have failed for too long, and back."""
         limit = self.settings.unready_after_seconds
         while True:

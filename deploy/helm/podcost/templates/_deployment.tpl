@@ -142,6 +142,16 @@ spec:
             {{- end }}
             {{- if $annotates }}
             {{- include "podcost.annotatorEnv" $root | trim | nindent 12 }}
+            {{- with $v.http.explainTokenSecret }}
+            {{- if .name }}
+            # /explain answers only this bearer token; /healthz, /readyz, /metrics stay open.
+            - name: PODCOST_EXPLAIN_TOKEN
+              valueFrom:
+                secretKeyRef:
+                  name: {{ .name }}
+                  key: {{ .key }}
+            {{- end }}
+            {{- end }}
             {{- end }}
             {{- if $aggregates }}
             {{- include "podcost.aggregatorEnv" $root | trim | nindent 12 }}
