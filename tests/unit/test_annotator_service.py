@@ -86,8 +86,10 @@ class FakePods:
         cost: str | None = None,
         manager: str = FIELD_MANAGER,
         replicaset: str = "web-1",
+        in_view: bool = True,
     ) -> str:
-        """A pod of ``replicaset`` (of Deployment ``web`` by default), in the API and the view."""
+        """A pod of ``replicaset`` (of Deployment ``web`` by default), in the API and (unless
+        ``in_view`` is false: not seen yet) in the view."""
         uid = f"uid-{name}"
         self.pods[name] = {
             "metadata": {
@@ -102,7 +104,8 @@ class FakePods:
         }
         if cost is not None:
             self.set_cost(name, cost, manager)
-        self.view.apply("Pod", ChangeType.ADDED, copy.deepcopy(self.pods[name]))
+        if in_view:
+            self.view.apply("Pod", ChangeType.ADDED, copy.deepcopy(self.pods[name]))
         return uid
 
     def delete(self, name: str, *, seen: bool = True) -> None:
@@ -600,33 +603,49 @@ async def test_decisions_the_view_contradicts_are_refused_without_a_request_coun
     assert stray != "uid-forged"  # the real pod of that name is left alone (cost None above)
 
 
-async def test_a_pod_the_view_has_not_seen_yet_is_written_once_it_shows_within_the_grace(
+async def test_a_pod_the_view_does_not_show_is_read_verified_as_read_and_written(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    run = await start(pods)
+    late = pods.add("late", in_view=False)
+    await run.publish(Desire("late", late, 7), Desire("never", "uid-never", 8))
+    await until(lambda: run.committed() == 1, "the record committed")
+    assert pods.cost("late") == "7"
+    assert (run.patches("ok"), run.patches("gone"), run.patches("refused")) == (1, 1, 0)
+    assert sorted(pods.requests) == [("patch", "late"), ("read", "late"), ("read", "never")]
+
+
+async def test_a_pod_whose_new_replicaset_the_view_has_not_seen_waits_for_it_within_the_grace(
     start: Start,
 ) -> None:
     pods = FakePods()
     run = await start(pods, view_grace=5.0)
-    await run.publish(Desire("late", "uid-late", 7))
+    fresh = pods.add("fresh", replicaset="web-2")
+    await run.publish(Desire("fresh", fresh, 7))
     await run.clock.advance(1.0)
     assert pods.requests == []  # waiting for the view, not asking the API
-    pods.add("late")
+    pods.view.apply("ReplicaSet", ChangeType.ADDED, owned("web-2", {}, "Deployment", "web"))
     await run.clock.advance(0.1)
     await until(lambda: run.committed() == 1, "the record committed")
-    assert pods.cost("late") == "7"
-    assert refusals(run, "unknown_pod") == 0
+    assert pods.cost("fresh") == "7"
+    assert refusals(run, "unknown_owner") == 0
 
 
-async def test_a_pod_the_view_never_shows_is_refused_after_the_grace_and_committed(
+async def test_a_pod_whose_replicaset_the_view_never_shows_is_refused_after_the_grace(
     start: Start,
 ) -> None:
     pods = FakePods()
     run = await start(pods, view_grace=2.0)
-    await run.publish(Desire("forged", "uid-forged", 7))
+    stray = pods.add("stray", replicaset="nowhere")
+    await run.publish(Desire("stray", stray, 7))
     await run.clock.advance(1.9)
     assert run.committed() == 0
     await run.clock.advance(0.2)
     await until(lambda: run.committed() == 1, "the record committed")
-    assert refusals(run, "unknown_pod") == 1
+    assert refusals(run, "unknown_owner") == 1
     assert pods.requests == []
+    assert pods.cost("stray") is None
 
 
 async def test_a_pod_whose_owner_changed_since_the_view_saw_it_is_refused_after_the_read(

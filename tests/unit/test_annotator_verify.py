@@ -146,11 +146,8 @@ def test_verify(case: Case) -> None:
         assert refused.detail
 
 
-def test_only_a_missing_pod_or_owner_may_be_waited_for() -> None:
-    assert {reason for reason in Refusal if reason.may_catch_up} == {
-        Refusal.UNKNOWN_POD,
-        Refusal.UNKNOWN_OWNER,
-    }
+def test_only_a_missing_owner_may_be_waited_for() -> None:
+    assert {reason for reason in Refusal if reason.may_catch_up} == {Refusal.UNKNOWN_OWNER}
 
 
 def test_a_refusal_names_the_workload_the_pod_belongs_to() -> None:

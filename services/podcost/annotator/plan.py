@@ -171,7 +171,8 @@ class Refusal(StrEnum):
     OUT_OF_SCOPE = "out_of_scope"
     """The pod or the workload is in a namespace this annotator does not serve."""
     UNKNOWN_POD = "unknown_pod"
-    """No pod of that name in the view (one the view saw deleted is ``gone``, not refused)."""
+    """No pod of that name in the view. The annotator does not refuse for this: it reads the
+    pod (404 is ``gone``) and verifies what the read returns."""
     UID_MISMATCH = "uid_mismatch"
     """The pod of that name has another uid."""
     UNKNOWN_OWNER = "unknown_owner"
@@ -185,9 +186,9 @@ class Refusal(StrEnum):
 
     @property
     def may_catch_up(self) -> bool:
-        """Whether the view may just not have seen the pod or its owners yet: worth another
-        look for a little while, where every other refusal is final."""
-        return self in (Refusal.UNKNOWN_POD, Refusal.UNKNOWN_OWNER)
+        """Whether the view may just not have seen the pod's owners yet: worth another look
+        for a little while, where every other refusal is final."""
+        return self is Refusal.UNKNOWN_OWNER
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,11 +45,13 @@ uid the decision names, is owned by the workload the record's key names, and tha
 opted in and in scope (the watcher's namespace and opt-in settings, through the same functions).
 Anything else is refused before any request: counted in ``podcost_refusals{reason}`` and
 ``podcost_patches{result="refused"}``, logged, and committed like any settled write (a refused
-record is never retried). A pod the view does not show yet, or whose owners it does not, may be
-one it has not seen yet: the write waits for the view, polling it, until ``view_grace`` seconds
-after the decision was published, then is refused; a pod the view saw deleted is ``gone`` at
-once. The fresh read before the PATCH is checked again (its owner must still be the workload),
-and the PATCH itself tests the pod's uid: nothing is ever written blind.
+record is never retried). A pod the view saw deleted is ``gone`` at once. A pod the view does not
+show (deleted before it started, or too new for it) is read, as every pod is before its write:
+404 is ``gone``, and a pod found is verified like any other. Every pod read is verified again on
+what the read returned (its owner must still be the workload), and the PATCH itself tests the
+pod's uid: nothing is ever written blind. Owners the view does not show yet (a brand-new
+ReplicaSet) may be ones it has not seen yet: the write waits for the view, polling it, until
+``view_grace`` seconds after the decision was published, then is refused.
 
 Offsets are committed only after the writes (at least once): a restart re-reads what was not
 committed, and re-reading finds the costs already written, so nothing is written twice.
@@ -83,6 +85,7 @@ from podcost.annotator.plan import (
     Decided,
     Freshness,
     Ledger,
+    Refusal,
     Refused,
     Result,
     Retry,
@@ -593,43 +596,36 @@ class AnnotatorService:
                 await self._clock.sleep(delay)
                 attempt += 1
 
-    async def _check(self, want: Want[Ticket[_Batch]]) -> Result | None:
-        """Whether the view backs the write (``None``), else how it ends: ``gone`` when the view
-        saw the pod deleted, ``refused`` (counted and logged) when it does not back it."""
+    async def _attempt(self, kube: PodAPI, want: Want[Ticket[_Batch]]) -> Result:
+        """One write, verified (see the module docstring); waits while the view may still show
+        the pod's owners, within ``view_grace``."""
         message = want.origin.item.message
         assert message is not None, "only decoded decisions queue writes"
         view = self.view
         assert view is not None, "writes are made only while running"
         while not view.synced():
             await self._clock.sleep(VIEW_POLL_S)
-        waited_since = self._clock.now()
-        grace = self.config.view_grace
+        since = self._clock.now()
         while True:
-            pod = view.pod(want.namespace, want.name)
-            if pod is None and view.deleted(want.uid):
-                log.info(
-                    "pod %s/%s is gone: its cost %d is not written", want.namespace, want.name,
-                    want.cost, extra={"pod": f"{want.namespace}/{want.name}", "cost": want.cost,
-                                      "result": Result.GONE.value},
-                )  # fmt: skip
-                return Result.GONE
-            refused = verify(
-                message.workload, want.namespace, want.name, want.uid, pod, view.store, self.scope
-            )
-            if refused is None:
-                return None
-            if (
-                refused.reason.may_catch_up
-                and self._wall() < message.emitted_at + grace
-                and self._clock.now() - waited_since < grace
-            ):
-                await self._clock.sleep(VIEW_POLL_S)
-                continue
-            return self._refuse(want, message, refused)
+            result = await self._attempt_once(kube, want, message, view, since)
+            if result is not None:
+                return result
+            await self._clock.sleep(VIEW_POLL_S)
 
-    def _refuse(
-        self, want: Want[Ticket[_Batch]], message: DesiredCostsMessage, refused: Refused
-    ) -> Result:
+    def _refusal(
+        self, want: Want[Ticket[_Batch]], message: DesiredCostsMessage, refused: Refused,
+        since: float,
+    ) -> Result | None:  # fmt: skip
+        """``refused``, counted and logged; ``None`` (look again) while the view may still
+        catch up: until ``view_grace`` after the decision was published and after this write
+        began waiting."""
+        grace = self.config.view_grace
+        if (
+            refused.reason.may_catch_up
+            and self._wall() < message.emitted_at + grace
+            and self._clock.now() - since < grace
+        ):
+            return None
         self.metrics.refusals.labels(refused.reason.value).inc()
         pod = f"{want.namespace}/{want.name}"
         log.warning(
@@ -642,29 +638,38 @@ class AnnotatorService:
         )  # fmt: skip
         return Result.REFUSED
 
-    async def _attempt(self, kube: PodAPI, want: Want[Ticket[_Batch]]) -> Result:
+    async def _attempt_once(
+        self, kube: PodAPI, want: Want[Ticket[_Batch]], message: DesiredCostsMessage,
+        view: ClusterView, since: float,
+    ) -> Result | None:  # fmt: skip
         pod = f"{want.namespace}/{want.name}"
         extra: dict[str, object] = {"pod": pod, "cost": want.cost}
-        checked = await self._check(want)
-        if checked is not None:
-            return checked
+        known = view.pod(want.namespace, want.name)
+        if known is None and view.deleted(want.uid):
+            log.info("pod %s is gone: its cost %d is not written", pod, want.cost,
+                     extra={**extra, "result": Result.GONE.value})  # fmt: skip
+            return Result.GONE
+        refused = verify(
+            message.workload, want.namespace, want.name, want.uid, known, view.store, self.scope
+        )
+        if refused is not None and refused.reason is not Refusal.UNKNOWN_POD:
+            return self._refusal(want, message, refused, since)
+        # Backed by the view, or a pod the view does not show (gone before it started, or too
+        # new for it): the read says which, and what it returns is verified again below.
         seen = await self._request(lambda: kube.read_pod(want.namespace, want.name))
         state = pod_state(seen)
         verdict = decide(
             want.cost, want.uid, state, overwrite_foreign=self.config.overwrite_foreign
         )
         if verdict is Verdict.WRITE:
-            # The pod as read now must still be the workload's (its owner could have changed
-            # since the view last saw it).
-            message = want.origin.item.message
-            assert message is not None, "only decoded decisions queue writes"
-            assert self.view is not None, "writes are made only while running"
+            # The pod as read now must be the workload's (its owner may have changed since the
+            # view saw it, or the view never saw it).
             refused = verify(
-                message.workload, want.namespace, want.name, want.uid, seen, self.view.store,
+                message.workload, want.namespace, want.name, want.uid, seen, view.store,
                 self.scope,
             )  # fmt: skip
             if refused is not None:
-                return self._refuse(want, message, refused)
+                return self._refusal(want, message, refused, since)
         if verdict is Verdict.GONE:
             log.info(
                 "pod %s is gone or replaced: its cost %d is not written",
@@ -701,8 +706,7 @@ class AnnotatorService:
                 want.namespace, want.name, want.cost, seen=seen
             )
         )
-        message = want.origin.item.message
-        if message is not None and message.changed_at is not None:
+        if message.changed_at is not None:
             # From the change the watcher saw, not from this message's own hop.
             self.metrics.event_to_annotation.observe(max(0.0, self._wall() - message.changed_at))
         log.info(

@@ -7,8 +7,8 @@ workload is opted in. :class:`InformerView` keeps it current with an informer
 (``podcost_kube.informer``) over the pods, ReplicaSets and Deployments of the annotator's scope
 (and the namespaces, when a namespace selector opts workloads in): the same lists and watches
 the watcher makes, with the same RBAC, so the annotator trusts nothing it reads on the bus. The
-base :class:`ClusterView` is a view its owner keeps current through :meth:`ClusterView.apply`
-(the unit tests do).
+base :class:`ClusterView` is a view its owner keeps current: through :meth:`ClusterView.apply`
+(the unit tests do), or a ``Store`` another informer of the same process fills.
 
 It also remembers the uids of the last ``DELETED_MEMORY`` pods it saw deleted, so that a
 decision about a pod deleted since (a scale-in, the usual race) ends as ``gone``, as before,
@@ -41,9 +41,11 @@ DELETED_MEMORY = 50_000
 class ClusterView:
     """Pods and their owners by namespace and name, and the pods seen deleted."""
 
-    def __init__(self, scope: Scope, *, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, scope: Scope, *, store: Store | None = None, wall: Callable[[], float] = time.time
+    ) -> None:
         self.scope = scope
-        self.store = Store()
+        self.store = store if store is not None else Store()
         self._wall = wall
         self._deleted: OrderedDict[str, None] = OrderedDict()
         self.synced_at: float | None = wall()
