@@ -660,3 +660,23 @@ async def test_a_pod_whose_owner_changed_since_the_view_saw_it_is_refused_after_
     await until(lambda: run.committed() == 1, "the record committed")
     assert pods.requests == [("read", "a")]
     assert refusals(run, "no_workload") == 1
+
+
+async def test_a_forged_decision_cannot_supersede_the_genuine_queued_write_of_its_pod(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    a = pods.add("a")
+    run = await start(pods, max_in_flight=1)
+    await run.publish(Desire("a", a, 1))
+    # The same pod under another workload's key, read in the same poll: refused at once.
+    await publish_costs(
+        run.bus, TOPICS.costs_for("local"), desired(NS, "legacy", [Desire("a", a, 99)])
+    )
+    await until(lambda: run.committed() == 2, "both records committed")
+    assert pods.cost("a") == "1"
+    assert (run.patches("ok"), run.patches("superseded"), refusals(run, "other_workload")) == (
+        1,
+        0,
+        1,
+    )

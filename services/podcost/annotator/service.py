@@ -43,7 +43,9 @@ pod's cost is written only when its own view of its own cluster (``view.Informer
 informer over the pods, ReplicaSets and Deployments of its scope) says the pod exists with the
 uid the decision names, is owned by the workload the record's key names, and that workload is
 opted in and in scope (the watcher's namespace and opt-in settings, through the same functions).
-Anything else is refused before any request: counted in ``podcost_refusals{reason}`` and
+Anything else is refused before any request (what the view already contradicts when a record
+is consumed is refused then, never queued, so a forged decision cannot supersede a genuine one
+for the same pod): counted in ``podcost_refusals{reason}`` and
 ``podcost_patches{result="refused"}``, logged, and committed like any settled write (a refused
 record is never retried). A pod the view saw deleted is ``gone`` at once. A pod the view does not
 show (deleted before it started, or too new for it) is read, as every pod is before its write:
@@ -448,11 +450,32 @@ class AnnotatorService:
             self._finish(batch)
         for pod in message.costs:
             want = Want(pod.uid, pod.namespace, pod.name, pod.cost, pod.previous, ticket)
+            refused = self._refused_now(want, message)
+            if refused is not None:
+                # Never queued: a forged decision cannot supersede a genuine one for that pod.
+                self._settle(want, self._count_refusal(want, message, refused))
+                continue
             offer = self._writes.offer(want)
             for settled in offer.settled:
                 self._settle(settled.want, settled.result)
             if offer.ready:
                 self._ready.put_nowait(pod.uid)
+
+    def _refused_now(
+        self, want: Want[Ticket[_Batch]], message: DesiredCostsMessage
+    ) -> Refused | None:
+        """What the view, once synced, refuses for good about ``want`` now (a pod it does not
+        show, or whose owners it does not, is left to the write, which may wait or read)."""
+        view = self.view
+        if view is None or not view.synced():
+            return None
+        known = view.pod(want.namespace, want.name)
+        refused = verify(
+            message.workload, want.namespace, want.name, want.uid, known, view.store, self.scope
+        )
+        if refused is None or refused.reason.may_catch_up or refused.reason is Refusal.UNKNOWN_POD:
+            return None
+        return refused
 
     def _nothing_to_write(self, record: Record, message: DesiredCostsMessage | None) -> None:
         batch = _Batch(record, message, None)
@@ -626,6 +649,12 @@ class AnnotatorService:
             and self._clock.now() - since < grace
         ):
             return None
+        return self._count_refusal(want, message, refused)
+
+    def _count_refusal(
+        self, want: Want[Ticket[_Batch]], message: DesiredCostsMessage, refused: Refused
+    ) -> Result:
+        """Count and log a refused write."""
         self.metrics.refusals.labels(refused.reason.value).inc()
         pod = f"{want.namespace}/{want.name}"
         log.warning(
