@@ -61,7 +61,7 @@ class Metrics:
         )  # fmt: skip
         self.refusals = Counter(
             "podcost_refusals", "Cost writes the annotator refused because its own view of the "
-            "cluster does not back them, by reason (out_of_scope, unknown_pod, uid_mismatch, "
+            "cluster does not back them, by reason (out_of_scope, uid_mismatch, "
             "unknown_owner, no_workload, other_workload, not_opted_in).", ["reason"], registry=r,
         )  # fmt: skip
         self.rate_limit_waits = Counter(
