@@ -680,3 +680,19 @@ async def test_a_forged_decision_cannot_supersede_the_genuine_queued_write_of_it
         0,
         1,
     )
+
+
+async def test_a_new_pod_of_a_new_replicaset_is_read_once_and_written_when_the_view_catches_up(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    run = await start(pods, view_grace=5.0)
+    fresh = pods.add("fresh", replicaset="web-3", in_view=False)
+    await run.publish(Desire("fresh", fresh, 7))
+    await run.clock.advance(1.0)
+    assert pods.requests == [("read", "fresh")]  # waiting on the view, not reading again
+    pods.view.apply("ReplicaSet", ChangeType.ADDED, owned("web-3", {}, "Deployment", "web"))
+    await run.clock.advance(0.1)
+    await until(lambda: run.committed() == 1, "the record committed")
+    assert pods.requests == [("read", "fresh"), ("patch", "fresh")]
+    assert pods.cost("fresh") == "7"

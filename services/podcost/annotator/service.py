@@ -690,15 +690,20 @@ class AnnotatorService:
         verdict = decide(
             want.cost, want.uid, state, overwrite_foreign=self.config.overwrite_foreign
         )
-        if verdict is Verdict.WRITE:
+        while verdict is Verdict.WRITE:
             # The pod as read now must be the workload's (its owner may have changed since the
-            # view saw it, or the view never saw it).
+            # view saw it, or the view never saw it). Waiting for its owners to show in the
+            # view needs no new read: the PATCH tests the pod's uid and cost as read.
             refused = verify(
                 message.workload, want.namespace, want.name, want.uid, seen, view.store,
                 self.scope,
             )  # fmt: skip
-            if refused is not None:
-                return self._refusal(want, message, refused, since)
+            if refused is None:
+                break
+            outcome = self._refusal(want, message, refused, since)
+            if outcome is not None:
+                return outcome
+            await self._clock.sleep(VIEW_POLL_S)
         if verdict is Verdict.GONE:
             log.info(
                 "pod %s is gone or replaced: its cost %d is not written",
