@@ -6,8 +6,10 @@ Pure functions over raw Kubernetes JSON and a :class:`~podcost_kube.store.Store`
 client library, no clock (the caller passes "now"). The watcher service calls
 :func:`touched_by` from its informer handler and feeds the keys to its debouncer; for every
 emission it calls :func:`workload_policy` and :func:`workload_snapshot`; on becoming the leader
-(with leader election on) it touches every :func:`opted_in_workloads`. The raw JSON becomes the
-model only through ``podcost_core.convert``.
+(with leader election on) it touches every :func:`opted_in_workloads`. The annotator verifies
+each decision with :func:`owning_workload` and :func:`workload_policy` over its own informer
+view (``podcost.annotator.plan.verify``), so both decide opt-in by the same rules. The raw JSON
+becomes the model only through ``podcost_core.convert``.
 
 A workload is a Deployment, or a ReplicaSet that no Deployment controls (a ReplicaSet controlled
 by a Deployment carries the Deployment's annotations, but the Deployment is the workload).
