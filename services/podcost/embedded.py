@@ -94,6 +94,6 @@ def bootstrap(
         annotator=bootstrap_annotator(
             settings, bus_settings, annotator_settings or AnnotatorSettings(), bus=bus,
             kube=pods, tracer_provider=tracer_provider, catch_up=watcher.first_pass,
-            scope=Scope(watcher.settings.namespace, watcher.rules),
+            scope=Scope(watcher.settings.namespaces(), watcher.rules),
         ),
     )  # fmt: skip

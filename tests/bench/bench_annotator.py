@@ -167,7 +167,7 @@ async def superseded_burst(kube: Kube, namespace: str, app: str, pods: list[PodV
     options = AnnotatorSettings(group=f"bench-{uuid.uuid4().hex[:6]}", qps=10_000, burst=10_000)
     service = bootstrap(
         ServiceSettings(http_port=0), BUS, options, bus=bus, kube=counting,
-        view=InformerView(kube, Scope(namespace=namespace)),
+        view=InformerView(kube, Scope(namespaces=(namespace,))),
     )  # fmt: skip
     task = asyncio.create_task(service.run())
     try:

@@ -207,7 +207,7 @@ def build_pipeline(
             annotator,
             bus=bus,
             kube=pods(watcher),
-            view=ClusterView(Scope(namespace=namespace), store=watcher.store),
+            view=ClusterView(Scope(namespaces=(namespace,)), store=watcher.store),
         ),
         data_dir=data_dir,
     )

@@ -226,7 +226,7 @@ async def test_a_decision_outside_the_annotators_namespace_is_refused_and_one_in
     await publish_costs(stream.bus, stream.topic, desired(
         space.inside, f"shop-{RUN}", [Desire(inside[0].name, inside[0].uid, 4)]))  # fmt: skip
     async with leak_check():
-        service, counting, task = await stream.annotator(kube, Scope(namespace=space.inside))
+        service, counting, task = await stream.annotator(kube, Scope(namespaces=(space.inside,)))
         try:
             await until(lambda: sum(service.committed.values()) == 2, "both records committed")
             assert refused(service) == {"out_of_scope": 1}

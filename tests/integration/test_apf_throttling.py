@@ -214,7 +214,7 @@ async def test_real_429s_are_waited_out_without_dropping_a_cost_or_exceeding_the
                                       high_water=PODS * 2, low_water=PODS),
                     bus=bus,
                     kube=Timed(Kube(api), recorded),
-                    view=InformerView(Kube(kube.api), Scope(namespace=namespace)),
+                    view=InformerView(Kube(kube.api), Scope(namespaces=(namespace,))),
                 )  # fmt: skip
                 assert isinstance(annotator, AnnotatorService)
                 task = asyncio.create_task(annotator.run(), name="annotator")

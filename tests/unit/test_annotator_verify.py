@@ -90,14 +90,14 @@ class Case:
 
 
 ALL = Scope()
-ONLY_SHOP = Scope(namespace=NS)
+ONLY_SHOP = Scope(namespaces=(NS, "web"))
 BY_LABEL = Scope(rules=OptInRules(namespace_selector={"matchLabels": {"team": "a"}}))
 
 CASES = [
     Case("a pod of the opted-in workload the key names is written", f"c/{NS}/Deployment/web",
          NS, "web-1-a", None),
-    Case("a workload's pod is written within a one-namespace scope", f"c/{NS}/Deployment/web",
-         NS, "web-1-a", None, scope=ONLY_SHOP),
+    Case("a workload's pod is written within a scope that lists its namespace",
+         f"c/{NS}/Deployment/web", NS, "web-1-a", None, scope=ONLY_SHOP),
     Case("a ReplicaSet no Deployment owns is its own workload, not opted in here",
          f"c/{NS}/ReplicaSet/bare-rs", NS, "bare-rs-a", Refusal.NOT_OPTED_IN),
     Case("a pod in a namespace outside the scope is refused", "c/kube-system/Deployment/web",

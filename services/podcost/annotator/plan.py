@@ -157,12 +157,12 @@ class Scope:
     settings (``PODCOST_WATCHER_NAMESPACE``, ``_NAMESPACE_SELECTOR``, ``_DEFAULT_ENABLED``,
     ``PODCOST_POLICY_FILE``) read by the same functions (``podcost_kube.workloads``)."""
 
-    namespace: str | None = None
-    """The one namespace served; ``None``: every namespace."""
+    namespaces: tuple[str, ...] | None = None
+    """The namespaces served (``WatcherSettings.namespaces()``); ``None``: every namespace."""
     rules: OptInRules = field(default_factory=OptInRules)
 
     def covers(self, namespace: str) -> bool:
-        return self.namespace is None or namespace == self.namespace
+        return self.namespaces is None or namespace in self.namespaces
 
 
 class Refusal(StrEnum):
@@ -215,7 +215,8 @@ def verify(
     """
     for where in (namespace, key.namespace):
         if not scope.covers(where):
-            return Refused(Refusal.OUT_OF_SCOPE, f"namespace {where} is not {scope.namespace}")
+            served = ", ".join(scope.namespaces or ())
+            return Refused(Refusal.OUT_OF_SCOPE, f"namespace {where} is not one of {served}")
     if pod is None:
         return Refused(Refusal.UNKNOWN_POD, "no such pod")
     found = str((pod.get("metadata") or {}).get("uid", ""))

@@ -4,9 +4,10 @@ writes (``plan.verify``).
 ``AnnotatorService`` (``podcost.annotator.service``) runs one and asks it, for every pod a
 decision names, whether the pod exists with that uid, which workload owns it, and whether that
 workload is opted in. :class:`InformerView` keeps it current with an informer
-(``podcost_kube.informer``) over the pods, ReplicaSets and Deployments of the annotator's scope
-(and the namespaces, when a namespace selector opts workloads in): the same lists and watches
-the watcher makes, with the same RBAC, so the annotator trusts nothing it reads on the bus. The
+(``podcost_kube.informer.Informers``) over the pods, ReplicaSets and Deployments of the
+annotator's scope (one per watched namespace, or one over all; and the namespaces, when a
+namespace selector opts workloads in): the same lists and watches the watcher makes, with the
+same RBAC, so the annotator trusts nothing it reads on the bus. The
 base :class:`ClusterView` is a view its owner keeps current: through :meth:`ClusterView.apply`
 (the unit tests do), or a ``Store`` another informer of the same process fills.
 
@@ -29,7 +30,7 @@ from podcost_kube.informer import (
     POD,
     REPLICASET,
     SERVICE_BACKOFF,
-    Informer,
+    Informers,
     Resource,
 )
 from podcost_kube.store import Change, ChangeType, RawObject, Store
@@ -100,10 +101,10 @@ class InformerView(ClusterView):
 
     async def run(self) -> None:
         self.synced_at = None  # a restart lists again before the view is trusted
-        informer = Informer(
+        informer = Informers(
             self.kube,
             self.resources(),
-            namespace=self.scope.namespace,
+            namespaces=self.scope.namespaces,
             store=self.store,
             handlers=(self.observe,),
             backoff=SERVICE_BACKOFF,

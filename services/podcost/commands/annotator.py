@@ -50,7 +50,7 @@ def annotator_command(
     watch = load_settings(COMMAND, WatcherSettings)
     require_cluster(COMMAND, settings, bus_settings)
     try:
-        scope = Scope(watch.namespace, watch.opt_in_rules(settings))
+        scope = Scope(watch.namespaces(), watch.opt_in_rules(settings))
     except (PolicyError, ValueError) as error:
         fail(COMMAND, str(error))
     configure_logging(settings.log_level, settings.log_format)
