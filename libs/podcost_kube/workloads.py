@@ -6,8 +6,10 @@ Pure functions over raw Kubernetes JSON and a :class:`~podcost_kube.store.Store`
 client library, no clock (the caller passes "now"). The watcher service calls
 :func:`touched_by` from its informer handler and feeds the keys to its debouncer; for every
 emission it calls :func:`workload_policy` and :func:`workload_snapshot`; on becoming the leader
-(with leader election on) it touches every :func:`opted_in_workloads`. The raw JSON becomes the
-model only through ``podcost_core.convert``.
+(with leader election on) it touches every :func:`opted_in_workloads`. The annotator verifies
+each decision with :func:`owning_workload` and :func:`workload_policy` over its own informer
+view (``podcost.annotator.plan.verify``), so both decide opt-in by the same rules. The raw JSON
+becomes the model only through ``podcost_core.convert``.
 
 A workload is a Deployment, or a ReplicaSet that no Deployment controls (a ReplicaSet controlled
 by a Deployment carries the Deployment's annotations, but the Deployment is the workload).
@@ -156,6 +158,46 @@ def workloads_in_namespace(store: Store, namespace: str | None) -> set[WorkloadK
     }
     found |= {workload_of_replicaset(rs) for rs in store.objects(REPLICASET, namespace)}
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class PodOwner:
+    """The workload that owns a pod through its controllers, as :func:`owning_workload` found."""
+
+    workload: WorkloadKey | None
+    """The owning workload; ``None`` when there is none, or it is not in the store."""
+    missing: str | None = None
+    """The controller the pod names that the store does not hold (yet), e.g.
+    ``ReplicaSet shop/web-5d8f``; ``None`` when the chain was followed to its end."""
+
+
+def owning_workload(store: Store, pod: Mapping[str, Any]) -> PodOwner:
+    """The workload that owns ``pod``, strictly: its controller is an ``apps/v1`` ReplicaSet in
+    the store with the uid the reference names, and that ReplicaSet's Deployment, if a
+    Deployment controls it, is in the store with the uid its reference names.
+
+    Unlike :func:`workloads_of_pod` (what a snapshot shows, orphans a selector matches
+    included), only ownership counts: the annotator asks this before it writes a pod's cost.
+    """
+    namespace = str(_meta(pod).get("namespace", ""))
+    ref = controller_of(pod)
+    if ref is None or ref.get("kind") != REPLICASET or ref.get("apiVersion") != "apps/v1":
+        return PodOwner(None)
+    name = str(ref.get("name", ""))
+    replicaset = store.get(REPLICASET, namespace, name)
+    if replicaset is None or _meta(replicaset).get("uid") != ref.get("uid"):
+        return PodOwner(None, missing=f"{REPLICASET} {namespace}/{name}")
+    key = workload_of_replicaset(replicaset)
+    if key.kind == DEPLOYMENT:
+        deployment = store.get(DEPLOYMENT, namespace, key.name)
+        owner_ref = controller_of(replicaset)
+        if (
+            deployment is None
+            or owner_ref is None
+            or _meta(deployment).get("uid") != owner_ref.get("uid")
+        ):
+            return PodOwner(None, missing=f"{DEPLOYMENT} {namespace}/{key.name}")
+    return PodOwner(key)
 
 
 # --- whether a change matters ------------------------------------------------------------------

@@ -91,6 +91,8 @@ from podcost import aggregator, ranker
 from podcost.aggregator import AggregatorSettings
 from podcost.annotator import AnnotatorSettings, PodAPI
 from podcost.annotator import bootstrap as bootstrap_annotator
+from podcost.annotator.plan import Scope
+from podcost.annotator.view import ClusterView
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.runner import Service, serve
 from podcost.runtime.settings import ServiceSettings
@@ -173,7 +175,8 @@ def build_pipeline(
     annotator: AnnotatorSettings, *, dry_run: bool,
 ) -> Pipeline:  # fmt: skip
     """The pipeline watching ``namespace`` (and every node); ``pods`` gives the annotator's pod
-    API, from the watcher."""
+    API, from the watcher. The annotator verifies decisions against the watcher's informer
+    cache (where synthetic pods live), as embedded mode could share it."""
     run = uuid.uuid4().hex[:8]
     bus_settings = mode.bus_settings(run)
     bus = open_bus(bus_settings)
@@ -199,7 +202,12 @@ def build_pipeline(
             ),
         ),
         annotator=bootstrap_annotator(
-            settings, bus_settings, annotator, bus=bus, kube=pods(watcher)
+            settings,
+            bus_settings,
+            annotator,
+            bus=bus,
+            kube=pods(watcher),
+            view=ClusterView(Scope(namespaces=(namespace,)), store=watcher.store),
         ),
         data_dir=data_dir,
     )

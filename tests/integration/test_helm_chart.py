@@ -201,7 +201,8 @@ REJECTED: dict[str, tuple[Manifest, str]] = {
 #: The settings classes each ``podcost`` command reads from the environment.
 SETTINGS: dict[str, tuple[type[BaseSettings], ...]] = {
     "watcher": (ServiceSettings, BusSettings, WatcherSettings),
-    "annotator": (ServiceSettings, BusSettings, AnnotatorSettings),
+    # The annotator reads the watcher's scope and opt-in variables too: it verifies by them.
+    "annotator": (ServiceSettings, BusSettings, AnnotatorSettings, WatcherSettings),
     "aggregator": (ServiceSettings, BusSettings, AggregatorSettings),
     "ranker": (ServiceSettings, BusSettings),
     "run": (ServiceSettings, BusSettings, WatcherSettings, AnnotatorSettings, AggregatorSettings),

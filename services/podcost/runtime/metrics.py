@@ -57,7 +57,12 @@ class Metrics:
         )  # fmt: skip
         self.patches = Counter(
             "podcost_patches", "Annotation writes, by result (ok, gone, conflict, "
-            "throttled, error, dry_run, skipped_foreign).", ["result"], registry=r,
+            "throttled, error, dry_run, skipped_foreign, refused).", ["result"], registry=r,
+        )  # fmt: skip
+        self.refusals = Counter(
+            "podcost_refusals", "Cost writes the annotator refused because its own view of the "
+            "cluster does not back them, by reason (out_of_scope, uid_mismatch, "
+            "unknown_owner, no_workload, other_workload, not_opted_in).", ["reason"], registry=r,
         )  # fmt: skip
         self.rate_limit_waits = Counter(
             "podcost_rate_limit_wait_seconds", "Time writes waited for the QPS budget.", registry=r

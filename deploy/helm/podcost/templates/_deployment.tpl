@@ -6,7 +6,8 @@ policy file and whether it may use the Kubernetes API:
 
   role        command                        kube API  policy  settings read
   watcher     podcost watcher                yes       yes     PODCOST_*, _KAFKA*, _WATCHER_*
-  annotator   podcost annotator [--dry-run]  yes       no      PODCOST_*, _KAFKA*, _ANNOTATOR_*
+  annotator   podcost annotator [--dry-run]  yes       no      PODCOST_*, _KAFKA*, _ANNOTATOR_*,
+                                                               the watcher's scope (below)
   aggregator  podcost aggregator             no        yes     PODCOST_*, _KAFKA*, _AGGREGATOR_*
   ranker      podcost ranker --strategy S    no        yes     PODCOST_*, _KAFKA*
   embedded    podcost run --strategy S...    yes       yes     all of the above but Kafka
@@ -136,6 +137,9 @@ spec:
             {{- end }}
             {{- if $kafka }}
             {{- include "podcost.kafkaEnv" (dict "Values" $v "component" $component "role" $role) | trim | nindent 12 }}
+            {{- end }}
+            {{- if $kube }}
+            {{- include "podcost.scopeEnv" $root | trim | nindent 12 }}
             {{- end }}
             {{- if $watches }}
             {{- include "podcost.watcherEnv" $root | trim | nindent 12 }}
@@ -320,11 +324,10 @@ Secret (kafka.sasl.secretNames.<role>, else kafka.sasl.secretName): one principa
       {{- end }}
 {{- end -}}
 
-{{/* PODCOST_WATCHER_*: podcost.watcher.service.WatcherSettings (the Lease's namespace and this
-replica's identity come from POD_NAMESPACE and POD_NAME). */}}
-{{- define "podcost.watcherEnv" -}}
+{{/* The scope and opt-in rules (values `watch`), which the watcher ranks by and the annotator
+verifies every decision against before it writes: both read the same variables. */}}
+{{- define "podcost.scopeEnv" -}}
 {{- $w := .Values.watch -}}
-{{- $le := .Values.leaderElection -}}
 {{- with $w.namespace }}
 - name: PODCOST_WATCHER_NAMESPACE
   value: {{ . | quote }}
@@ -335,6 +338,12 @@ replica's identity come from POD_NAMESPACE and POD_NAME). */}}
 {{- end }}
 - name: PODCOST_WATCHER_DEFAULT_ENABLED
   value: {{ $w.defaultEnabled | quote }}
+{{- end -}}
+
+{{/* PODCOST_WATCHER_*: podcost.watcher.service.WatcherSettings (the Lease's namespace and this
+replica's identity come from POD_NAMESPACE and POD_NAME). */}}
+{{- define "podcost.watcherEnv" -}}
+{{- $le := .Values.leaderElection -}}
 - name: PODCOST_WATCHER_DEBOUNCE_SECONDS
   value: {{ .Values.watcher.debounceSeconds | quote }}
 - name: PODCOST_WATCHER_MAX_DELAY_SECONDS
