@@ -106,6 +106,15 @@ def test_a_cost_whose_field_another_manager_owns_is_foreign() -> None:
     assert pod_state(raw).owner is CostOwner.OTHER
 
 
+def test_a_cost_an_adopted_manager_set_is_podcosts_to_rewrite_and_kubectls_stays_foreign() -> None:
+    lablabs = raw_pod({DELETION_COST_ANNOTATION: "2147483647"}, [("manager", True)])
+    assert pod_state(lablabs, {"manager"}).owner is CostOwner.PODCOST
+    assert decide(5, UID, pod_state(lablabs, {"manager"})) is Verdict.WRITE
+    assert decide(5, UID, pod_state(lablabs)) is Verdict.FOREIGN
+    kubectl = raw_pod({DELETION_COST_ANNOTATION: "7"}, [("kubectl-annotate", True)])
+    assert decide(5, UID, pod_state(kubectl, {"manager"})) is Verdict.FOREIGN
+
+
 def test_a_pod_without_annotations_has_no_cost_and_no_owner() -> None:
     found = pod_state(raw_pod(None, [(FIELD_MANAGER, False)]))
     assert (found.value, found.owner, found.invalid) == (None, CostOwner.NONE, None)

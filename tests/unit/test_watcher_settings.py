@@ -11,6 +11,7 @@ import pytest
 import typer
 
 from podcost.commands.startup import EXIT_BAD_CONFIG, load_settings
+from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
 
 VARIABLES = (
@@ -92,3 +93,20 @@ def test_a_bad_election_setting_stops_the_watcher_naming_the_variable(
         load_settings("watcher", WatcherSettings)
     assert exited.value.exit_code == EXIT_BAD_CONFIG
     assert culprit in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "adopted"),
+    [
+        (None, {"podcost", "manager"}),
+        ("manager, retired-tool", {"podcost", "manager", "retired-tool"}),
+        ("", {"podcost"}),
+    ],
+)
+def test_podcost_adopts_the_lablabs_manager_by_default_and_whatever_the_setting_lists(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, adopted: set[str]
+) -> None:
+    monkeypatch.delenv("PODCOST_ADOPT_FIELD_MANAGERS", raising=False)
+    if value is not None:
+        monkeypatch.setenv("PODCOST_ADOPT_FIELD_MANAGERS", value)
+    assert ServiceSettings().adopted == adopted

@@ -26,7 +26,7 @@ uncommitted until its own write is done, so a crash replays the newer value, nev
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar, cast
@@ -107,14 +107,15 @@ class PodState:
         return None if self.value is None else deletion_cost_error(self.value)
 
 
-def pod_state(raw: Mapping[str, Any]) -> PodState:
-    """The :class:`PodState` of a pod's JSON (as ``Kube.read_pod`` returns it)."""
+def pod_state(raw: Mapping[str, Any], adopt: Collection[str] = ()) -> PodState:
+    """The :class:`PodState` of a pod's JSON (as ``Kube.read_pod`` returns it); a cost set by a
+    field manager in ``adopt`` counts as podcost's own, to rewrite."""
     meta = raw.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     return PodState(
         uid=str(meta.get("uid", "")),
         value=annotations.get(DELETION_COST_ANNOTATION),
-        owner=cost_owner(cast(ObjectMetaJSON, meta)),
+        owner=cost_owner(cast(ObjectMetaJSON, meta), adopt),
         deleting=meta.get("deletionTimestamp") is not None,
     )
 

@@ -558,7 +558,7 @@ class AnnotatorService:
         pod = f"{want.namespace}/{want.name}"
         extra: dict[str, object] = {"pod": pod, "cost": want.cost}
         seen = await self._request(lambda: kube.read_pod(want.namespace, want.name))
-        state = pod_state(seen)
+        state = pod_state(seen, self.settings.adopted)
         verdict = decide(
             want.cost, want.uid, state, overwrite_foreign=self.config.overwrite_foreign
         )

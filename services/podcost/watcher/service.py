@@ -222,6 +222,8 @@ class WatcherService:
     metrics: Metrics
     tracer: Tracer
     clock: Clock
+    adopt: frozenset[str] = frozenset()
+    """Field managers whose deletion costs count as podcost's own (``ServiceSettings.adopted``)."""
     name: str = "watcher"
 
     def __post_init__(self) -> None:
@@ -238,7 +240,7 @@ class WatcherService:
         self._pass_pending: set[WorkloadKey] | None = None
         self._pass: dict[str, int] = {}
         self._change_seen_at: dict[WorkloadKey, float] = {}
-        self.pods = PodCache(on_convert=self._check_pod)
+        self.pods = PodCache(on_convert=self._check_pod, adopt=self.adopt)
         self._published: set[WorkloadKey] = set()
         """The workloads this watcher published a snapshot of and no tombstone since."""
         self._in_flight: deque[asyncio.Future[Delivery]] = deque()
@@ -284,7 +286,9 @@ class WatcherService:
         self.pods.observe(change)
         if not self.leading():
             return  # the store is updated all the same; becoming the leader touches everything
-        for key in touched_by(change, self.store, convert_pod=self._convert_quietly):
+        for key in touched_by(
+            change, self.store, convert_pod=self._convert_quietly, adopt=self.adopt
+        ):
             self._change_seen_at.setdefault(key, self.clock.now())
             self.debouncer.touch(key)
 
@@ -541,4 +545,5 @@ def bootstrap(
         metrics=Metrics("watcher"),
         tracer=tracer(tracer_provider),
         clock=clock if clock is not None else WallClock(),
+        adopt=settings.adopted,
     )
