@@ -122,14 +122,17 @@ Serves `GET /explain/NAMESPACE/POD` on its HTTP port for `podcost explain`. {_EN
     "simulate": """**Examples**
 
 ```
-kubectl get pods,nodes,replicasets,deployments -A -o json > dump.json
+kubectl get pods,nodes,replicasets,deployments -A -o json --show-managed-fields > dump.json
 podcost simulate --snapshot dump.json --workload shop/web --replicas 6
 podcost simulate --snapshot dump.json --workload shop/web --replicas 6 --baseline
 podcost simulate ... --policy policy.yaml --output table
+podcost simulate ... --adopt-kept
 ```
 
-`--baseline` keeps the costs the pods carry now: what Kubernetes does today. Bad input exits 2
-with one line saying what is wrong.
+`--baseline` keeps the costs the pods carry now: what Kubernetes does today. With podcost, the
+costs someone else set are kept and named (`kept_costs`, with who set them from the pods'
+`managedFields`; a dump without them gets a warning) and `--adopt-kept` shows the outcome were
+they taken over. Bad input exits 2 with one line saying what is wrong.
 """,
     "demo": """**Example**
 
