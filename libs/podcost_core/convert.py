@@ -369,6 +369,14 @@ def cost_owner(meta: ObjectMetaJSON, adopt: Collection[str] = ()) -> CostOwner:
     return CostOwner.OTHER
 
 
+def own_cost(meta: ObjectMetaJSON) -> str | None:
+    """The deletion cost exactly as found when podcost's own field manager alone owns it: what
+    ``podcost cleanup`` may remove. ``None`` when there is none, or anyone else (an adopted
+    manager included: podcost never wrote that value) owns it, or who does is unknown."""
+    value = meta.get("annotations", {}).get(DELETION_COST_ANNOTATION)
+    return value if value is not None and cost_managers(meta) == (FIELD_MANAGER,) else None
+
+
 def _sum_into(total: dict[str, Fraction], resources: Mapping[str, Quantity]) -> None:
     for name, amount in resources.items():
         total[name] = total.get(name, Fraction(0)) + parse_quantity(amount)
