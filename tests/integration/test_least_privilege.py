@@ -5,7 +5,8 @@ The chart's ``templates/rbac.yaml`` and ``templates/admission-policy.yaml`` are 
 real helm and created with the admin credentials; every request below is then made with a token
 the TokenRequest API issued for the service account, and nothing else. What the services call
 is allowed: the informer's list and watch of pods, nodes, ReplicaSets and Deployments, the
-annotator's read and compare-and-swap patch of the deletion cost, the leader election's Lease.
+annotator's read and compare-and-swap patch of the deletion cost, ``podcost cleanup``'s list and
+guarded removal of it (the uninstall hook), the leader election's Lease.
 Anything else is refused: by RBAC (delete or create a pod, secrets, nodes, subresources, events)
 or, for a patch RBAC must allow, by the admission policy (labels, other annotations, spec, owner
 references, finalizers). The effective permissions are read back with SelfSubjectRulesReview and
@@ -30,6 +31,8 @@ from tests.support.kube import COST_ANNOTATION, KubeTestCluster
 from tests.support.least_privilege import ServiceAccount, install, one, render
 from tests.support.tools import require_helm
 
+from podcost.annotator.cleanup import Outcome, clean_up
+from podcost.annotator.settings import AnnotatorSettings
 from podcost_kube.client import Kube, KubeError
 from podcost_kube.informer import WORKLOAD_RESOURCES, Informer
 from podcost_kube.leader import KubeLeases
@@ -180,6 +183,20 @@ async def test_the_annotators_read_and_compare_and_swap_patch_pass(
     assert written["metadata"]["annotations"][COST_ANNOTATION] == "42"
     await pods.patch_deletion_cost(installed.namespace, installed.pod, 10)
     assert (await _annotations(kube, installed))[COST_ANNOTATION] == "10"
+
+
+async def test_podcost_cleanup_as_the_account_removes_its_cost_and_nothing_else(
+    installed: Installed, kube: KubeTestCluster
+) -> None:
+    # What the chart's uninstall hook does, with nothing but the account's token.
+    pods = Kube(installed.api)
+    await pods.patch_deletion_cost(installed.namespace, installed.pod, 10)  # podcost's own
+    report = await clean_up(pods, AnnotatorSettings(), namespace=installed.namespace)
+    assert report.outcomes == {Outcome.REMOVED: 1}
+    annotations = await _annotations(kube, installed)
+    assert COST_ANNOTATION not in annotations
+    assert annotations["team"] == "checkout"
+    await pods.patch_deletion_cost(installed.namespace, installed.pod, 10)
 
 
 async def test_the_informer_lists_and_watches_every_workload_resource_cluster_wide(
