@@ -131,6 +131,20 @@ def want(uid: str, cost: int, origin: str, previous: int | None = None) -> Want[
     return Want(PodUID(uid), "ns", f"pod-{uid}", cost, previous, origin)
 
 
+def test_a_removal_is_queued_even_where_a_write_would_be_unchanged_and_supersedes_one() -> None:
+    queue: WriteQueue[str] = WriteQueue()
+    assert queue.offer(want("a", 5, "decision", previous=5)).settled[0].result is Result.UNCHANGED
+    assert queue.offer(want("b", 5, "decision")).ready
+    removal = Want(PodUID("b"), "ns", "pod-b", 0, None, "release", remove=True)
+    offer = queue.offer(removal)
+    assert [(s.want.origin, s.result) for s in offer.settled] == [("decision", Result.SUPERSEDED)]
+    taken = queue.take(PodUID("b"))
+    assert taken is not None
+    assert taken.remove
+    removal_a = Want(PodUID("a"), "ns", "pod-a", 0, 0, "release", remove=True)
+    assert queue.offer(removal_a).ready
+
+
 def test_a_newer_cost_supersedes_the_queued_one_and_only_the_newest_is_taken() -> None:
     queue: WriteQueue[str] = WriteQueue()
     first = queue.offer(want("a", 1, "r1"))

@@ -154,6 +154,9 @@ class Want(Generic[T]):
     previous: int | None
     """The cost the snapshot saw on the pod (``None``: none, or an invalid one)."""
     origin: T
+    remove: bool = False
+    """Remove the cost podcost wrote instead (its workload is no longer ranked); ``cost`` is
+    then unused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +215,7 @@ class WriteQueue(Generic[T]):
             settled.append(Settled(slot.queued, Result.SUPERSEDED))
             slot.queued = None
             self._queued -= 1
-        if slot.running is None and want.previous == want.cost:
+        if slot.running is None and not want.remove and want.previous == want.cost:
             # The snapshot saw this very cost on the pod and nothing of ours is in flight that
             # could change it: no request at all. A change by someone else since then makes the
             # watcher publish a new snapshot, and the aggregator a new decision.

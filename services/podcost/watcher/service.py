@@ -23,9 +23,10 @@ being published as leadership was lost may still go out; the aggregator keeps th
 
 Workloads that go. When a workload this watcher published is no longer ranked (deleted, opted
 out, or its policy became invalid), the watcher publishes a ``WorkloadGoneMessage`` under its
-key, once: rankers skip it and the aggregator drops its state. (A restarted watcher publishes
-every opted-in workload again, so it knows them all; one deleted while no watcher ran is never
-said to be gone.)
+key, once: rankers skip it and the aggregator drops its state and, unless it was deleted, asks
+the annotator to remove the costs podcost wrote on its pods. (A restarted watcher publishes
+every opted-in workload again, so it knows them all; one deleted or opted out while no watcher
+ran is never said to be gone.)
 
 Publishing does not wait for each snapshot's acknowledgement: snapshots are queued on the bus
 (which keeps one workload's records in order), at most ``MAX_IN_FLIGHT`` unacknowledged, and one
@@ -76,6 +77,7 @@ from podcost.runtime.telemetry import (
 )
 from podcost_bus import Bus, BusSettings, Delivery, open_bus, publish_message
 from podcost_contracts.messages import (
+    GONE_DELETED,
     EncodeError,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
@@ -491,7 +493,7 @@ class WatcherService:
             return  # not ranked as far as this watcher knows (or already said): nothing to say
         self._published.discard(key)
         deleted = self.store.get(key.kind, key.namespace, key.name) is None
-        reason = "deleted" if deleted else "opted out" if error is None else f"invalid: {error}"
+        reason = GONE_DELETED if deleted else "opted out" if error is None else f"invalid: {error}"
         message = WorkloadGoneMessage(
             key=key.bus_key(self.cluster),
             version=version,
