@@ -1,8 +1,8 @@
 """A workload that opts out gets its podcost costs removed, on the real control plane.
 
-podcost (embedded: watcher, rankers, aggregator, annotator over the in-memory bus) writes the
-costs of an opted-in 4-replica Deployment; a person then sets one pod's cost with ``kubectl
-annotate`` (field manager ``kubectl-annotate``). When the Deployment opts out
+podcost (watcher, rankers, aggregator, annotator; over the in-memory bus and over the real Kafka
+broker) writes the costs of an opted-in 4-replica Deployment; a person then sets one pod's cost
+with ``kubectl annotate`` (field manager ``kubectl-annotate``). When the Deployment opts out
 (``podcost.dev/enabled: "false"``), the watcher says it is gone, the aggregator asks for a
 release, and the annotator removes the three costs podcost wrote, with a PATCH that tests each
 value, and leaves the person's.
@@ -31,10 +31,18 @@ from podcost_kube.client import Kube
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.parametrize("mode", ["embedded", "kafka"])
 async def test_opting_out_removes_the_costs_podcost_wrote_and_keeps_a_persons(
-    control_plane: ControlPlane, kube: KubeTestCluster
+    control_plane: ControlPlane, kube: KubeTestCluster, request: pytest.FixtureRequest, mode: str
 ) -> None:
     prefix = f"o{uuid.uuid4().hex[:5]}"
+    bus_settings = BusSettings()
+    if mode == "kafka":
+        bus_settings = BusSettings(
+            bootstrap_servers=request.getfixturevalue("kafka_bootstrap"),
+            topic_workloads=f"w-{prefix}", topic_ranks=f"r-{prefix}",
+            topic_costs=f"c-{prefix}", topic_deadletter=f"d-{prefix}",
+        )  # fmt: skip
     namespace = await kube.create_namespace(f"optout-{prefix}")
     zones = {f"{prefix}-{zone}": zone for zone in ("zone-a", "zone-b")}
     nodes = list(zones)
@@ -45,8 +53,8 @@ async def test_opting_out_removes_the_costs_podcost_wrote_and_keeps_a_persons(
     api = await config.new_client_from_config(config_file=str(control_plane.kubeconfig))
     try:
         pipeline = bootstrap(
-            ServiceSettings(cluster="e2e", http_port=0), BusSettings(), kube=Kube(api),
-            bus=MemoryBus(),
+            ServiceSettings(cluster="e2e", http_port=0), bus_settings, kube=Kube(api),
+            bus=MemoryBus() if mode == "embedded" else None,
             watcher_settings=WatcherSettings(
                 namespace=namespace, debounce_seconds=0.2, max_delay_seconds=1.0
             ),
@@ -54,6 +62,13 @@ async def test_opting_out_removes_the_costs_podcost_wrote_and_keeps_a_persons(
         task = asyncio.create_task(
             serve(pipeline.services, ServiceSettings(http_port=0), bus=pipeline.bus, stop=stop)
         )
+
+        async def ready() -> bool:
+            if task is not None and task.done():
+                task.result()
+            return all(service.ready() for service in pipeline.services)
+
+        await kube.wait_for(ready, "every service ready", timeout=60)
         await kube.create_deployment(namespace, "web", 4, opt_in=True,
                                      node_selector={"e2e": prefix})  # fmt: skip
         await kube.wait_ready(namespace, "web", 4)
