@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 from kubernetes_asyncio import config
 
-from podcost_localinfra import build, cluster, kafka, process
+from podcost_localinfra import build, cluster, kafka, kafka_secure, process
 from tests.support.kube import KubeTestCluster
+from tests.support.secure_kafka import LAYOUT, SecureBroker
 from tests.support.selection import LONG, empty_long_run, wants_long
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -77,6 +78,30 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
 def kafka_bootstrap(kafka_broker: Broker) -> str:
     """The bootstrap address of a real Kafka broker."""
     return kafka_broker.bootstrap
+
+
+@pytest.fixture(scope="session")
+def secure_kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureBroker]:
+    """A real Kafka broker that requires TLS and SASL/SCRAM, with the ACLs of
+    ``tests.support.secure_kafka.LAYOUT``. ``PODCOST_SECURE_KAFKA_RUN_DIR`` points at one
+    already running (``podcost-localinfra kafka-up --secure --cluster prod-eu-1 --cluster
+    prod-us-1``: its run directory)."""
+    external = os.environ.get("PODCOST_SECURE_KAFKA_RUN_DIR")
+    if external:
+        run_dir = Path(external)
+        found = kafka_secure.read_secrets(run_dir)
+        bootstrap = (run_dir / "bootstrap").read_text().strip()
+        yield SecureBroker(bootstrap, found.ca_file, dict(found.passwords), run_dir)
+        return
+    try:
+        broker = kafka.start(tmp_path_factory.mktemp("kafka-secure"), secure=LAYOUT)
+    except (build.BuildError, process.StartError, OSError) as error:
+        _unavailable("the secure Kafka broker", error)
+    assert broker.secrets is not None
+    yield SecureBroker(
+        broker.bootstrap, broker.secrets.ca_file, dict(broker.secrets.passwords), broker.run_dir
+    )
+    broker.stop()
 
 
 @dataclass(frozen=True)

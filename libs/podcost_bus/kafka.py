@@ -32,6 +32,7 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     TopicAlreadyExistsError,
+    TopicAuthorizationFailedError,
     for_code,
 )
 from aiokafka.helpers import create_ssl_context
@@ -131,7 +132,12 @@ class KafkaBus(Lifecycle):
     async def ensure_topics(self, topics: Iterable[str]) -> None:
         """Create the missing topics with the configured partitions and replicas, and return
         once every partition of every topic has a leader (so the first reads and writes do not
-        meet a leader election)."""
+        meet a leader election).
+
+        On a broker with ACLs a principal may create only the topics it writes: a creation the
+        broker refuses (``TopicAuthorizationFailed``) is left to the principal that may, and
+        the topic is waited for like the others. A topic this principal may not even describe
+        is an error that no retry mends."""
         wanted = list(dict.fromkeys(topics))
         if not wanted:
             return
@@ -206,9 +212,10 @@ class KafkaBus(Lifecycle):
 
 
 def _raise_topic_errors(topic_errors: Iterable[tuple[Any, ...]]) -> None:
+    fine = (0, TopicAlreadyExistsError.errno, TopicAuthorizationFailedError.errno)
     for entry in topic_errors:
         name, code = entry[0], entry[1]
-        if code in (0, TopicAlreadyExistsError.errno):
+        if code in fine:
             continue
         error_class = for_code(code)
         detail = entry[2] if len(entry) > 2 and entry[2] else error_class.description
@@ -223,6 +230,17 @@ async def _wait_for_leaders(admin: Any, topics: list[str], within: float) -> Non
     deadline = loop.time() + within
     while True:
         described = await admin.describe_topics(topics)
+        hidden = sorted(
+            topic["topic"]
+            for topic in described
+            if topic["error_code"] == TopicAuthorizationFailedError.errno
+        )
+        if hidden:
+            raise BusError(
+                f"the topics {hidden} are not authorized for this principal (no ACL lets it "
+                "describe them)",
+                retriable=False,
+            )
         leaderless = sorted(
             topic["topic"]
             for topic in described
@@ -250,7 +268,9 @@ def _delivery(acked: asyncio.Future[Any], topic: str) -> asyncio.Future[Delivery
         if done.cancelled():
             result.cancel()
         elif (error := done.exception()) is not None:
-            result.set_exception(_bus_error(error, f"{topic!r} did not acknowledge a record"))
+            failed = _bus_error(error, f"{topic!r} did not acknowledge a record")
+            failed.__cause__ = error  # as ``raise ... from`` does for the other errors
+            result.set_exception(failed)
         else:
             metadata = done.result()
             result.set_result(Delivery(metadata.topic, metadata.partition, metadata.offset))

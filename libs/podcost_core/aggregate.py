@@ -52,6 +52,7 @@ from podcost_core.labels import (
     CostBand,
     CurrentCost,
     Labelling,
+    band_for,
     current_costs,
     label_costs,
 )
@@ -306,7 +307,8 @@ class AggregationConfig:
     overwrite_foreign: bool = False
     """Whether costs someone else set may be rewritten (else they are fixed constraints)."""
     band: CostBand = DEFAULT_BAND
-    """The values podcost writes."""
+    """The values podcost writes, unless the workload's policy sets ``non_negative_costs``
+    (then ``NON_NEGATIVE_BAND``)."""
     early_ttl_s: float = 60.0
     """How long answers for a version not seen yet wait for their snapshot."""
     early_versions: int = 4
@@ -466,7 +468,7 @@ class Aggregator:
             {pod.uid: pod.replicaset for pod in snapshot.pods},
             current,
             overwrite_foreign=self.config.overwrite_foreign,
-            band=self.config.band,
+            band=band_for(policy.non_negative_costs, self.config.band),
         )
         return Decision(
             key, snapshot, combined, labelling, current, latest.trace, rejected, latest.changed_at

@@ -963,7 +963,7 @@ def _nodes_for(
 ) -> dict[str, Node]:
     """The nodes the pods run on, each with the requests of every active pod on it."""
     wanted = {pod.node for pod in pods if pod.node is not None}
-    requested: dict[str, list[int]] = {name: [0, 0, 0] for name in wanted}
+    requested: dict[str, list[int]] = {name: [0, 0, 0, 0] for name in wanted}
     for raw in objects.pods.values():
         node_name = raw.get("spec", {}).get("nodeName")
         if node_name in requested and _is_active(raw):
@@ -972,14 +972,28 @@ def _nodes_for(
             sums[0] += amount.cpu_milli
             sums[1] += amount.memory_bytes
             sums[2] += amount.pods
+            sums[3] += _is_daemon(raw.get("metadata", {}))
     nodes: dict[str, Node] = {}
     for name in sorted(wanted):
         raw_node = objects.nodes.get(name)
-        cpu, memory, count = requested[name]
+        cpu, memory, count, daemons = requested[name]
         used = Resources(cpu_milli=cpu, memory_bytes=memory, pods=count)
-        nodes[name] = (
+        node = (
             convert_node(raw_node, used)
             if raw_node is not None
             else Node(name=NodeName(name), requested=used)  # the dump lacks the node
         )
+        nodes[name] = replace(node, daemon_pods=daemons) if daemons else node
     return nodes
+
+
+#: The annotation the kubelet puts on the API's mirror of a static pod.
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+
+
+def _is_daemon(meta: ObjectMetaJSON) -> bool:
+    """Whether a pod is a DaemonSet's or a static pod's mirror: it goes with its node."""
+    ref = _controller_ref(meta)
+    if ref is not None and ref.get("kind") == "DaemonSet":
+        return True
+    return MIRROR_ANNOTATION in meta.get("annotations", {})

@@ -18,7 +18,8 @@ unit tests check it against brute force). The others get values in the middle of
 (or at a fixed step beyond the first or last kept cost), so later insertions find room; running
 out of gaps only costs more writes, never failure.
 
-Costs podcost writes stay inside ``DEFAULT_BAND`` (±1e9), leaving the rest of int32 to people:
+Costs podcost writes stay inside ``DEFAULT_BAND`` (±1e9), or ``NON_NEGATIVE_BAND`` when the
+policy sets ``non_negative_costs`` (for Karpenter), leaving the rest of int32 to people:
 a pod set by hand beyond the band is deleted first or last whatever podcost ranks. Costs owned
 by someone else are never rewritten (unless ``overwrite_foreign``); inside the band they are
 constraints the others are fitted around, as many as can be satisfied together.
@@ -53,6 +54,22 @@ class CostBand:
 
 #: ±1e9: well inside int32, so a person can still force a pod first or last by hand.
 DEFAULT_BAND = CostBand(-1_000_000_000, 1_000_000_000)
+
+#: [0, 2^27 - 1]: the band of the policy option ``non_negative_costs``, for clusters that run
+#: Karpenter. Karpenter adds ``cost / 2^27`` to a pod's eviction cost of 1.0 (``EvictionCost`` in
+#: kubernetes-sigs/karpenter pkg/utils/disruption/disruption.go; the sum over a node's pods is
+#: its disruption cost, lowest consolidated first). A negative cost would make a pod look cheaper
+#: to disrupt than a pod without the annotation (down to 1 - 7.45 with ``DEFAULT_BAND``), so
+#: Karpenter would prefer to consolidate the nodes podcost happened to rank first. Inside this
+#: band every pod counts as 1.0 + [0, 1): never below an unannotated pod, never as much as two.
+#: Costs below 0 or from 2^27 up stay free for people to force a pod first or last by hand.
+NON_NEGATIVE_BAND = CostBand(0, 2**27 - 1)
+
+
+def band_for(non_negative_costs: bool, default: CostBand = DEFAULT_BAND) -> CostBand:
+    """The band a policy's costs are written in: ``NON_NEGATIVE_BAND`` when it asks for
+    ``non_negative_costs``, else ``default``."""
+    return NON_NEGATIVE_BAND if non_negative_costs else default
 
 
 @dataclass(frozen=True, slots=True)

@@ -176,6 +176,10 @@ class Node:
     requested: Resources = Resources()
     """Sum of the requests of every active pod on the node (all workloads), when known."""
     unschedulable: bool = False
+    daemon_pods: int = 0
+    """How many of the active pods in ``requested.pods`` are DaemonSet or mirror (static) pods:
+    they run on every node and leave with it, so Karpenter and the cluster autoscaler call a node
+    holding only those empty."""
 
 
 @dataclass(frozen=True, slots=True)

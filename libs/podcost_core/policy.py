@@ -42,6 +42,7 @@ importable: the core itself depends only on pydantic)::
       - {name: topology-spread, tier: 0}
       - {name: capacity-type, tier: 1, weight: 3, args: {price_annotation: acme.io/price}}
       - {name: age, tier: 1, weight: 1, threshold: 86400}
+    non_negative_costs: true   # optional, default false: costs in [0, 2^27) for Karpenter
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from podcost_core.normalize import MAX_SCORE
 from podcost_core.strategies import age, topology_spread
@@ -133,6 +134,11 @@ class Policy:
     specs: tuple[StrategySpec, ...]
     registry: InitVar[Registry | None] = None
     """Where names are looked up; default: built-ins plus installed plugins."""
+    non_negative_costs: bool = False
+    """Write costs in ``labels.NON_NEGATIVE_BAND`` (0 .. 2^27 - 1) instead of ``DEFAULT_BAND``, so
+    that Karpenter's consolidation sees no pod as cheaper to disrupt than one without a cost.
+    A cluster-wide labelling option: set in the policy file, kept by the policies that workload
+    annotations derive from it."""
     bound: tuple[BoundStrategy, ...] = field(init=False, repr=False, compare=False)
     """The specs, in order, with their strategies and built args."""
     tiers: tuple[int, ...] = field(init=False, compare=False)
@@ -145,6 +151,10 @@ class Policy:
         specs = tuple(self.specs)
         if not specs:
             raise PolicyError("policy", "names no strategy")
+        if type(self.non_negative_costs) is not bool:
+            raise PolicyError(
+                "non_negative_costs", f"must be true or false, got {self.non_negative_costs!r}"
+            )
         lookup = registry if registry is not None else default_registry()
         tiers = sorted({_check_spec(spec) for spec in specs})
         index = {tier: position for position, tier in enumerate(tiers)}
@@ -353,7 +363,7 @@ def _policy_from_items(
             specs[position] = replace(spec, args={**spec.args, **args[spec.name][1]})
         if spec.name in thresholds:
             specs[position] = replace(specs[position], threshold=thresholds[spec.name][1])
-    return Policy(tuple(specs), registry)
+    return Policy(tuple(specs), registry, non_negative_costs=default.non_negative_costs)
 
 
 def _lablabs_specs(kind: str, registry: Registry | None) -> list[StrategySpec]:
@@ -399,6 +409,8 @@ class PolicyDocument(BaseModel):
     """The file format version."""
     strategies: list[StrategyEntry] = Field(min_length=1)
     """The strategies, each with its tier and weight."""
+    non_negative_costs: StrictBool = False
+    """Keep every cost podcost writes >= 0 (``Policy.non_negative_costs``), for Karpenter."""
 
 
 def policy_from_data(
@@ -415,7 +427,7 @@ def policy_from_data(
         StrategySpec(entry.name, entry.weight, entry.tier, dict(entry.args), entry.threshold)
         for entry in document.strategies
     )
-    return Policy(specs, registry)
+    return Policy(specs, registry, non_negative_costs=document.non_negative_costs)
 
 
 def policy_from_text(

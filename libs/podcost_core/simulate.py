@@ -9,8 +9,10 @@ model (``victims.scale_in``) what the ReplicaSet controller then deletes. Withou
 Which ReplicaSet scales. A ReplicaSet scales itself. A Deployment with one ReplicaSet holding
 replicas scales that one to N (``FindActiveOrLatest`` in the deployment controller's
 ``scale``), exactly. With several (mid-rollout) the deployment controller splits the change
-proportionally and the rollout goes on moving replicas; that is not modelled, and
-``SimulationError`` says so rather than guess.
+proportionally across them (``rollout.scaled_sizes``, given the Deployment's ``Rollout``), and
+each ReplicaSet that shrinks picks its own victims; without the ``Rollout``, or when the split
+would grow one of them, ``SimulationError`` says so rather than guess. A rollout that is not
+paused goes on afterwards and may move more replicas: that is the rollout, not this scale-in.
 
 What podcost cannot change. A cost someone else set (a person with ``kubectl annotate``, a tool
 whose field manager podcost does not adopt) is kept: never rewritten, fitted around inside the
@@ -27,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from podcost_core.combine import rank
-from podcost_core.labels import DEFAULT_BAND, current_costs, label_costs
+from podcost_core.labels import DEFAULT_BAND, CostBand, band_for, current_costs, label_costs
 from podcost_core.model import (
     DELETION_COST_ANNOTATION,
     CostOwner,
@@ -36,6 +38,7 @@ from podcost_core.model import (
     Snapshot,
 )
 from podcost_core.policy import Policy
+from podcost_core.rollout import Rollout, RolloutError, scaled_sizes
 from podcost_core.strategies import topology_spread
 from podcost_core.victims import Now, VictimChoice, scale_in, victim_inputs
 
@@ -96,6 +99,11 @@ class SimulationResult:
     """One choice per controller sync (at most ``BURST_REPLICAS`` deletions each)."""
     pod_domains: Mapping[str, str] = field(default_factory=dict)
     """Pod name to its domain (``NO_DOMAIN`` if none), for every active pod."""
+    replicasets: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    """Mid-rollout: each ReplicaSet the scale-in shrinks, ``spec.replicas`` before and after
+    the deployment controller's proportional split (empty otherwise)."""
+    rollout_goes_on: bool = False
+    """Mid-rollout and not paused: the rollout moves more replicas after this scale-in."""
     kept: tuple[KeptCost, ...] = ()
     """With a policy: the active pods whose costs someone else set, which podcost keeps (with
     ``adopt_kept``: which it would keep, were they not adopted)."""
@@ -131,6 +139,17 @@ class SimulationResult:
             "kept_costs": [kept.to_json() for kept in self.kept],
             "kept_costs_change_outcome": self.kept_changes_outcome,
             "kept_costs_adopted": self.adopted_kept,
+            **(
+                {
+                    "replicasets": {
+                        name: {"before": before, "after": after}
+                        for name, (before, after) in self.replicasets.items()
+                    },
+                    "rollout_goes_on": self.rollout_goes_on,
+                }
+                if self.replicasets or self.rollout_goes_on
+                else {}
+            ),
         }
 
 
@@ -208,28 +227,31 @@ def simulate(
     policy: Policy | None,
     topology_key: str | None = None,
     overwrite_foreign: bool = False,
+    rollout: Rollout | None = None,
     setters: Mapping[PodUID, tuple[str, ...]] | None = None,
     adopt_kept: bool = False,
 ) -> SimulationResult:
     """Scale ``snapshot``'s workload to ``replicas``; ``policy=None`` is the baseline.
 
     ``now`` is the controller's clock (LogarithmicScaleDown compares ages against it).
-    ``setters``: per pod, the field managers that own its cost (``convert.cost_managers``), to
-    name who set the costs podcost keeps; ``adopt_kept``: the result is the outcome with them
-    adopted (see the module docstring).
+    ``rollout`` (``rollout.rollout_for``) lets a Deployment mid-rollout be scaled: its
+    ``replicas`` is then the Deployment's new ``spec.replicas``, split as the deployment
+    controller splits it. ``setters``: per pod, the field managers that own its cost
+    (``convert.cost_managers``), to name who set the costs podcost keeps; ``adopt_kept``: the
+    result is the outcome with them adopted (see the module docstring).
     """
     result = _simulate_once(
         snapshot, replicas, now, policy=policy, topology_key=topology_key,
-        overwrite_foreign=overwrite_foreign or adopt_kept,
+        overwrite_foreign=overwrite_foreign or adopt_kept, rollout=rollout,
     )  # fmt: skip
     if policy is None or overwrite_foreign:
         return result
-    kept = kept_costs(snapshot, setters or {})
+    kept = kept_costs(snapshot, setters or {}, band_for(policy.non_negative_costs))
     if not kept:
         return result
     other = _simulate_once(
         snapshot, replicas, now, policy=policy, topology_key=topology_key,
-        overwrite_foreign=not adopt_kept,
+        overwrite_foreign=not adopt_kept, rollout=rollout,
     )  # fmt: skip
     changes = {p.name for p in other.victims} != {p.name for p in result.victims} or (
         dict(other.domains_after) != dict(result.domains_after)
@@ -238,16 +260,17 @@ def simulate(
 
 
 def kept_costs(
-    snapshot: Snapshot, setters: Mapping[PodUID, tuple[str, ...]]
+    snapshot: Snapshot, setters: Mapping[PodUID, tuple[str, ...]], band: CostBand = DEFAULT_BAND
 ) -> tuple[KeptCost, ...]:
-    """The active pods whose valid cost someone else set (``labels.current_costs``), by name."""
+    """The active pods whose valid cost someone else set (``labels.current_costs``), by name;
+    ``band`` is the one podcost writes this workload's costs in."""
     current = current_costs(snapshot.pods)
     found = []
     for pod in snapshot.pods:
         cost = current[pod.uid]
         if pod.active and cost.foreign and cost.value is not None:
             found.append(
-                KeptCost(pod.name, cost.value, setters.get(pod.uid, ()), cost.value in DEFAULT_BAND)
+                KeptCost(pod.name, cost.value, setters.get(pod.uid, ()), cost.value in band)
             )
     return tuple(sorted(found, key=lambda kept: kept.pod))
 
@@ -260,16 +283,26 @@ def _simulate_once(
     policy: Policy | None,
     topology_key: str | None,
     overwrite_foreign: bool,
+    rollout: Rollout | None,
 ) -> SimulationResult:
     workload = snapshot.workload
     name = f"{workload.namespace}/{workload.name}"
-    replicaset = scaling_replicaset(snapshot)
-    candidates = [p for p in snapshot.pods if p.active and p.replicaset == replicaset]
-    if replicaset is None or not 0 <= replicas <= len(candidates):
-        raise SimulationError(
-            f"--replicas {replicas} is outside 0..{len(candidates)}, the active pods of {name} "
-            "(simulate models scale-in only)"
-        )
+    split: dict[str, tuple[int, int]] = {}
+    replicaset: str | None
+    mid_rollout = rollout is not None and len(rollout.holding()) > 1
+    if mid_rollout and rollout is not None:
+        split = _proportional_split(rollout, replicas, name)
+        # The largest that shrinks; none when the split leaves every size as it is.
+        replicaset = max(split, key=lambda rs: (split[rs][0], rs), default=None)
+        candidates = [p for p in snapshot.pods if p.active and p.replicaset in rollout.holding()]
+    else:
+        replicaset = scaling_replicaset(snapshot)
+        candidates = [p for p in snapshot.pods if p.active and p.replicaset == replicaset]
+        if replicaset is None or not 0 <= replicas <= len(candidates):
+            raise SimulationError(
+                f"--replicas {replicas} is outside 0..{len(candidates)}, the active pods of "
+                f"{name} (simulate models scale-in only)"
+            )
 
     writes: dict[PodUID, int] = {}
     if policy is not None:
@@ -279,6 +312,7 @@ def _simulate_once(
             {p.uid: p.replicaset for p in snapshot.pods},
             current_costs(snapshot.pods),
             overwrite_foreign=overwrite_foreign,
+            band=band_for(policy.non_negative_costs),
         )
         writes = dict(labelling.writes)
         snapshot = replace(
@@ -288,8 +322,14 @@ def _simulate_once(
             ),
         )
 
-    pods, related = victim_inputs(snapshot, replicaset)
-    rounds = scale_in(pods, related, replicas, now)
+    rounds: tuple[VictimChoice, ...] = ()
+    if mid_rollout:
+        for rs, (_, size) in sorted(split.items()):
+            pods, related = victim_inputs(snapshot, rs)
+            rounds += scale_in(pods, related, size, now)
+    elif replicaset is not None:  # refused above when there is none
+        pods, related = victim_inputs(snapshot, replicaset)
+        rounds = scale_in(pods, related, replicas, now)
     victims = tuple(pod for choice in rounds for pod in choice.victims)
     gone = {pod.uid for pod in victims}
     # Later rounds follow the model's own tie picks (see scale_in); report every round's tie.
@@ -319,4 +359,23 @@ def _simulate_once(
         skew_after=_skew(after),
         rounds=rounds,
         pod_domains={p.name: _domain(snapshot, p, key) for p in active},
+        replicasets=split,
+        rollout_goes_on=mid_rollout and rollout is not None and not rollout.paused,
     )
+
+
+def _proportional_split(rollout: Rollout, replicas: int, name: str) -> dict[str, tuple[int, int]]:
+    """The ReplicaSets a mid-rollout scale to ``replicas`` shrinks: name → (before, after)."""
+    current = {rs.name: rs.replicas for rs in rollout.replicasets}
+    total = sum(current.values())
+    try:
+        sizes = scaled_sizes(rollout, replicas)
+    except RolloutError as error:
+        raise SimulationError(f"{name}: {error}") from None
+    grown = sorted(rs for rs, size in sizes.items() if size > current[rs])
+    if grown:
+        raise SimulationError(
+            f"--replicas {replicas} grows ReplicaSet(s) {', '.join(grown)} of {name}, which "
+            f"hold {total} replicas mid-rollout (simulate models scale-in only)"
+        )
+    return {rs: (current[rs], size) for rs, size in sizes.items() if size < current[rs]}

@@ -1,8 +1,10 @@
 """List and watch Kubernetes objects into a :class:`~podcost_kube.store.Store`: the informer.
 
-The watcher service runs one :class:`Informer` over pods, nodes, ReplicaSets and Deployments
-(optionally namespaces, or any other resource, e.g. a CRD) and subscribes a handler that turns
-each :class:`~podcost_kube.store.Change` into the workloads it touches (``podcost_kube.workloads``).
+The watcher service runs :class:`Informers` over pods, nodes, ReplicaSets and Deployments
+(optionally namespaces, or any other resource, e.g. a CRD): one :class:`Informer` for every
+namespace, or with a list of namespaces one for the cluster-scoped resources and one per
+namespace, all over one store. It subscribes a handler that turns each
+:class:`~podcost_kube.store.Change` into the workloads it touches (``podcost_kube.workloads``).
 
 What it does, per resource, as client-go's reflector does:
 
@@ -501,7 +503,8 @@ class Informer:
                 break
         if not version:
             raise KubeError(f"{resource.kind}: list without a resourceVersion", retriable=True)
-        changes = self.store.replace(resource.kind, items)
+        scope = self.namespace if resource.namespaced and self.namespace else None
+        changes = self.store.replace(resource.kind, items, namespace=scope)
         state.resource_version = version
         state.stats.lists += 1
         log.debug("%s: listed %d objects at %s", resource.kind, len(items), version)
@@ -567,3 +570,92 @@ class Informer:
                         f"handler {getattr(handler, '__qualname__', handler)!r} raised on "
                         f"{change.type} {key.namespace}/{key.name}: {error!r}",
                     ) from error
+
+
+# --- several namespaces ------------------------------------------------------------------------
+
+
+class Informers:
+    """Informers over one store, run and awaited as one: the watcher's view of the namespaces it
+    watches.
+
+    Watching every namespace (``namespaces`` empty or ``None``) is one :class:`Informer`. Watching
+    a list of namespaces is one informer for the cluster-scoped resources (nodes, namespaces) and
+    one per namespace for the namespaced ones, each listing and watching its own namespace only:
+    what a Role per namespace allows, where a list across namespaces needs a ClusterRole. Every
+    informer applies its changes to ``store`` and calls ``handlers``; a relist of one namespace
+    leaves the others' objects alone (``Store.replace`` with its namespace).
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        resources: Sequence[Resource] = WORKLOAD_RESOURCES,
+        *,
+        namespaces: Sequence[str] | None = None,
+        store: Store | None = None,
+        handlers: Iterable[Handler] = (),
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.store = store if store is not None else Store()
+        handlers = tuple(handlers)
+        scoped = [resource for resource in resources if resource.namespaced]
+        whole = [resource for resource in resources if not resource.namespaced]
+        if len(set(namespaces or ())) != len(namespaces or ()):
+            raise ValueError(f"namespaces listed twice: {list(namespaces or ())}")
+
+        def informer(of: Sequence[Resource], namespace: str | None) -> Informer:
+            return Informer(kube, of, namespace=namespace, store=self.store, handlers=handlers,
+                            backoff=backoff)  # fmt: skip
+
+        if not namespaces:
+            self.informers = [informer(resources, None)]
+        else:
+            self.informers = [informer(whole, None)] if whole else []
+            self.informers += [informer(scoped, namespace) for namespace in namespaces]
+
+    @property
+    def error(self) -> InformerFailed | None:
+        """Why one of the informers failed, if one did."""
+        return next((i.error for i in self.informers if i.error is not None), None)
+
+    def failing_for(self, now: float | None = None) -> float:
+        """The longest :meth:`Informer.failing_for` of them."""
+        return max((informer.failing_for(now) for informer in self.informers), default=0.0)
+
+    async def __aenter__(self) -> Informers:
+        try:
+            for informer in self.informers:
+                await informer.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Stop every informer; idempotent."""
+        for informer in self.informers:
+            await informer.stop()
+
+    async def wait_synced(self) -> None:
+        """Return once every informer has listed everything; raise the first failure."""
+        await self._first_failure_or_all(informer.wait_synced() for informer in self.informers)
+
+    async def join(self) -> None:
+        """Wait until one informer fails (raising why) or every one is stopped."""
+        await self._first_failure_or_all(informer.join() for informer in self.informers)
+
+    @staticmethod
+    async def _first_failure_or_all(waits: Iterable[Awaitable[None]]) -> None:
+        tasks = [asyncio.ensure_future(wait) for wait in waits]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -22,6 +22,11 @@ tests build one directly. The Lease fields and their meaning are client-go's
 - On a clean stop (cancellation) a leader first steps down, then releases the Lease (an empty
   ``holderIdentity`` and ``leaseDurationSeconds: 1``, as client-go's ``ReleaseOnCancel``), so
   another replica takes over on its next try instead of a lease duration later.
+- What a leader stamps with its wall clock must order after what the one before it stamped,
+  even when the two clocks disagree: on taking over, the elector computes a floor
+  (:func:`takeover_floor`, read from the record it took over, written with the previous
+  holder's clock) and :attr:`LeaderElector.floor` gives it to the service, which stamps
+  ``max(now, floor)``.
 
 Deciding is pure (:func:`observe`, :func:`claim`, :func:`release` over :class:`LeaseRecord`) and
 unit-tested on a fake clock; :class:`LeaderElector` does the waiting and the I/O through
@@ -34,6 +39,7 @@ import asyncio
 import logging
 import math
 import random
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -202,6 +208,26 @@ def release(current: LeaseRecord, *, identity: str, stamp: datetime) -> LeaseRec
     return LeaseRecord("", 1, stamp, stamp, current.transitions)
 
 
+def takeover_floor(previous: LeaseRecord | None, identity: str) -> float:
+    """POSIX seconds, on the previous holder's clock, after which everything ``identity`` stamps
+    orders after what the previous holder stamped while it led; 0.0 when there is nothing to
+    order after (no Lease, or its own).
+
+    The previous holder wrote ``renewTime`` with its own wall clock. It acts only while a
+    renewal succeeded within its ``renew_deadline``, which is shorter than the
+    ``leaseDurationSeconds`` it wrote: what it stamped is at most ``renewTime`` plus that
+    duration. One that released the Lease stopped acting before it wrote the release, so its
+    ``renewTime`` alone bounds its stamps. Ordering by the takeover rather than by either clock
+    keeps a new leader whose clock runs behind from being taken for the stale one.
+    """
+    if previous is None or previous.renewed is None or previous.holder == identity:
+        return 0.0
+    floor = previous.renewed.timestamp()
+    if previous.holder:
+        floor += max(previous.duration, 0)
+    return floor
+
+
 def check_timing(
     lease_duration: float,
     renew_deadline: float,
@@ -322,7 +348,8 @@ class KubeLeases:
 
 
 def _utc_now() -> datetime:
-    return datetime.now(UTC)
+    # From time.time(), the clock the services stamp their messages with.
+    return datetime.fromtimestamp(time.time(), UTC)
 
 
 class LeaderElector:
@@ -387,6 +414,7 @@ class LeaderElector:
         self._not_leading_event = asyncio.Event()
         self._not_leading_event.set()
         self._running = False
+        self._floor = 0.0
 
     # --- public -------------------------------------------------------------------------------
 
@@ -399,6 +427,12 @@ class LeaderElector:
     def is_leader(self) -> bool:
         """Whether this elector leads now."""
         return self._leading
+
+    @property
+    def floor(self) -> float:
+        """POSIX seconds that what this elector's service stamps while it leads must not go
+        below (see :func:`takeover_floor`); 0.0 when it took over nothing."""
+        return self._floor
 
     @property
     def holder(self) -> str | None:
@@ -492,6 +526,7 @@ class LeaderElector:
             )
             if record is None:
                 return False
+            previous = None if self._observed is None else self._observed.record
             try:
                 if lease is None:
                     written = await self.leases.create(self.namespace, self.name, record.spec())
@@ -501,6 +536,8 @@ class LeaderElector:
                 log.debug("Lease %s: %s; reading it again", self.lease, error)
                 continue
             self._see(written)
+            if not self._leading:
+                self._floor = takeover_floor(previous, self.identity)
             return True
         log.info("Lease %s: %d conflicts in a row; trying again later", self.lease,
                  1 + CONFLICT_RETRIES)  # fmt: skip

@@ -143,16 +143,23 @@ class Store:
         self._put(key, old, obj)
         return Change(kind, ChangeType.MODIFIED if old is not None else ChangeType.ADDED, old, obj)
 
-    def replace(self, kind: str, objects: Iterable[RawObject]) -> list[Change]:
+    def replace(
+        self, kind: str, objects: Iterable[RawObject], *, namespace: str | None = None
+    ) -> list[Change]:
         """Make ``kind`` hold exactly ``objects`` (a relist); the changes that makes.
 
         Objects gone from the list are deleted, new ones added, and the ones whose
         resourceVersion differs modified; the rest are left alone, so a relist after a 410
-        reports only what changed while the watch was down.
+        reports only what changed while the watch was down. With ``namespace``, the list is of
+        that namespace only: objects of other namespaces stay (informers of several namespaces
+        share one store).
         """
         listed = {object_key(kind, obj): obj for obj in objects}
+        held = set(self.keys(kind))
+        if namespace is not None:
+            held = {key for key in held if key.namespace == namespace}
         changes: list[Change] = []
-        for key in sorted(set(self.keys(kind)) - listed.keys()):
+        for key in sorted(held - listed.keys()):
             old = self.get(kind, key.namespace, key.name)
             assert old is not None
             self._remove(key, old)

@@ -74,8 +74,9 @@ podcost run --dry-run                # decide and log, write nothing
 podcost run --strategy topology-spread --strategy age
 ```
 
-{_ENV}; {_KAFKA}; `PODCOST_WATCHER_*`, `PODCOST_AGGREGATOR_*`, `PODCOST_ANNOTATOR_*`.
-Cluster access: `$KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
+{_ENV}; {_KAFKA}; `PODCOST_WATCHER_*`, `PODCOST_AGGREGATOR_*`, `PODCOST_ANNOTATOR_*`,
+`PODCOST_EXPLAIN_TOKEN` (a bearer token `/explain` then requires). Cluster access:
+`$KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
 """,
     "watcher": f"""**Example**
 
@@ -83,7 +84,8 @@ Cluster access: `$KUBECONFIG`, `~/.kube/config` or the in-cluster service accoun
 PODCOST_KAFKA=kafka:9092 podcost watcher
 ```
 
-{_ENV}; {_KAFKA}; `PODCOST_WATCHER_NAMESPACE`, `PODCOST_WATCHER_NAMESPACE_SELECTOR`,
+{_ENV}; {_KAFKA}; `PODCOST_WATCHER_NAMESPACE` (one namespace or `a,b`),
+`PODCOST_WATCHER_NAMESPACE_SELECTOR`,
 `PODCOST_WATCHER_DEFAULT_ENABLED`, `PODCOST_WATCHER_DEBOUNCE_SECONDS`,
 `PODCOST_WATCHER_LEADER_ELECTION` (and the Lease settings). Cluster access: `$KUBECONFIG`,
 `~/.kube/config` or the in-cluster service account.
@@ -115,7 +117,8 @@ PODCOST_KAFKA=kafka:9092 podcost annotator
 PODCOST_KAFKA=kafka:9092 podcost annotator --dry-run
 ```
 
-Serves `GET /explain/NAMESPACE/POD` on its HTTP port for `podcost explain`. {_ENV}; {_KAFKA};
+Serves `GET /explain/NAMESPACE/POD` on its HTTP port for `podcost explain`; with
+`PODCOST_EXPLAIN_TOKEN` set only to `Authorization: Bearer <token>`. {_ENV}; {_KAFKA};
 `PODCOST_ANNOTATOR_QPS`, `PODCOST_ANNOTATOR_BURST`, `PODCOST_ANNOTATOR_MAX_IN_FLIGHT`,
 `PODCOST_ANNOTATOR_OVERWRITE_FOREIGN` and the other `PODCOST_ANNOTATOR_*`.
 """,

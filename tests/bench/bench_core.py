@@ -194,22 +194,36 @@ def naive_co_location(snapshot: Snapshot, args: Any) -> dict[PodUID, float]:
 
 
 def naive_consolidation(snapshot: Snapshot, args: Any) -> dict[PodUID, float]:
-    active = [pod for pod in snapshot.pods if pod.active]
-    utilizations = {}
-    for pod in active:
-        node = snapshot.nodes.get(pod.node) if pod.node is not None else None
-        if pod.node is not None:
-            used = node_consolidation.utilization(node, args.measure) if node else None
-            utilizations[pod.uid] = used
-    complete = all(value is not None for value in utilizations.values())
+    scheduled = [pod for pod in snapshot.pods if pod.active and pod.node is not None]
+    names = {pod.node for pod in scheduled}
+    used = {
+        name: node_consolidation.utilization(snapshot.nodes[name], args.measure)
+        if name in snapshot.nodes
+        else None
+        for name in names
+    }
+    known = args.measure != "count" and None not in used.values()
+
+    def key(name: str, cls: int) -> tuple[bool, int, float, str]:
+        mine = [pod for pod in scheduled if pod.node == name]
+        return node_consolidation.node_key(
+            name,
+            sum(1 for pod in mine if controller_class(pod) == cls),
+            len(mine),
+            node_consolidation.other_pods(snapshot.nodes.get(name), len(mine)),
+            any(controller_class(pod) > cls for pod in mine),
+            (used[name] or 0.0) if known else 0.0,
+        )
+
     out = {}
     for pod in snapshot.pods:
         if not pod.active or pod.node is None:
             out[pod.uid] = 0.0
-        elif complete and args.measure != "count":
-            out[pod.uid] = float(utilizations[pod.uid] or 0.0)
-        else:
-            out[pod.uid] = float(sum(1 for other in active if other.node == pod.node))
+            continue
+        cls = controller_class(pod)
+        same = {other.node for other in scheduled if controller_class(other) == cls}
+        order = sorted((name for name in same if name is not None), key=lambda n: key(n, cls))
+        out[pod.uid] = float(order.index(pod.node))
     return out
 
 

@@ -6,8 +6,9 @@ The JSON record is what the demo read back from the cluster after the scale-in (
 of each workload, with zone, capacity type and the cost podcost had written). The test holds
 the printed table and the chart against it, and the record against what podcost promises:
 the "with podcost" column is exactly the pods the controller deleted, the spread workload ends
-with a zone skew of at most 1, the spot workload lost its spot pods first, and no deleted pod
-carried a higher cost than a pod that was kept.
+with the least zone skew its placement allows (1 or less where the scheduler spread it as it
+usually does), the spot workload lost its spot pods first, and no deleted pod carried a higher
+cost than a pod that was kept.
 """
 
 from __future__ import annotations
@@ -75,6 +76,15 @@ def _tally(pods: Sequence[Mapping[str, Any]], key: str) -> dict[str, int]:
     return counts
 
 
+def _least_skew(counts: Mapping[str, int], deletions: int) -> int:
+    """The least zone skew left after ``deletions``: each one from a largest zone."""
+    left = sorted(counts.values())
+    for _ in range(deletions):
+        left[-1] -= 1
+        left.sort()
+    return left[-1] - left[0]
+
+
 def test_the_demo_compares_two_workloads_and_its_tables_chart_and_record_agree(
     tmp_path: Path,
 ) -> None:
@@ -133,9 +143,13 @@ def test_the_demo_compares_two_workloads_and_its_tables_chart_and_record_agree(
         assert f"{name}: the real kube-controller-manager deleted exactly what" in output
 
     spread = workloads[SPREAD]
-    zones_left = _tally(spread["remaining"], "zone")
-    assert set(zones_left) == {"zone-a", "zone-b", "zone-c"}
-    assert max(zones_left.values()) - min(zones_left.values()) <= 1
+    zones_before, zones_left = _tally(spread["before"], "zone"), _tally(spread["remaining"], "zone")
+    assert set(zones_left) == set(zones_before) == {"zone-a", "zone-b", "zone-c"}
+    # The least skew any 6 deletions leave. Where the scheduler put the 12 pods is its own
+    # choice (soft spreading only): usually 5/4/3, which balances to 2/2/2, but a loaded
+    # machine has seen 9/1/2, where 3/1/2 is the best there is.
+    least = _least_skew(zones_before, len(spread["before"]) - len(spread["remaining"]))
+    assert max(zones_left.values()) - min(zones_left.values()) == least, (zones_before, least)
     assert spread["with_podcost"]["zone_skew_after"] <= spread["without_podcost"]["zone_skew_after"]
 
     spot = workloads[SPOT]

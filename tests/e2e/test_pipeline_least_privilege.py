@@ -3,12 +3,15 @@ only cluster credential is a service-account token, bound by the chart's RBAC an
 policy, steers a real scale-in.
 
 The chart's ``templates/rbac.yaml`` and ``templates/admission-policy.yaml`` are rendered by the
-real helm and created on the real control plane; the process gets a kubeconfig holding the
+real helm with ``watch.namespace`` listing two namespaces (so pods, ReplicaSets and Deployments
+are granted by a Role in each, and cost writes are admitted there only) and created on the real
+control plane; the process gets a kubeconfig holding the
 account's token (from the TokenRequest API), the server and the CA, and leader election on, as
 the chart deploys it. An opted-in 12-replica Deployment fills four nodes of three pods each,
 unevenly over three zones (zone-a 6, zone-b 3, zone-c 3); podcost writes the deletion costs;
 the real kube-controller-manager scales in to 6, then to 3, and the zones stay even (skew 0,
-the least possible). The watcher's Lease is held in the release namespace while it runs and
+the least possible). A second opted-in Deployment in the second watched namespace gets its
+costs too. The watcher's Lease is held in the release namespace while it runs and
 released when it stops, and no request of the process was refused.
 """
 
@@ -91,14 +94,14 @@ def _alive(process: asyncio.subprocess.Process, log: Path) -> None:
 
 
 async def _converged(admin: Kube, namespace: str, process: asyncio.subprocess.Process,
-                     log: Path, timeout: float = 60) -> None:  # fmt: skip
-    """Wait until podcost has nothing more to write: every active pod of ``web`` carries the
-    cost the current ranking and labelling give it."""
+                     log: Path, timeout: float = 60, workload: str = "web") -> None:  # fmt: skip
+    """Wait until podcost has nothing more to write: every active pod of ``workload`` carries
+    the cost the current ranking and labelling give it."""
     deadline = time.monotonic() + timeout
     while True:
         _alive(process, log)
         objects = load_objects(await admin.dump(namespace))
-        snapshot = snapshot_for_workload(objects, namespace, "web", "Deployment")
+        snapshot = snapshot_for_workload(objects, namespace, workload, "Deployment")
         active = [pod for pod in snapshot.pods if pod.active]
         policy = policy_from_annotations(snapshot.annotations, default=DEFAULT_POLICY)
         result = simulate(snapshot, len(active), time.time(), policy=policy)
@@ -132,19 +135,31 @@ async def test_the_pipeline_steers_scale_in_with_only_the_charts_rights(
     suffix = uuid.uuid4().hex[:6]
     release_ns = await kube.create_namespace(f"podcost-{suffix}")
     workload_ns = await kube.create_namespace(f"shop-{suffix}")
+    second_ns = await kube.create_namespace(f"api-{suffix}")
+    watched = f"{workload_ns},{second_ns}"
     nodes = {f"lp{suffix}-{name}": zone for name, zone in NODES.items()}
+    second_node = f"lp{suffix}-x0"
     taint = {"key": "podcost.dev/e2e", "value": suffix, "effect": "NoSchedule"}
     account: ServiceAccount | None = None
     try:
-        account = await install(kube.api, control_plane.kubeconfig, release_ns)
+        account = await install(
+            kube.api, control_plane.kubeconfig, release_ns, {"watch.namespace": watched}
+        )
         lease = account.lease
         kubeconfig = await account.kubeconfig(tmp_path / "kubeconfig")
         for name, zone in nodes.items():
             # Tainted for this test alone, three pods each: the layout is exact, not likely.
             await kube.create_node(name, zone=zone, capacity_type="on-demand", pods="3",
                                    labels={"e2e": suffix}, taints=[taint])  # fmt: skip
+        await kube.create_node(second_node, zone="zone-x", capacity_type="on-demand", pods="2",
+                               labels={"e2e-api": suffix}, taints=[taint])  # fmt: skip
         log = tmp_path / "podcost.log"
-        async with podcost_process(kubeconfig, account, lease, workload_ns, log) as process:
+        async with podcost_process(kubeconfig, account, lease, watched, log) as process:
+            await kube.create_deployment(
+                second_ns, "api", 2, opt_in=True, node_selector={"e2e-api": suffix},
+                annotations={"podcost.dev/strategies": "topology-spread"},
+                pod_spec_extra={"tolerations": [{**taint, "operator": "Equal"}]},
+            )  # fmt: skip
             await kube.create_deployment(
                 workload_ns, "web", 12, opt_in=True, node_selector={"e2e": suffix},
                 annotations={"podcost.dev/strategies": "topology-spread"},
@@ -154,6 +169,8 @@ async def test_the_pipeline_steers_scale_in_with_only_the_charts_rights(
             assert await _zones(kube, workload_ns, nodes) == {"zone-a": 6, "zone-b": 3,
                                                               "zone-c": 3}  # fmt: skip
             admin = Kube(kube.api)
+            await kube.wait_ready(second_ns, "api", 2)
+            await _converged(admin, second_ns, process, log, workload="api")
             for replicas, even in ((6, 2), (3, 1)):
                 await _converged(admin, workload_ns, process, log)
                 await kube.scale_and_observe(workload_ns, "web", replicas)
@@ -173,7 +190,8 @@ async def test_the_pipeline_steers_scale_in_with_only_the_charts_rights(
         assert "Forbidden" not in output, output
     finally:
         await kube.delete_namespace(workload_ns)
-        await kube.delete_nodes(list(nodes))
+        await kube.delete_namespace(second_ns)
+        await kube.delete_nodes([*nodes, second_node])
         if account is not None:
             await account.uninstall()
         await kube.delete_namespace(release_ns)

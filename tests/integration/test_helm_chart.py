@@ -2,7 +2,7 @@
 
 - helm itself: ``helm lint --strict`` passes and ``values.schema.json`` rejects bad values, for
   the default values and one values file per way of running podcost (embedded, over Kafka,
-  agent, core, TLS + SASL, ServiceMonitor, a custom policy, dry-run).
+  agent, core, TLS + SASL, SASL per component, ServiceMonitor, a custom policy, dry-run).
 - podcost itself: every container's arguments parse with the real ``podcost`` CLI (the typer app
   turned into its click command), every ``PODCOST_*`` variable is a field of a settings class
   the command reads and that class accepts the rendered value, every ``OTEL_*`` variable is one
@@ -70,6 +70,14 @@ CUSTOM_POLICY: list[Manifest] = [
     {"name": "age", "tier": 1, "weight": 2, "threshold": 3600},
 ]
 
+#: One Kafka principal per component: the Secret each component's SASL credentials come from.
+SASL_SECRETS = {
+    "watcher": "kafka-watcher",
+    "annotator": "kafka-annotator-eu-1",
+    "ranker": "kafka-ranker",
+    "aggregator": "kafka-aggregator",
+}
+
 #: Values files, by name, that must lint, render and pass the API server's strict validation.
 CASES: dict[str, Manifest] = {
     "default": {},
@@ -100,13 +108,21 @@ CASES: dict[str, Manifest] = {
             "samplerArg": "0.25",
         },
     },
+    "sasl-per-component": {
+        "kafka": {
+            **KAFKA,
+            "securityProtocol": "SASL_SSL",
+            "tls": {"caSecret": {"name": "kafka-ca"}},
+            "sasl": {"mechanism": "SCRAM-SHA-512", "secretNames": SASL_SECRETS},
+        },
+    },
     "servicemonitor": {
         "kafka": KAFKA,
         "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}}},
     },
     "custom-policy": {
         "kafka": KAFKA,
-        "policy": {"strategies": CUSTOM_POLICY},
+        "policy": {"strategies": CUSTOM_POLICY, "nonNegativeCosts": True},
         "rankers": {
             "extraStrategies": ["priority-qos"],
             "overrides": {"topology-spread": {"replicaCount": 3}},
@@ -114,6 +130,15 @@ CASES: dict[str, Manifest] = {
         "annotator": {"highWater": 2_000_000, "lowWater": 1_000_000},
     },
     "dry-run": {"dryRun": True, "leaderElection": {"enabled": False}, "log": {"level": "DEBUG"}},
+    # RBAC in a Role of the watched namespace (here the release's, where the dry run applies).
+    "one-namespace": {"watch": {"namespace": NAMESPACE}},
+    "explain-token": {"http": {"explainTokenSecret": {"name": "podcost-explain"}}},
+    "explain-token-agent": {
+        "mode": "agent",
+        "clusterName": "eu-3",
+        "kafka": KAFKA,
+        "http": {"explainTokenSecret": {"name": "podcost-explain", "key": "bearer"}},
+    },
     "dry-run-agent": {"mode": "agent", "clusterName": "eu-2", "kafka": KAFKA, "dryRun": True},
     "no-cleanup-hook": {"cleanup": {"onUninstall": False}, "adoptFieldManagers": []},
 }
@@ -137,6 +162,19 @@ REJECTED: dict[str, tuple[Manifest, str]] = {
     "tls-file-over-plaintext": (
         {"kafka": {**KAFKA, "tls": {"caSecret": {"name": "kafka-ca"}}}},
         SCHEMA_ERROR,
+    ),
+    "sasl-without-a-secret-for-a-component": (
+        {
+            "kafka": {
+                **KAFKA,
+                "securityProtocol": "SASL_SSL",
+                "sasl": {
+                    "mechanism": "SCRAM-SHA-512",
+                    "secretNames": {**SASL_SECRETS, "aggregator": ""},
+                },
+            },
+        },
+        "kafka.sasl.secretNames.aggregator or kafka.sasl.secretName must name the aggregator's",
     ),
     "two-watchers-without-election": (
         {"leaderElection": {"enabled": False}, "watcher": {"replicaCount": 2}},
@@ -432,7 +470,7 @@ def _resolve(variable: Manifest, files: Mapping[str, MountedFile], tmp_path: Pat
             return {"metadata.name": "podcost-watcher-0", "metadata.namespace": NAMESPACE}[
                 source["fieldRef"]["fieldPath"]
             ]
-        return "from-a-secret"
+        return "a-value-from-a-secret"  # as long as a token must be
     value = str(variable["value"])
     if not value.startswith("/"):
         return value
@@ -470,6 +508,18 @@ def test_a_custom_policy_reaches_the_policy_file_unchanged(
     assert _policy_in(rendered("custom-policy")) == expected
 
 
+@pytest.mark.parametrize(("case", "non_negative"), [("default", False), ("custom-policy", True)])
+def test_the_non_negative_costs_value_reaches_the_policy_file(
+    rendered: Callable[[str], list[Manifest]], case: str, non_negative: bool, tmp_path: Path
+) -> None:
+    [config_map] = [
+        c for c in of_kind(rendered(case), "ConfigMap") if c["metadata"]["name"].endswith("-policy")
+    ]
+    path = tmp_path / "policy.json"
+    path.write_text(config_map["data"]["policy.json"])
+    assert load_policy_file(path).non_negative_costs is non_negative
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_pods_run_locked_down_and_only_agents_get_an_api_token(
     rendered: Callable[[str], list[Manifest]], case: str
@@ -488,6 +538,31 @@ def test_pods_run_locked_down_and_only_agents_get_an_api_token(
         assert pod["serviceAccountName"] == RELEASE
         probes = {container[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")}
         assert probes == {"/healthz", "/readyz"}
+
+
+def sasl_secrets(container: Manifest) -> set[str]:
+    """The Secrets a container's SASL username and password come from."""
+    return {
+        entry["valueFrom"]["secretKeyRef"]["name"]
+        for entry in container.get("env") or []
+        if entry["name"] in ("PODCOST_KAFKA_SASL_USERNAME", "PODCOST_KAFKA_SASL_PASSWORD")
+    }
+
+
+def test_each_component_is_its_own_kafka_principal_from_its_own_secret(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    found = {
+        deployment["metadata"]["name"]: sasl_secrets(container)
+        for deployment, container in containers(rendered("sasl-per-component"))
+    }
+    assert found == {
+        name: {SASL_SECRETS["ranker" if "-ranker-" in name else name.removeprefix(f"{RELEASE}-")]}
+        for name in expected_deployments(CASES["sasl-per-component"])
+    }
+    # One shared Secret still works for all (secretNames empty).
+    shared = {frozenset(sasl_secrets(c)) for _, c in containers(rendered("tls-sasl"))}
+    assert shared == {frozenset({"kafka-sasl"})}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -514,9 +589,15 @@ def test_uninstall_runs_podcost_cleanup_as_podcosts_service_account_where_an_ann
         assert env["PODCOST_ANNOTATOR_QPS"] == str(CASES[case].get("annotator", {}).get("qps", 20))
     # The hook runs with the release's RBAC: its service account may list and patch pods.
     if jobs:
-        [role] = of_kind(objects, "ClusterRole")
-        [pods] = [rule for rule in role["rules"] if rule["resources"] == ["pods"]]
-        assert {"list", "patch"} <= set(pods["verbs"])
+        roles = [*of_kind(objects, "ClusterRole"), *of_kind(objects, "Role")]
+        verbs = {
+            verb
+            for role in roles
+            for rule in role["rules"]
+            if "pods" in rule["resources"]
+            for verb in rule["verbs"]
+        }
+        assert {"list", "patch"} <= verbs
 
 
 def test_the_service_monitor_scrapes_every_metrics_service(

@@ -9,8 +9,14 @@ annotator's read and compare-and-swap patch of the deletion cost, ``podcost clea
 guarded removal of it (the uninstall hook), the leader election's Lease.
 Anything else is refused: by RBAC (delete or create a pod, secrets, nodes, subresources, events)
 or, for a patch RBAC must allow, by the admission policy (labels, other annotations, spec, owner
-references, finalizers). The effective permissions are read back with SelfSubjectRulesReview and
-must be exactly the list the chart promises, with no wildcard.
+references, finalizers; a cost outside podcost's band; a cost on a pod no ReplicaSet controls).
+The effective permissions are read back with SelfSubjectRulesReview and must be exactly the list
+the chart promises, with no wildcard.
+
+Twice: with the default values (podcost watches every namespace: a ClusterRole), and with
+``watch.namespace`` listing two namespaces (a Role in each for pods, ReplicaSets and
+Deployments; the ClusterRole keeps nodes and namespaces): there, pods elsewhere cannot even be
+listed, and a cost write elsewhere is refused by the policy too when RBAC is widened by hand.
 """
 
 from __future__ import annotations
@@ -33,20 +39,31 @@ from tests.support.tools import require_helm
 
 from podcost.annotator.cleanup import Outcome, clean_up
 from podcost.annotator.settings import AnnotatorSettings
+from podcost_core.labels import DEFAULT_BAND, INT32_MAX, INT32_MIN
 from podcost_kube.client import Kube, KubeError
-from podcost_kube.informer import WORKLOAD_RESOURCES, Informer
+from podcost_kube.informer import (
+    NAMESPACE,
+    WORKLOAD_RESOURCES,
+    Informer,
+    InformerFailed,
+    Informers,
+)
 from podcost_kube.leader import KubeLeases
 
 pytestmark = pytest.mark.integration
 
-#: The permissions the chart promises, as (API group, resource, verb, resource name) rules.
-CLUSTER_RULES = {
+#: The permissions the chart promises, as (API group, resource, verb, resource name) rules:
+#: on the namespaced resources of workloads (cluster-wide, or in the one watched namespace)...
+WORKLOAD_RULES = {
     *(("", "pods", verb, "") for verb in ("get", "list", "watch", "patch")),
-    *(("", resource, verb, "") for resource in ("nodes", "namespaces")
-      for verb in ("get", "list", "watch")),
     *(("apps", resource, verb, "") for resource in ("replicasets", "deployments")
       for verb in ("get", "list", "watch")),
 }  # fmt: skip
+#: ... and on the cluster-scoped ones, always cluster-wide: nodes, and namespaces only with
+#: ``watch.namespaceSelector`` (the one reason the watcher reads them).
+NODE_RULES = {("", "nodes", verb, "") for verb in ("get", "list", "watch")}
+NAMESPACE_RULES = {("", "namespaces", verb, "") for verb in ("get", "list", "watch")}
+CLUSTER_RULES = WORKLOAD_RULES | NODE_RULES
 
 Rule = tuple[str, str, str, str]
 
@@ -72,6 +89,9 @@ class Installed:
     api: ApiClient
     namespace: str
     pod: str
+    """A pod of a ReplicaSet, cost 10 and annotation team=checkout: what the tests patch."""
+    probe: str
+    """Another pod of that ReplicaSet: what waiting for the policy patches."""
 
     @property
     def core(self) -> client.CoreV1Api:
@@ -82,19 +102,40 @@ class Installed:
         return self.account.lease
 
 
+#: Never scheduled (a scheduling gate), so nothing but the test changes the pod.
+POD_SPEC = {
+    "schedulingGates": [{"name": "podcost.dev/never"}],
+    "containers": [{"name": "app", "image": "registry.local/podcost/app:1"}],
+    "terminationGracePeriodSeconds": 0,
+}
+POD_META = {"labels": {"app": "lp"}, "annotations": {"team": "checkout", COST_ANNOTATION: "10"}}
+
+
 def _pod(name: str) -> dict[str, Any]:
-    """A pod that is never scheduled (a scheduling gate), so nothing but the test changes it."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": {"app": "lp"},
-                     "annotations": {"team": "checkout", COST_ANNOTATION: "10"}},
-        "spec": {
-            "schedulingGates": [{"name": "podcost.dev/never"}],
-            "containers": [{"name": "app", "image": "registry.local/podcost/app:1"}],
-            "terminationGracePeriodSeconds": 0,
-        },
-    }  # fmt: skip
+    """A bare pod (no owner, and labels no ReplicaSet selects, so none adopts it): podcost never
+    ranks one, so it may not set its cost."""
+    meta = {**POD_META, "name": name, "labels": {"app": "bare"}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": POD_SPEC}
+
+
+async def replicaset_pods(kube: KubeTestCluster, namespace: str, replicas: int = 2) -> list[str]:
+    """Create ReplicaSet ``lp`` of ``POD_META``/``POD_SPEC`` pods; the names of the pods the real
+    ReplicaSet controller made (each with its controller owner reference)."""
+    await client.AppsV1Api(kube.api).create_namespaced_replica_set(namespace, {
+        "metadata": {"name": "lp"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": POD_META["labels"]},
+                 "template": {"metadata": POD_META, "spec": POD_SPEC}},
+    })  # fmt: skip
+    names: list[str] = []
+
+    async def created() -> bool:
+        nonlocal names
+        pods = await kube.core.list_namespaced_pod(namespace, label_selector="app=lp")
+        names = sorted(pod.metadata.name for pod in pods.items)
+        return len(names) == replicas
+
+    await kube.wait_for(created, f"{replicas} pods of ReplicaSet {namespace}/lp", timeout=60)
+    return names
 
 
 async def refusal(call: Awaitable[Any]) -> tuple[int, str]:
@@ -115,12 +156,11 @@ async def installed(
     namespace = await kube.create_namespace(f"lp-{uuid.uuid4().hex[:6]}")
     account = await install(kube.api, control_plane.kubeconfig, namespace)
     try:
-        for name in ("target", "probe"):
-            await kube.core.create_namespaced_pod(namespace, _pod(name))
+        target, probe = await replicaset_pods(kube, namespace)
         path = await account.kubeconfig(tmp_path_factory.mktemp("sa") / "kubeconfig")
         api = await config.new_client_from_config(config_file=str(path))
         async with api:
-            ready = Installed(account, api, namespace, "target")
+            ready = Installed(account, api, namespace, target, probe)
             await _policy_in_force(ready, kube)
             yield ready
     finally:
@@ -136,8 +176,9 @@ async def _policy_in_force(installed: Installed, kube: KubeTestCluster) -> None:
     async def denied_by_the_policy() -> bool:
         try:
             await installed.core.patch_namespaced_pod(
-                "probe", installed.namespace, {"metadata": {"labels": {"probe": uuid.uuid4().hex}}}
-            )
+                installed.probe, installed.namespace,
+                {"metadata": {"labels": {"probe": uuid.uuid4().hex}}},
+            )  # fmt: skip
         except ApiException as error:
             if error.status == 403 and policy in (error.body or ""):
                 return True
@@ -162,7 +203,7 @@ def _cost_patch(value: str | None, **more: str) -> dict[str, Any]:
 async def test_the_account_may_set_change_and_remove_the_deletion_cost(
     installed: Installed, kube: KubeTestCluster
 ) -> None:
-    for value in ("5", "-2147483648", "2147483647", "0", None):
+    for value in ("5", str(DEFAULT_BAND.low), str(DEFAULT_BAND.high), "0", None):
         await installed.core.patch_namespaced_pod(
             installed.pod, installed.namespace, _cost_patch(value)
         )
@@ -288,6 +329,58 @@ async def test_a_deletion_cost_that_is_not_an_int32_is_refused(
     assert status == 422, message
     assert COST_ANNOTATION in message
     assert (await _annotations(kube, installed))[COST_ANNOTATION] == "10"
+
+
+BAND_MESSAGE = f"podcost may set {COST_ANNOTATION} only to an integer in its band"
+
+#: Costs the API server itself accepts (int32) that podcost never writes: the band's neighbours
+#: and int32's ends, left to people who force a pod first or last by hand.
+OUT_OF_BAND = [DEFAULT_BAND.high + 1, DEFAULT_BAND.low - 1, INT32_MAX, INT32_MIN]
+
+
+@pytest.mark.parametrize("value", OUT_OF_BAND)
+async def test_a_cost_outside_podcosts_band_is_refused(
+    value: int, installed: Installed, kube: KubeTestCluster
+) -> None:
+    status, message = await refusal(
+        installed.core.patch_namespaced_pod(
+            installed.pod, installed.namespace, _cost_patch(str(value))
+        )
+    )
+    assert status == 403, message
+    assert BAND_MESSAGE in message
+    assert (await _annotations(kube, installed))[COST_ANNOTATION] == "10"
+
+
+async def test_a_persons_cost_outside_the_band_may_be_replaced_or_removed(
+    installed: Installed, kube: KubeTestCluster
+) -> None:
+    # overwriteForeign replaces it with a cost in the band; a cleanup removes it.
+    person = str(INT32_MIN)
+    for value in (str(DEFAULT_BAND.low), None):
+        await kube.set_deletion_cost(installed.namespace, installed.pod, person)
+        await installed.core.patch_namespaced_pod(
+            installed.pod, installed.namespace, _cost_patch(value)
+        )
+        assert (await _annotations(kube, installed)).get(COST_ANNOTATION) == value
+    await kube.set_deletion_cost(installed.namespace, installed.pod, "10")
+
+
+async def test_a_cost_on_a_pod_no_replicaset_controls_is_refused_but_may_be_removed(
+    installed: Installed, kube: KubeTestCluster
+) -> None:
+    await kube.core.create_namespaced_pod(installed.namespace, _pod("bare"))
+    try:
+        status, message = await refusal(
+            installed.core.patch_namespaced_pod("bare", installed.namespace, _cost_patch("5"))
+        )
+        assert status == 403, message
+        assert f"podcost may set {COST_ANNOTATION} only on a pod a ReplicaSet controls" in message
+        await installed.core.patch_namespaced_pod("bare", installed.namespace, _cost_patch(None))
+        bare = await kube.core.read_namespaced_pod("bare", installed.namespace)
+        assert COST_ANNOTATION not in (bare.metadata.annotations or {})
+    finally:
+        await kube.core.delete_namespaced_pod("bare", installed.namespace, grace_period_seconds=0)
 
 
 # --- RBAC: nothing else at all ----------------------------------------------------------------
@@ -428,11 +521,9 @@ async def _rules(api: ApiClient, namespace: str) -> set[Rule]:
     return rules
 
 
-async def test_the_effective_permissions_are_exactly_the_charts_with_no_wildcard(
-    installed: Installed, kube: KubeTestCluster, tmp_path: Path
-) -> None:
-    # What every authenticated user may do (self reviews), learnt from an account bound to
-    # nothing, is not podcost's doing; everything else must be the chart's list.
+async def _baseline(installed: Installed, kube: KubeTestCluster, tmp_path: Path) -> set[Rule]:
+    """What every authenticated user may do (self reviews), learnt from an account bound to
+    nothing: not podcost's doing."""
     nobody = ServiceAccount(installed.namespace, "nobody", [], kube.api,
                             installed.account.admin_kubeconfig)  # fmt: skip
     await kube.core.create_namespaced_service_account(
@@ -440,8 +531,13 @@ async def test_the_effective_permissions_are_exactly_the_charts_with_no_wildcard
     )
     path = await nobody.kubeconfig(tmp_path / "nobody")
     async with await config.new_client_from_config(config_file=str(path)) as nobody_api:
-        baseline = await _rules(nobody_api, installed.namespace)
+        return await _rules(nobody_api, installed.namespace)
 
+
+async def test_the_effective_permissions_are_exactly_the_charts_with_no_wildcard(
+    installed: Installed, kube: KubeTestCluster, tmp_path: Path
+) -> None:
+    baseline = await _baseline(installed, kube, tmp_path)
     here = await _rules(installed.api, installed.namespace)
     elsewhere = await _rules(installed.api, "default")
     assert here - baseline == CLUSTER_RULES | lease_rules(installed.lease)
@@ -466,6 +562,205 @@ async def test_the_policy_type_checks_against_the_pod_schema(
     checking = policy.status.type_checking
     warnings = checking.expression_warnings if checking is not None else None
     assert not warnings, [warning.warning for warning in warnings or []]
+
+
+# --- one watched namespace: RBAC and the policy scoped to it -------------------------------
+
+
+@dataclass
+class Scoped(Installed):
+    """The chart installed with ``watch.namespace``: the account lives in ``namespace`` (the
+    release's), watches ``watched`` and ``second``; ``other`` is a namespace it does not watch."""
+
+    watched: str = ""
+    watched_pod: str = ""
+    second: str = ""
+    second_pods: tuple[str, ...] = ()
+    other: str = ""
+    other_pod: str = ""
+
+    @property
+    def scope(self) -> list[str]:
+        return [self.watched, self.second]
+
+
+@pytest.fixture(scope="module")
+async def scoped(
+    helm: Path, control_plane: ControlPlane, kube: KubeTestCluster,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[Scoped]:  # fmt: skip
+    suffix = uuid.uuid4().hex[:6]
+    release, watched, second, other = [
+        await kube.create_namespace(f"lps-{role}-{suffix}")
+        for role in ("rel", "shop", "web", "other")
+    ]
+    account = await install(
+        kube.api, control_plane.kubeconfig, release,
+        {"watch.namespace": f"{watched},{second}", "watch.namespaceSelector": "podcost=on"},
+    )  # fmt: skip
+    try:
+        target, probe = await replicaset_pods(kube, watched)
+        second_pods = await replicaset_pods(kube, second)
+        other_pod, _ = await replicaset_pods(kube, other)
+        path = await account.kubeconfig(tmp_path_factory.mktemp("sa") / "kubeconfig")
+        async with await config.new_client_from_config(config_file=str(path)) as api:
+            ready = Scoped(account, api, release, target, probe, watched, target, second,
+                           tuple(second_pods), other, other_pod)  # fmt: skip
+            # The policy is waited for on the watched namespace's pods.
+            await _policy_in_force(Installed(account, api, watched, target, probe), kube)
+            yield ready
+    finally:
+        await account.uninstall()
+        for namespace in (watched, second, other, release):
+            await kube.delete_namespace(namespace)
+
+
+async def test_with_watched_namespaces_the_annotators_write_there_passes(
+    scoped: Scoped, kube: KubeTestCluster
+) -> None:
+    pods = Kube(scoped.api)
+    for namespace, pod in (
+        (scoped.watched, scoped.watched_pod),
+        (scoped.second, scoped.second_pods[0]),
+    ):
+        seen = await pods.read_pod(namespace, pod)
+        written = await pods.patch_deletion_cost_if_unchanged(
+            namespace, pod, DEFAULT_BAND.high, seen=seen
+        )
+        assert written["metadata"]["annotations"][COST_ANNOTATION] == str(DEFAULT_BAND.high)
+        await pods.patch_deletion_cost(namespace, pod, 10)
+        read = await kube.core.read_namespaced_pod(pod, namespace)
+        assert read.metadata.annotations[COST_ANNOTATION] == "10"
+
+
+SCOPED_RBAC_DENIALS: dict[str, tuple[Callable[[Scoped], Awaitable[Any]], str]] = {
+    "list pods in another namespace": (
+        lambda s: s.core.list_namespaced_pod(s.other),
+        'cannot list resource "pods" in API group "" in the namespace "{other}"',
+    ),
+    "list pods in every namespace": (
+        lambda s: s.core.list_pod_for_all_namespaces(),
+        'cannot list resource "pods" in API group "" at the cluster scope',
+    ),
+    "read a pod in another namespace": (
+        lambda s: s.core.read_namespaced_pod(s.other_pod, s.other),
+        'cannot get resource "pods" in API group "" in the namespace "{other}"',
+    ),
+    "write a cost in another namespace": (
+        lambda s: s.core.patch_namespaced_pod(s.other_pod, s.other, _cost_patch("5")),
+        'cannot patch resource "pods" in API group "" in the namespace "{other}"',
+    ),
+    "list ReplicaSets in another namespace": (
+        lambda s: client.AppsV1Api(s.api).list_namespaced_replica_set(s.other),
+        'cannot list resource "replicasets" in API group "apps" in the namespace "{other}"',
+    ),
+    "watch Deployments in every namespace": (
+        lambda s: client.AppsV1Api(s.api).list_deployment_for_all_namespaces(watch=True,
+                                                                              timeout_seconds=1),
+        'cannot watch resource "deployments" in API group "apps" at the cluster scope',
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("action", list(SCOPED_RBAC_DENIALS))
+async def test_with_watched_namespaces_rbac_refuses_workloads_elsewhere(
+    action: str, scoped: Scoped
+) -> None:
+    call, expected = SCOPED_RBAC_DENIALS[action]
+    status, message = await refusal(call(scoped))
+    assert status == 403, message
+    assert f'User "{scoped.account.username}" {expected.format(other=scoped.other)}' in message
+
+
+async def test_with_watched_namespaces_the_policy_refuses_a_cost_elsewhere_where_rbac_allows(
+    scoped: Scoped, kube: KubeTestCluster
+) -> None:
+    rbac = client.RbacAuthorizationV1Api(kube.api)
+    policy = one(scoped.account.objects, "ValidatingAdmissionPolicy")["metadata"]["name"]
+    rules = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]
+    await rbac.create_namespaced_role(scoped.other, {"metadata": {"name": "wider"}, "rules": rules})
+    await rbac.create_namespaced_role_binding(scoped.other, {
+        "metadata": {"name": "wider"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "wider"},
+        "subjects": [{"kind": "ServiceAccount", "name": scoped.account.name,
+                      "namespace": scoped.namespace}],
+    })  # fmt: skip
+    try:
+        refused: tuple[int, str] = (0, "")
+
+        async def past_rbac() -> bool:
+            nonlocal refused
+            refused = await refusal(
+                scoped.core.patch_namespaced_pod(scoped.other_pod, scoped.other, _cost_patch("5"))
+            )
+            return "cannot" not in refused[1]  # RBAC's "cannot patch": the role not in force yet
+
+        await kube.wait_for(past_rbac, "the wider role in force", timeout=30)
+        status, message = refused
+        assert status == 403, message
+        assert f"ValidatingAdmissionPolicy '{policy}'" in message
+        watched = ", ".join(scoped.scope)
+        assert f"podcost may write deletion costs only in the namespaces it watches: {watched}" in (
+            message
+        )
+        other = await kube.core.read_namespaced_pod(scoped.other_pod, scoped.other)
+        assert other.metadata.annotations[COST_ANNOTATION] == "10"
+    finally:
+        await rbac.delete_namespaced_role_binding("wider", scoped.other)
+        await rbac.delete_namespaced_role("wider", scoped.other)
+
+
+async def test_with_watched_namespaces_the_informer_lists_and_watches_that_namespace(
+    scoped: Scoped, kube: KubeTestCluster
+) -> None:
+    kube_client = Kube(scoped.api)
+    resources = (*WORKLOAD_RESOURCES, NAMESPACE)  # as the watcher with a namespace selector
+    async with Informers(kube_client, resources, namespaces=scoped.scope) as informers:
+        await informers.wait_synced()
+
+        async def watching() -> bool:
+            if informers.error is not None:
+                raise informers.error
+            return all(
+                informer.stats(kind).watches >= 1
+                for informer in informers.informers
+                for kind in informer.kinds
+            )
+
+        await kube.wait_for(watching, "a watch of every resource", timeout=30)
+        pods = {
+            (pod["metadata"]["namespace"], pod["metadata"]["name"])
+            for pod in informers.store.objects("Pod", None)
+        }
+        assert pods == {
+            (scoped.watched, scoped.watched_pod), (scoped.watched, scoped.probe),
+            *((scoped.second, pod) for pod in scoped.second_pods),
+        }  # fmt: skip
+        # Nodes once, cluster-wide; pods, ReplicaSets, Deployments once per watched namespace.
+        assert [informer.kinds for informer in informers.informers] == [
+            ("Node", "Namespace"),
+            *[("Pod", "ReplicaSet", "Deployment")] * 2,
+        ]
+    # Every namespace, as a watcher without PODCOST_WATCHER_NAMESPACE would ask: refused for good.
+    async with Informer(kube_client, WORKLOAD_RESOURCES) as everywhere:
+        with pytest.raises(InformerFailed, match="HTTP 403"):
+            await everywhere.wait_synced()
+
+
+async def test_with_watched_namespaces_the_effective_permissions_are_scoped(
+    scoped: Scoped, kube: KubeTestCluster, tmp_path: Path
+) -> None:
+    baseline = await _baseline(scoped, kube, tmp_path)
+    watched = await _rules(scoped.api, scoped.watched)
+    second = await _rules(scoped.api, scoped.second)
+    release = await _rules(scoped.api, scoped.namespace)
+    other = await _rules(scoped.api, scoped.other)
+    cluster_wide = NODE_RULES | NAMESPACE_RULES  # this install sets watch.namespaceSelector
+    assert watched - baseline == WORKLOAD_RULES | cluster_wide
+    assert second - baseline == WORKLOAD_RULES | cluster_wide
+    assert release - baseline == cluster_wide | lease_rules(scoped.lease)
+    assert other - baseline == cluster_wide
+    assert all("*" not in part for rule in watched | release | other for part in rule)
 
 
 # --- what the chart renders for other values --------------------------------------------------
@@ -497,3 +792,19 @@ def test_the_chart_renders_rbac_and_policy_only_where_asked() -> None:
     condition = one(rendered, "ValidatingAdmissionPolicy")["spec"]["matchConditions"][0]
     expected = "request.userInfo.username == 'system:serviceaccount:ops:robot'"
     assert condition["expression"] == expected
+    scoped = render("podcost", "ops", {"watch.namespace": "shop"})
+    assert sorted(obj["kind"] for obj in scoped) == sorted(
+        [*everything, "Role", "RoleBinding"]
+    )  # the workloads' Role and binding, in the watched namespace
+    assert {(obj["kind"], obj["metadata"].get("namespace")) for obj in scoped
+            if obj["kind"] in ("Role", "RoleBinding")} == {
+        ("Role", "shop"), ("RoleBinding", "shop"), ("Role", "ops"), ("RoleBinding", "ops")
+    }  # fmt: skip
+    # Namespaces are read (and granted) only to match watch.namespaceSelector.
+    for values, resources in (
+        ({}, ["nodes"]),
+        ({"watch.namespaceSelector": "a=b"}, ["nodes", "namespaces"]),
+    ):
+        cluster_role = one(render("podcost", "ops", values), "ClusterRole")
+        assert [r["resources"] for r in cluster_role["rules"] if r["apiGroups"] == [""]
+                and "pods" not in r["resources"]] == [resources]  # fmt: skip

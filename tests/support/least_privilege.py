@@ -44,7 +44,9 @@ def render(
     call per template: helm refuses to show a template that renders nothing, which is how the
     chart switches these off)."""
     helm = require_helm()
-    settings = [arg for key, value in (values or {}).items() for arg in ("--set", f"{key}={value}")]
+    # --set splits on commas: a list value ("a,b") keeps its commas escaped.
+    settings = [arg for key, value in (values or {}).items()
+                for arg in ("--set", f"{key}={value.replace(',', chr(92) + ',')}")]  # fmt: skip
     objects: list[Object] = []
     for template in templates:
         assert (CHART / template).is_file(), f"the chart has no {template}"
@@ -123,8 +125,13 @@ class ServiceAccount:
     @property
     def lease(self) -> str:
         """The watcher's Lease, the one name the leader-election Role may read and renew."""
-        rules = one(self.objects, "Role")["rules"]
-        names: list[str] = next(rule["resourceNames"] for rule in rules if "resourceNames" in rule)
+        names: list[str] = next(
+            rule["resourceNames"]
+            for role in self.objects
+            if role["kind"] == "Role"
+            for rule in role["rules"]
+            if "leases" in rule["resources"] and "resourceNames" in rule
+        )
         return names[0]
 
     async def token(self, seconds: int = 3600) -> str:

@@ -255,6 +255,21 @@ def test_a_spread_strategy_answer_is_not_needed_and_a_spread_only_policy_decides
     assert decision.combined.order == rank(snapshot, policy_from_annotations(only_spread)).order
 
 
+def test_a_policy_with_non_negative_costs_decides_costs_of_at_least_0() -> None:
+    default = Policy((StrategySpec("node-consolidation"),), non_negative_costs=True)
+    aggregator = Aggregator(policies=PolicyResolver(default))
+    snapshot = replace(snap(1), annotations={"podcost.dev/enabled": "true"})
+    state = aggregator.on_snapshot(WorkloadState(KEY), snapshot, emitted_at=1, now=0).state
+    answer = scores(snapshot, "node-consolidation")
+    state = aggregator.on_ranks(
+        state, strategy="node-consolidation", version=1, scores=answer, now=0
+    ).state
+    _, decision = aggregator.due(state, 0)
+    assert decision is not None
+    assert decision.labelling.writes
+    assert all(0 <= cost < 2**27 for cost in decision.labelling.costs.values())
+
+
 def test_an_invalid_policy_is_refused_and_leaves_the_state_as_it_was() -> None:
     aggregator = Aggregator()
     state = started(aggregator)

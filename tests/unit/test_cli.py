@@ -70,13 +70,26 @@ def test_simulate_draws_a_table() -> None:
     assert "skew 2 → 1" in out or "skew 2 → 0" in out
 
 
+def test_simulate_splits_a_deployment_mid_rollout_and_says_the_rollout_goes_on() -> None:
+    code, out, _ = run("--workload", "shop/api", "--replicas", "1", "--baseline")
+    assert code == 0
+    document = json.loads(out)
+    assert document["replicasets"] == {"api-new": {"before": 2, "after": 1}}
+    assert document["rollout_goes_on"] is True
+    assert len(document["victims"]) == 1
+    code, out, _ = run("--workload", "shop/api", "--replicas", "1", "--output", "table")
+    assert code == 0
+    assert "mid-rollout: the deployment controller scales api-new 2 → 1" in out
+    assert "the rollout is not paused" in out
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--workload", "shop/nope", "--replicas", "1"], "no Deployment or ReplicaSet shop/nope"),
         (["--workload", "shop/web", "--replicas", "7"], "--replicas 7 is outside 0..6"),
         (["--workload", "shop/web", "--replicas", "-1"], "--replicas -1 is outside 0..6"),
-        (["--workload", "shop/api", "--replicas", "1"], "mid-rollout"),
+        (["--workload", "shop/api", "--replicas", "5"], "hold 3 replicas mid-rollout"),
         (["--workload", "web", "--replicas", "1"], "is not NAMESPACE/NAME"),
         (["--workload", "shop/web", "--replicas", "1", "--now", "soon"], "not an RFC 3339"),
         (

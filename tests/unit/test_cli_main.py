@@ -211,6 +211,14 @@ def test_a_failing_podcost_process_says_one_line_and_exits_never_with_a_tracebac
             "podcost ranker: invalid setting: PODCOST_HTTP_PORT",
             id="bad setting",
         ),
+        pytest.param(
+            ["annotator"],
+            {"PODCOST_EXPLAIN_TOKEN": "guessable"},
+            2,
+            "podcost annotator: invalid setting: PODCOST_EXPLAIN_TOKEN: Value error, a token "
+            "needs at least 16 characters",
+            id="a short explain token",
+        ),
         pytest.param(["explain", "shop"], {}, 2, "'shop' is not NAMESPACE/POD", id="bad pod"),
         pytest.param(
             ["explain", "shop/web"],

@@ -36,6 +36,7 @@ from tests.support.tools import require_docker_compose
 from podcost.cli import app
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import setup_tracing
+from podcost_bus import BusSettings
 from podcost_core.policy import DEFAULT_POLICY
 from podcost_core.strategies.registry import default_registry
 from podcost_localinfra.paths import COMPOSE_VERSION, KAFKA_VERSION, LOCAL_DIR
@@ -179,6 +180,27 @@ def test_the_services_reach_kafka_on_the_listener_it_advertises_to_containers() 
         listeners = kafka["KAFKA_LISTENERS"].split(",")
         assert f"{advertised[bootstrap]}://:{port}" in listeners
         assert advertised[bootstrap] == kafka["KAFKA_INTER_BROKER_LISTENER_NAME"]
+
+
+def component(name: str) -> str:
+    """The pipeline component a podcost service runs (every ranker is ``ranker``)."""
+    return "ranker" if name.startswith("ranker-") else name
+
+
+CREDENTIALS_DIR = "${PODCOST_KAFKA_CREDENTIALS:-./deploy/compose/kafka-credentials}"
+
+
+@pytest.mark.parametrize("name", sorted(PODCOST))
+def test_each_service_reads_only_its_own_components_optional_kafka_credentials(name: str) -> None:
+    (env_file,) = PODCOST[name]["env_file"]
+    assert env_file == {"path": f"{CREDENTIALS_DIR}/{component(name)}.env", "required": False}
+    # Credentials come by file only, never written into the compose file itself.
+    assert not [v for v in environment(PODCOST[name]) if v.startswith("PODCOST_KAFKA_SASL")]
+
+
+def test_the_credentials_directory_is_ignored_by_git() -> None:
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert f"/{resolve(CREDENTIALS_DIR).removeprefix('./')}/" in ignored
 
 
 def test_the_broker_is_the_kafka_release_the_tests_run_against() -> None:
@@ -390,6 +412,38 @@ def test_docker_compose_resolves_the_file_as_these_tests_read_it(
         assert default["source"] == str(tmp_path / ".kube" / "config"), name
         (mount,) = json.loads(chosen.stdout)["services"][name]["volumes"]
         assert mount["source"] == str(kubeconfig), name
+
+
+def test_docker_compose_gives_each_component_the_credentials_of_its_own_file(
+    docker_compose: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    credentials = tmp_path / "credentials"
+    credentials.mkdir()
+    for user in PIPELINE:
+        (credentials / f"{user}.env").write_text(
+            "PODCOST_KAFKA_SECURITY_PROTOCOL=SASL_SSL\n"
+            "PODCOST_KAFKA_SASL_MECHANISM=SCRAM-SHA-512\n"
+            f"PODCOST_KAFKA_SASL_USERNAME={user}\n"
+            f"PODCOST_KAFKA_SASL_PASSWORD=password-of-{user}\n"
+        )
+    result = run_compose(docker_compose, tmp_path, "config", "--format", "json",
+                         PODCOST_KAFKA_CREDENTIALS=str(credentials),
+                         PODCOST_KAFKA="broker.example:9093")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    resolved: dict[str, dict[str, Any]] = json.loads(result.stdout)["services"]
+    for name in PODCOST:
+        env = resolved[name]["environment"]
+        user = component(name)
+        assert env["PODCOST_KAFKA"] == "broker.example:9093", name
+        assert env["PODCOST_KAFKA_SASL_USERNAME"] == user, name
+        assert env["PODCOST_KAFKA_SASL_PASSWORD"] == f"password-of-{user}", name
+        with monkeypatch.context() as patched:
+            for variable in [v for v in os.environ if v.startswith("PODCOST_")]:
+                patched.delenv(variable)
+            for variable, value in env.items():
+                patched.setenv(variable, value)
+            settings = BusSettings()
+        assert (settings.security_protocol, settings.sasl_username) == ("SASL_SSL", user)
 
 
 @pytest.mark.parametrize(

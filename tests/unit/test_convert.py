@@ -535,6 +535,18 @@ def test_an_orphan_matching_a_replicaset_is_adopted_and_a_foreign_match_is_a_bys
     assert [pod.name for pod in snapshot.bystanders] == ["stray"]
 
 
+def test_daemonset_and_mirror_pods_on_a_node_are_counted_apart() -> None:
+    daemon = {"kind": "DaemonSet", "name": "proxy", "uid": "u-ds", "controller": True}
+    mirror = _extra_pod("etcd-node-c1", {}, None)
+    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "abc"}
+    dump = shop_dump()
+    before = snapshot_for_workload(dump, "shop", "web").nodes["node-c1"]
+    dump["items"] += [_extra_pod("proxy-1", {}, daemon), mirror]
+    after = snapshot_for_workload(dump, "shop", "web").nodes["node-c1"]
+    assert (before.daemon_pods, after.daemon_pods) == (0, 2)
+    assert after.requested.pods == before.requested.pods + 2
+
+
 def test_typed_lists_and_several_dumps_are_read_alike() -> None:
     items = shop_dump()["items"]
     pods = {

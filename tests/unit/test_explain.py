@@ -7,10 +7,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 import socket
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
 
 import pytest
 from fastapi import APIRouter
+from pydantic import ValidationError
 from rich.console import Console
 from tests.support.snapshots import snapshot as deployment
 
@@ -22,10 +27,10 @@ from podcost.annotator.decisions import (
     explanations,
     trace_id_of,
 )
-from podcost.commands.explain import Report, ask_annotator, render
+from podcost.commands.explain import Report, TokenRefused, ask_annotator, render
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.runner import serve
-from podcost.runtime.settings import ServiceSettings
+from podcost.runtime.settings import MIN_TOKEN_LENGTH, ServiceSettings
 from podcost_contracts.messages import (
     TRACEPARENT,
     DesiredCostsMessage,
@@ -294,6 +299,93 @@ async def test_the_runner_serves_the_annotators_explain_route_and_the_cli_reads_
     assert found is not None
     assert (found.cost, found.version, found.trace_id) == (42, 5, TRACE_ID)
     assert missing is None
+
+
+@contextlib.asynccontextmanager
+async def _serving(log: DecisionLog, token: str | None) -> AsyncIterator[str]:
+    """The runner's real HTTP server for an annotator holding ``log``, with ``token`` as
+    ``PODCOST_EXPLAIN_TOKEN``; yields its URL once ``/healthz`` answers."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    settings = ServiceSettings(http_host="127.0.0.1", http_port=port, explain_token=token)
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve([_Annotator(log)], settings, stop=stop))
+    try:
+        for _ in range(200):
+            if await asyncio.to_thread(_status, url + "/healthz") is not None:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the HTTP server never answered")
+        yield url
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+def _status(url: str, authorization: str | None = None) -> str | None:
+    """The HTTP status of a GET of ``url``, with the ``WWW-Authenticate`` challenge if any
+    (``"401 Bearer"``); ``None`` when nothing answers."""
+    request = urllib.request.Request(url)
+    if authorization is not None:
+        request.add_header("Authorization", authorization)
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return str(response.status)
+    except urllib.error.HTTPError as error:
+        challenge = error.headers.get("WWW-Authenticate")
+        return f"{error.code} {challenge}" if challenge else str(error.code)
+    except OSError:
+        return None
+
+
+async def test_with_a_token_explain_answers_only_its_bearer_and_the_probes_and_metrics_stay_open(
+) -> None:  # fmt: skip
+    token = secrets.token_hex(16)
+    log = DecisionLog()
+    log.record(_message(("web-1", 42, {}), version=3), TRACE_ID)
+    async with _serving(log, token) as url:
+        explain = url + "/explain/shop/web-1"
+        statuses = await asyncio.to_thread(lambda: {
+            "no header": _status(explain),
+            "another token": _status(explain, f"Bearer {secrets.token_hex(16)}"),
+            "the token's prefix": _status(explain, f"Bearer {token[:-1]}"),
+            "the token, another scheme": _status(explain, f"Basic {token}"),
+            "the token": _status(explain, f"Bearer {token}"),
+            "/healthz": _status(url + "/healthz"),
+            "/readyz": _status(url + "/readyz"),
+            "/metrics": _status(url + "/metrics"),
+        })  # fmt: skip
+        found = await asyncio.to_thread(ask_annotator, url, "shop", "web-1", token=token)
+        with pytest.raises(TokenRefused, match="no PODCOST_EXPLAIN_TOKEN was given"):
+            await asyncio.to_thread(ask_annotator, url, "shop", "web-1")
+        with pytest.raises(TokenRefused, match="a wrong PODCOST_EXPLAIN_TOKEN was given"):
+            await asyncio.to_thread(ask_annotator, url, "shop", "web-1", token=token[::-1])
+    refused = "401 Bearer"
+    assert statuses == {
+        "no header": refused, "another token": refused, "the token's prefix": refused,
+        "the token, another scheme": refused, "the token": "200",
+        "/healthz": "200", "/readyz": "200", "/metrics": "200",
+    }  # fmt: skip
+    assert found == log.get("shop", "web-1")
+
+
+async def test_without_a_token_explain_is_open_to_whoever_reaches_the_port() -> None:
+    log = DecisionLog()
+    log.record(_message(("web-1", 42, {}), version=3), TRACE_ID)
+    async with _serving(log, None) as url:
+        status = await asyncio.to_thread(_status, url + "/explain/shop/web-1")
+    assert status == "200"
+
+
+def test_a_token_shorter_than_the_minimum_is_refused_at_start() -> None:
+    with pytest.raises(ValidationError, match=f"at least {MIN_TOKEN_LENGTH} characters"):
+        ServiceSettings(explain_token="x" * (MIN_TOKEN_LENGTH - 1))
+    token = secrets.token_hex(MIN_TOKEN_LENGTH // 2)
+    settings = ServiceSettings(explain_token=token)
+    assert settings.explain_token is not None
+    assert settings.explain_token.get_secret_value() == token
+    assert token not in repr(settings)  # a SecretStr: never in a log line
 
 
 def _report(decision: Explanation | None, computed: Explanation | None = None) -> Report:

@@ -15,6 +15,7 @@ from tests.support.pods import NOW, pod, with_cost
 from podcost_core.labels import (
     DEFAULT_BAND,
     EDGE_STEP,
+    NON_NEGATIVE_BAND,
     CostBand,
     CurrentCost,
     Labelling,
@@ -330,6 +331,41 @@ def test_labelling_with_overwrite_foreign_never_leaves_a_conflict(
     assert result.conflicts == ()
     own = {uid: CurrentCost(cost.value) for uid, cost in current.items()}
     _check_valid(result, order, replicasets, own, DEFAULT_BAND)
+
+
+@st.composite
+def previous_labellings(
+    draw: st.DrawFn,
+) -> tuple[list[list[PodUID]], dict[PodUID, str | None], dict[PodUID, CurrentCost]]:
+    """An order and costs as a cluster may hold them when the option is switched on: podcost's
+    own earlier costs anywhere in ``DEFAULT_BAND`` (negative ones too), none, or foreign ones."""
+    order, replicasets, _, _ = draw(labelling_cases())
+    values = st.none() | st.integers(DEFAULT_BAND.low, DEFAULT_BAND.high) | st.integers(-3, 3)
+    current = {
+        uid: CurrentCost(value := draw(values), foreign=value is not None and draw(st.booleans()))
+        for group in order
+        for uid in group
+    }
+    return order, replicasets, current
+
+
+@settings(max_examples=300, deadline=None)
+@given(previous_labellings(), st.booleans())
+def test_with_non_negative_costs_every_cost_podcost_writes_is_at_least_0_and_the_order_holds(
+    case: tuple[list[list[PodUID]], dict[PodUID, str | None], dict[PodUID, CurrentCost]],
+    overwrite: bool,
+) -> None:
+    order, replicasets, current = case
+    result = label_costs(
+        order, replicasets, current, overwrite_foreign=overwrite, band=NON_NEGATIVE_BAND
+    )
+    assert all(0 <= cost <= NON_NEGATIVE_BAND.high for cost in result.writes.values())
+    # Karpenter's view: cost / 2^27 added to 1.0; nothing podcost wrote makes a pod count less.
+    assert all(0.0 <= cost / 2**27 < 1.0 for cost in result.writes.values())
+    checked = current if not overwrite else {u: CurrentCost(c.value) for u, c in current.items()}
+    _check_valid(result, order, replicasets, checked, NON_NEGATIVE_BAND)
+    if overwrite:
+        assert all(0 <= cost < 2**27 for cost in result.costs.values())
 
 
 # --- the controller follows the labels ------------------------------------------------------

@@ -41,6 +41,7 @@ from podcost_kube.leader import (
     parse_time,
     record_of,
     release,
+    takeover_floor,
 )
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -126,6 +127,18 @@ def test_a_lease_lapses_exactly_its_duration_after_it_was_last_seen_changing() -
 
 def test_releasing_clears_the_holder_keeps_the_transitions_and_shortens_the_duration() -> None:
     assert release(MINE, identity="me", stamp=at(50)) == LeaseRecord("", 1, at(50), at(50), 3)
+
+
+def test_a_new_leader_stamps_after_all_the_last_holder_could_have_stamped() -> None:
+    held = LeaseRecord("a", 15, at(0), at(30), 2)
+    # A lapsed holder acted until at most its renewTime plus its lease duration, on its clock.
+    assert takeover_floor(held, "b") == at(45).timestamp()
+    # One that released the Lease had stopped acting before it wrote the release.
+    assert takeover_floor(LeaseRecord("", 1, at(9), at(9), 2), "b") == at(9).timestamp()
+    # Nothing to order after: no Lease, its own Lease, a record without a renewTime.
+    assert takeover_floor(None, "b") == 0.0
+    assert takeover_floor(held, "a") == 0.0
+    assert takeover_floor(LeaseRecord("a", 15), "b") == 0.0
 
 
 def test_a_lease_someone_else_holds_is_not_released() -> None:
@@ -298,7 +311,7 @@ class Election:
             on_started_leading=note("started"),
             on_stopped_leading=note("stopped"),
             clock=self.clock,
-            wall=lambda: at(self.clock.now()),
+            wall=options.pop("wall", lambda: at(self.clock.now())),
             rng=lambda: 0.0,  # candidates retry every RETRY seconds exactly
             **options,
         )
@@ -384,6 +397,39 @@ async def test_a_leader_stopped_cleanly_releases_the_lease_and_the_other_takes_i
     await election.until(10)
     assert b.elector.is_leader
     assert election.leases.record() == LeaseRecord("b", 15, at(10), at(10), 1)
+
+
+async def test_a_new_leader_whose_clock_runs_behind_stamps_after_the_old_leader_all_the_same(
+    election: Election,
+) -> None:
+    # a's wall clock runs 5 s ahead of b's; a renews at 0, 2, ..., 30, then stops renewing.
+    a = election.start("a", release_on_cancel=False, wall=lambda: at(election.clock.now() + 5))
+    await election.until(0)
+    assert a.elector.floor == 0.0  # it created the Lease: nobody before it
+    b = election.start("b")
+    await election.until(30)
+    await a.stop()
+    await election.until(46)
+    assert b.elector.is_leader
+    # a stamped at most until its last renewTime (35 on its clock) plus its lease duration;
+    # b's own clock says 46, which is less than that 50: b stamps from 50.
+    assert b.elector.floor == at(30 + 5 + LEASE).timestamp()
+
+
+async def test_after_a_clean_handover_the_new_leader_stamps_after_the_release(
+    election: Election,
+) -> None:
+    a = election.start("a", wall=lambda: at(election.clock.now() + 5))
+    await election.until(0)
+    b = election.start("b")
+    await election.until(9)
+    await a.stop()  # released at 9, written as 14 by a's clock
+    await election.until(10)
+    assert b.elector.is_leader
+    assert b.elector.floor == at(14).timestamp()
+    # Renewing its own Lease keeps the floor it took over with.
+    await election.until(20)
+    assert b.elector.floor == at(14).timestamp()
 
 
 async def test_a_leader_that_cannot_renew_steps_down_at_the_renew_deadline_and_leads_again_later(

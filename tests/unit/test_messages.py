@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -40,7 +41,8 @@ from podcost_contracts.messages import (
     trace_context,
 )
 from podcost_contracts.topics import DEFAULT_TOPICS, Topics
-from podcost_core.model import PodUID, WorkloadRef
+from podcost_core.model import PodUID, Taint, WorkloadRef
+from podcost_core.strategies import karpenter
 
 KEY = "prod-eu-1/shop/Deployment/web"
 TRACE = {
@@ -253,6 +255,31 @@ def test_a_snapshot_message_keeps_every_field_of_every_pod() -> None:
     decoded = decode(WorkloadSnapshotMessage, encoded.value, encoded.headers)
     assert decoded.snapshot == original
     assert decoded.workload == WorkloadKey("prod-eu-1", "shop", "Deployment", "web")
+
+
+def test_the_karpenter_and_consolidation_facts_survive_the_round_trip_and_score_the_same() -> None:
+    original = snapshot(pods=6, nodes=3, version=2)
+    name = original.pods[0].node
+    assert name is not None
+    disrupted = replace(
+        original.nodes[name],
+        taints=(Taint(karpenter.DISRUPTED_TAINT, "NoSchedule"), Taint("other", "NoExecute", "x")),
+        daemon_pods=3,
+    )
+    kept = replace(original.pods[1], annotations={karpenter.DO_NOT_DISRUPT: "true"})
+    original = replace(
+        original,
+        nodes={**original.nodes, name: disrupted},
+        pods=(original.pods[0], kept, *original.pods[2:]),
+    )
+    encoded = encode(WorkloadSnapshotMessage.of(original, emitted_at=0.0))
+    decoded = decode(WorkloadSnapshotMessage, encoded.value, encoded.headers).snapshot
+    assert decoded == original
+    assert decoded.nodes[name].taints == disrupted.taints
+    assert decoded.nodes[name].daemon_pods == 3
+    scores = karpenter.score(decoded, karpenter.Args())
+    assert scores == karpenter.score(original, karpenter.Args())
+    assert scores[original.pods[0].uid] == -1.0
 
 
 def test_the_headers_name_the_kind_and_version_and_carry_the_trace_context() -> None:

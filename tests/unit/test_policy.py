@@ -339,6 +339,19 @@ def test_a_yaml_policy_file_gives_the_same_policy_as_its_json_twin(tmp_path: Pat
     assert from_yaml.spec("age") == S("age", 1, 1, {"saturation_seconds": 3600}, 3600.0)
 
 
+def test_non_negative_costs_is_read_from_the_file_and_kept_by_workloads_own_policies() -> None:
+    data = {"version": 1, "strategies": [{"name": "karpenter"}], "non_negative_costs": True}
+    default = policy_from_data(data)
+    assert default.non_negative_costs
+    assert not policy_from_data({**data, "non_negative_costs": False}).non_negative_costs
+    own = policy_from_annotations({STRATEGIES: "node-consolidation"}, default=default)
+    assert own.non_negative_costs
+    assert own.names == ("node-consolidation",)
+    assert not policy_from_annotations({STRATEGIES: "node-consolidation"}).non_negative_costs
+    with pytest.raises(PolicyError, match="non_negative_costs"):
+        policy_from_data({**data, "non_negative_costs": "yes"})
+
+
 @pytest.mark.parametrize(
     ("data", "culprit", "message"),
     [

@@ -29,6 +29,7 @@ from podcost_core.strategies import (
     age,
     capacity_type,
     co_location,
+    karpenter,
     node_consolidation,
     priority_qos,
     topology_spread,
@@ -69,6 +70,7 @@ ARGS: dict[str, st.SearchStrategy[Any]] = {
     node_consolidation.NAME: st.builds(
         node_consolidation.Args, measure=st.sampled_from(node_consolidation.MEASURES)
     ),
+    karpenter.NAME: st.just(karpenter.Args()),
 }
 
 

@@ -15,6 +15,7 @@ from podcost_core.strategies import (
     age,
     capacity_type,
     co_location,
+    karpenter,
     node_consolidation,
     priority_qos,
     topology_spread,
@@ -47,6 +48,7 @@ MODULES = [
     work_in_progress,
     co_location,
     node_consolidation,
+    karpenter,
 ]
 
 

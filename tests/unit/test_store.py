@@ -73,6 +73,23 @@ def test_a_relist_reports_only_what_changed_while_the_watch_was_down() -> None:
     assert [p["metadata"]["name"] for p in store.pods_on_node("n1")] == ["changed", "new", "same"]
 
 
+def test_a_relist_of_one_namespace_leaves_the_other_namespaces_alone() -> None:
+    store = Store()
+    elsewhere = {**pod("other", "1"), "metadata": {**pod("other", "1")["metadata"],
+                                                   "namespace": "elsewhere"}}  # fmt: skip
+    store.apply("Pod", ChangeType.ADDED, elsewhere)
+    store.apply("Pod", ChangeType.ADDED, pod("gone", "1"))
+    changes = store.replace("Pod", [pod("new", "2")], namespace="ns")
+    assert [(c.type, c.key.namespace, c.key.name) for c in changes] == [
+        (ChangeType.DELETED, "ns", "gone"),
+        (ChangeType.ADDED, "ns", "new"),
+    ]
+    assert store.get("Pod", "elsewhere", "other") == elsewhere
+    # Without a namespace the list is of every namespace: the other one's pod goes.
+    store.replace("Pod", [pod("new", "2")])
+    assert store.get("Pod", "elsewhere", "other") is None
+
+
 # --- watch lines ------------------------------------------------------------------------------
 
 

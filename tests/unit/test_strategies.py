@@ -25,6 +25,7 @@ from podcost_core.strategies import (
     age,
     capacity_type,
     co_location,
+    karpenter,
     node_consolidation,
     priority_qos,
     untolerated_taints,
@@ -394,7 +395,7 @@ def test_co_location_hostname_terms_fall_back_to_the_node_name_and_skip_unknown_
 BIG = Resources(cpu_milli=4000, memory_bytes=8 << 30, pods=110)
 
 
-def test_node_consolidation_deletes_pods_on_the_emptiest_nodes_first() -> None:
+def test_node_consolidation_breaks_ties_between_single_pod_nodes_by_utilization_then_name() -> None:
     s = snap(
         pod("idle-node", node="n1"),
         pod("cpu-busy", node="n2"),
@@ -406,14 +407,14 @@ def test_node_consolidation_deletes_pods_on_the_emptiest_nodes_first() -> None:
         ),
     )
     dominant = by_name(s, node_consolidation.score(s, node_consolidation.Args()))
-    assert dominant == {"idle-node": 0.125, "cpu-busy": 0.75, "memory-busy": 0.75}
+    assert dominant == {"idle-node": 0.0, "cpu-busy": 1.0, "memory-busy": 2.0}
     cpu = by_name(s, node_consolidation.score(s, node_consolidation.Args("cpu")))
-    assert cpu == {"idle-node": 0.1, "cpu-busy": 0.75, "memory-busy": 0.1}
+    assert cpu == {"idle-node": 0.0, "cpu-busy": 2.0, "memory-busy": 1.0}
     memory = by_name(s, node_consolidation.score(s, node_consolidation.Args("memory")))
-    assert memory == {"idle-node": 0.125, "cpu-busy": 0.125, "memory-busy": 0.75}
+    assert memory == {"idle-node": 0.0, "cpu-busy": 1.0, "memory-busy": 2.0}
 
 
-def test_node_consolidation_counts_pods_when_a_node_has_no_numbers() -> None:
+def test_node_consolidation_drains_a_node_shared_with_other_pods_after_those_it_can_empty() -> None:
     s = snap(
         pod("alone", node="n1"),
         pod("pair-1", node="n2"),
@@ -423,17 +424,71 @@ def test_node_consolidation_counts_pods_when_a_node_has_no_numbers() -> None:
         nodes=(node("n1", allocatable=BIG, requested=BIG), node("n2")),
     )
     scores = by_name(s, node_consolidation.score(s, node_consolidation.Args()))
-    assert scores == {"alone": 1.0, "pair-1": 2.0, "pair-2": 2.0, "pending": 0.0, "done": 0.0}
+    assert scores == {"alone": 1.0, "pair-1": 0.0, "pair-2": 0.0, "pending": 0.0, "done": 0.0}
 
 
-def test_node_consolidation_count_measure_ignores_the_numbers() -> None:
+def test_node_consolidation_gives_every_pod_of_a_node_the_same_score() -> None:
     s = snap(
         pod("a", node="n1"),
         pod("b", node="n1"),
         nodes=(node("n1", allocatable=BIG, requested=BIG),),
     )
     args = node_consolidation.Args(measure="count")
-    assert by_name(s, node_consolidation.score(s, args)) == {"a": 2.0, "b": 2.0}
+    assert by_name(s, node_consolidation.score(s, args)) == {"a": 0.0, "b": 0.0}
+
+
+# --- karpenter ---------------------------------------------------------------------------------
+
+DISRUPTED = Taint(karpenter.DISRUPTED_TAINT, "NoSchedule")
+KEEP = {karpenter.DO_NOT_DISRUPT: "true"}
+
+
+def test_karpenter_deletes_pods_on_disrupted_nodes_first_and_keeps_do_not_disrupt_pods_last() -> (
+    None
+):
+    s = snap(
+        pod("draining", node="n1"),
+        pod("tolerant", node="n1", tolerations=(Toleration(operator="Exists"),)),
+        pod("plain", node="n2"),
+        replace(pod("precious", node="n2"), annotations=KEEP),
+        replace(pod("precious-but-draining", node="n1"), annotations=KEEP),
+        replace(pod("says-false", node="n2"), annotations={karpenter.DO_NOT_DISRUPT: "false"}),
+        pod("unscheduled", node=None, phase=Phase.PENDING),
+        nodes=(node("n1", taints=(DISRUPTED,)), node("n2")),
+    )
+    assert by_name(s, karpenter.score(s, karpenter.Args())) == {
+        "draining": -1.0,
+        "tolerant": -1.0,
+        "plain": 0.0,
+        "precious": 1.0,
+        "precious-but-draining": -1.0,
+        "says-false": 0.0,
+        "unscheduled": 0.0,
+    }
+
+
+def test_untolerated_taints_counts_karpenters_disrupted_taint_only_for_pods_not_tolerating_it() -> (
+    None
+):
+    s = snap(
+        pod("draining", node="n1"),
+        pod("tolerant", node="n1", tolerations=(Toleration(operator="Exists"),)),
+        nodes=(node("n1", taints=(DISRUPTED,)),),
+    )
+    scores = untolerated_taints.score(s, untolerated_taints.Args())
+    assert by_name(s, scores) == {"draining": -1.0, "tolerant": 0.0}
+
+
+def test_karpenter_reads_other_taint_keys_and_annotations_when_told() -> None:
+    s = snap(
+        pod("a", node="n1"),
+        replace(pod("b", node="n2"), annotations={"acme.io/keep": "True"}),
+        nodes=(node("n1", taints=(Taint("acme.io/draining", "NoExecute"),)), node("n2")),
+    )
+    args = karpenter.Args(disrupted_taints=("acme.io/draining",), do_not_disrupt="acme.io/keep")
+    assert by_name(s, karpenter.score(s, args)) == {"a": -1.0, "b": 1.0}
+    with pytest.raises(ValueError, match="disrupted_taints"):
+        karpenter.Args(disrupted_taints=())
 
 
 # --- shared helpers ----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
 
 VARIABLES = (
+    "PODCOST_WATCHER_NAMESPACE",
     "PODCOST_WATCHER_LEADER_ELECTION",
     "PODCOST_WATCHER_LEASE_NAME",
     "PODCOST_WATCHER_LEASE_NAMESPACE",
@@ -33,7 +34,7 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-def test_leader_election_is_off_by_default_with_client_gos_timings() -> None:
+def test_leader_election_is_off_by_default_with_timings_for_a_takeover_within_15s() -> None:
     settings = WatcherSettings()
     assert not settings.leader_election
     assert (settings.lease_name, settings.lease_namespace) == ("podcost-watcher", "default")
@@ -42,7 +43,7 @@ def test_leader_election_is_off_by_default_with_client_gos_timings() -> None:
         settings.lease_duration_seconds,
         settings.renew_deadline_seconds,
         settings.retry_period_seconds,
-    ) == (15, 10, 2)
+    ) == (10, 7, 1)
 
 
 def test_the_downward_apis_pod_name_and_namespace_name_the_replica_and_place_the_lease(
@@ -79,6 +80,9 @@ def test_podcost_s_own_variables_win_over_the_downward_api(
         ({"PODCOST_WATCHER_RETRY_PERIOD_SECONDS": "0"}, "PODCOST_WATCHER_RETRY_PERIOD_SECONDS"),
         ({"PODCOST_WATCHER_LEASE_NAME": "Not_A_Name"}, "PODCOST_WATCHER_LEASE_NAME"),
         ({"PODCOST_WATCHER_LEADER_ELECTION": "maybe"}, "PODCOST_WATCHER_LEADER_ELECTION"),
+        ({"PODCOST_WATCHER_NAMESPACE": "Shop"}, "PODCOST_WATCHER_NAMESPACE"),
+        ({"PODCOST_WATCHER_NAMESPACE": "shop,,web"}, "PODCOST_WATCHER_NAMESPACE"),
+        ({"PODCOST_WATCHER_NAMESPACE": "shop,shop"}, "PODCOST_WATCHER_NAMESPACE"),
     ],
 )
 def test_a_bad_election_setting_stops_the_watcher_naming_the_variable(
@@ -93,6 +97,18 @@ def test_a_bad_election_setting_stops_the_watcher_naming_the_variable(
         load_settings("watcher", WatcherSettings)
     assert exited.value.exit_code == EXIT_BAD_CONFIG
     assert culprit in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "namespaces"),
+    [(None, None), ("", None), ("shop", ("shop",)), (" shop , web-2 ", ("shop", "web-2"))],
+)
+def test_the_watched_namespaces_are_one_a_list_or_all(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, namespaces: tuple[str, ...] | None
+) -> None:
+    if value is not None:
+        monkeypatch.setenv("PODCOST_WATCHER_NAMESPACE", value)
+    assert load_settings("watcher", WatcherSettings).namespaces() == namespaces
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,11 @@
 ``export KUBECONFIG=<path>`` as its last line. Both keep their state in a fixed run directory
 under the cache (``PODCOST_RUN_DIR`` overrides it) so the matching ``-down`` finds the pids.
 Re-running ``-up`` while the servers are up prints the same last line and starts nothing.
+
+``kafka-up --secure`` starts the secure broker instead (its own run directory, ``kafka-secure``):
+SASL_SSL only, one SCRAM user per component and topic ACLs (``kafka_secure``); ``--cluster``
+names the clusters that get an annotator user. The CA file, the passwords and an admin client
+config are printed (stderr) with where they are; ``kafka-down --secure`` stops it.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import build, cluster, kafka, paths, process
+from . import build, cluster, kafka, kafka_secure, paths, process
 
 
 def _run_dir(kind: str) -> Path:
@@ -32,16 +37,20 @@ def _running(run_dir: Path) -> bool:
     return all(process.Daemon("", pid, Path()).alive() for pid in pids)
 
 
-def kafka_up() -> int:
-    run_dir = _run_dir("kafka")
+def kafka_up(secure: kafka_secure.Layout | None = None) -> int:
+    run_dir = _run_dir("kafka-secure" if secure else "kafka")
     if _running(run_dir):
         print((run_dir / "bootstrap").read_text().strip())
         return 0
     process.stop_all(run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)
-    broker = kafka.start(run_dir)
+    broker = kafka.start(run_dir, secure=secure)
     print(f"kafka {paths.KAFKA_VERSION} started in {broker.started_in:.1f}s (pid {broker.pid})",
           file=sys.stderr)  # fmt: skip
+    if broker.secrets is not None:
+        print(f"  SASL_SSL, {kafka_secure.MECHANISM}; CA: {broker.secrets.ca_file}\n"
+              f"  passwords of {', '.join(broker.secrets.passwords)}: {run_dir}/credentials.json\n"
+              f"  admin client config: {broker.secrets.admin_config}", file=sys.stderr)  # fmt: skip
     print(broker.bootstrap)
     return 0
 
@@ -81,16 +90,26 @@ def main(argv: list[str] | None = None) -> int:
         choices=["build", "kafka-up", "kafka-down", "cluster-up", "cluster-down"],
     )
     parser.add_argument("--only", choices=build.TOOL_GROUPS, help="build: only this group of tools")
+    parser.add_argument(
+        "--secure", action="store_true",
+        help="kafka-up/-down: the SASL_SSL broker with one SCRAM user per component and ACLs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cluster", action="append", default=[],
+        help="kafka-up --secure: a cluster whose annotator gets a user (repeatable) [local]",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
             build.ensure_all(args.only)
             return 0
         if args.command == "kafka-up":
-            return kafka_up()
+            clusters = tuple(args.cluster) or ("local",)
+            return kafka_up(kafka_secure.Layout(clusters=clusters) if args.secure else None)
         if args.command == "cluster-up":
             return cluster_up()
-        return down(args.command.removesuffix("-down"))
+        kind = args.command.removesuffix("-down")
+        return down(f"{kind}-secure" if args.secure and kind == "kafka" else kind)
     except (build.BuildError, process.StartError) as error:
         print(f"podcost-localinfra: {error}", file=sys.stderr)
         return 1

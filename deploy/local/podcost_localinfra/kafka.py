@@ -5,6 +5,9 @@ free ports picked at start, so two runs never collide; the run directory holds t
 data, the log and the pid. ``stop_broker`` / ``start_broker`` take a running broker away by its
 pid and bring it back (same ports, node id, data and log dirs; KRaft recovers from its own
 storage): a real broker outage for the tests.
+
+``start(run_dir, secure=Layout(...))`` starts the secure variant instead (``kafka_secure``): a
+SASL_SSL listener with SCRAM users, one per component, and topic ACLs; no PLAINTEXT listener.
 """
 
 from __future__ import annotations
@@ -14,24 +17,29 @@ import shutil
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import build, process
+from . import build, kafka_secure, process
+from .kafka_secure import Layout, Secrets
 
 BROKER = "kafka"
 #: The line the broker logs once it serves; a restart appends to the same log.
 STARTED = "Kafka Server started"
 
+PLAINTEXT_LISTENERS = """\
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+"""
+
 SERVER_PROPERTIES = """\
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:{controller_port}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
 log.dirs={data_dir}
 num.partitions=3
 default.replication.factor=1
@@ -66,6 +74,8 @@ class KafkaBroker:
     bootstrap: str
     pid: int
     started_in: float
+    secrets: Secrets | None = None
+    """The secure broker's CA file, passwords and admin config; ``None`` for PLAINTEXT."""
 
     def stop(self) -> None:
         process.stop_all(self.run_dir)
@@ -109,23 +119,41 @@ def _java() -> str:
     return java
 
 
-def start(run_dir: Path, timeout: float = 90.0) -> KafkaBroker:
-    """Build (if needed), configure, format and start a broker in ``run_dir``."""
+def new_cluster_id() -> str:
+    """A KRaft cluster id: the 22-character URL-safe base64 of a random UUID, as Kafka's
+    ``Uuid.randomUuid()`` makes it, which also draws again when the text starts with ``-``
+    (the storage tool would read such an id as an option: 1 start in 64 failed)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
+def start(run_dir: Path, timeout: float = 90.0, *, secure: Layout | None = None) -> KafkaBroker:
+    """Build (if needed), configure, format and start a broker in ``run_dir``; with ``secure``,
+    the SASL_SSL broker whose users and ACLs ``kafka_secure`` derives from that layout."""
     lib = build.ensure_kafka_tools()
     run_dir.mkdir(parents=True, exist_ok=True)
     port, controller_port = process.free_port(), process.free_port()
     data_dir = run_dir / "data"
+    secrets: Secrets | None = None
+    listeners, scram = PLAINTEXT_LISTENERS, []
+    if secure is not None:
+        secrets, listeners = kafka_secure.prepare(run_dir, secure)
+        scram = kafka_secure.scram_format_args(secrets.passwords)
     (run_dir / "server.properties").write_text(
         SERVER_PROPERTIES.format(port=port, controller_port=controller_port, data_dir=data_dir)
+        + listeners.format(port=port, controller_port=controller_port)
     )
     (run_dir / "log4j.properties").write_text(LOG4J_PROPERTIES)
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster_id = new_cluster_id()
     classpath = f"{lib}/*"
     log4j = f"-Dlog4j.configuration=file:{run_dir / 'log4j.properties'}"
-    subprocess.run(
+    _tool(
         [_java(), log4j, "-cp", classpath, "kafka.tools.StorageTool", "format",
-         "-t", cluster_id, "-c", str(run_dir / "server.properties"), "--ignore-formatted"],
-        check=True, capture_output=True,
+         "-t", cluster_id, "-c", str(run_dir / "server.properties"), "--ignore-formatted",
+         *scram],
+        "format the storage",
     )  # fmt: skip
     started = time.monotonic()
     daemon = process.start(
@@ -142,5 +170,25 @@ def start(run_dir: Path, timeout: float = 90.0) -> KafkaBroker:
         "serving",
     )
     bootstrap = f"127.0.0.1:{port}"
+    if secure is not None and secrets is not None:
+        acl_command = [_java(), log4j, "-XX:TieredStopAtLevel=1", "-cp", classpath,
+                       "kafka.admin.AclCommand", "--bootstrap-server", bootstrap,
+                       "--command-config", str(secrets.admin_config)]  # fmt: skip
+        calls = kafka_secure.acl_command_args(kafka_secure.acl_matrix(secure))
+        try:
+            # One JVM per call (about 2.5 s each, mostly start-up): a few at a time.
+            with ThreadPoolExecutor(max_workers=4) as pool:
+                list(pool.map(lambda args: _tool([*acl_command, *args], "create ACLs"), calls))
+        except process.StartError:
+            process.stop_all(run_dir)
+            raise
     (run_dir / "bootstrap").write_text(bootstrap + "\n")
-    return KafkaBroker(run_dir, bootstrap, daemon.pid, time.monotonic() - started)
+    return KafkaBroker(run_dir, bootstrap, daemon.pid, time.monotonic() - started, secrets)
+
+
+def _tool(argv: list[str], doing: str) -> None:
+    """Run one of Kafka's command-line tools; a failure is a ``StartError`` with its output."""
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    if result.returncode != 0:
+        output = (result.stdout + result.stderr).strip()[-3000:]
+        raise process.StartError(f"kafka could not {doing}: {output}")

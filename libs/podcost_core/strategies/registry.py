@@ -26,6 +26,7 @@ from podcost_core.strategies import (
     age,
     capacity_type,
     co_location,
+    karpenter,
     node_consolidation,
     priority_qos,
     topology_spread,
@@ -47,6 +48,7 @@ BUILTIN: Mapping[str, Strategy[Any]] = MappingProxyType(
         work_in_progress.NAME: work_in_progress.STRATEGY,
         co_location.NAME: co_location.STRATEGY,
         node_consolidation.NAME: node_consolidation.STRATEGY,
+        karpenter.NAME: karpenter.STRATEGY,
     }
 )
 

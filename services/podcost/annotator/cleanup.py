@@ -177,11 +177,15 @@ async def clean_up(
     dry_run: bool = False,
     clock: Clock | None = None,
 ) -> CleanupReport:
-    """Remove every deletion cost podcost's field manager alone set in ``namespace`` (``None``:
-    the whole cluster), within ``config``'s budget; see the module docstring."""
+    """Remove every deletion cost podcost's field manager alone set in ``namespace`` (one, or a
+    comma-separated list as ``PODCOST_WATCHER_NAMESPACE`` takes it; ``None`` or empty: the whole
+    cluster), within ``config``'s budget; see the module docstring."""
     started = time.monotonic()
     cleaner = _Cleaner(kube, config, clock if clock is not None else LoopClock(), dry_run)
-    pods = await kube.list_pods(namespace)
+    names: list[str | None] = [p.strip() for p in (namespace or "").split(",") if p.strip()]
+    pods = []
+    for name in names or [None]:
+        pods.extend(await kube.list_pods(name))
     own = [pod for pod in pods if _own(pod)]
     report = CleanupReport(pods=len(pods), own=len(own))
     log.info("%d of %d pods carry a cost podcost wrote%s", len(own), len(pods),

@@ -34,7 +34,11 @@ async def _clean(config: AnnotatorSettings, namespace: str | None, dry_run: bool
 
 def cleanup_command(
     namespace: Annotated[
-        str | None, typer.Option(help="Clean one namespace only; default: every namespace.")
+        str | None,
+        typer.Option(
+            help="Clean these namespaces only (one, or a comma-separated list); default: every "
+            "namespace."
+        ),
     ] = None,
     dry_run: Annotated[
         bool,

@@ -5,7 +5,8 @@ decision behind it: the workload and snapshot version, each strategy's raw and n
 weight and tier, the tier sums and the pod's place in the combined deletion order, and the trace
 id of the decision (and of the one whose write set the current value). The decision comes from
 the annotator, which keeps the last one per pod (``GET /explain/{namespace}/{pod}`` on its HTTP
-port, ``--url``), or with ``--kafka`` from the latest desired-costs message for the pod on the
+port, ``--url``; with the bearer token ``PODCOST_EXPLAIN_TOKEN`` when the annotator requires
+one), or with ``--kafka`` from the latest desired-costs message for the pod on the
 costs topic. When no decision is known, it says so and shows what the pure core decides now from
 the workload as the cluster holds it (the watcher's conversion, ``rank`` and ``label_costs``),
 labelled as computed now. ``podcost.cli`` registers it; it writes nothing anywhere.
@@ -42,7 +43,7 @@ from podcost_core.aggregate import Decision
 from podcost_core.combine import ScoreContractError, rank
 from podcost_core.convert import ConversionError, ObjectMetaJSON, cost_owner
 from podcost_core.explain import Placement
-from podcost_core.labels import current_costs, label_costs
+from podcost_core.labels import band_for, current_costs, label_costs
 from podcost_core.model import DELETION_COST_ANNOTATION
 from podcost_core.policy import PolicyError
 from podcost_kube.client import Kube, KubeError, PodGone, connect
@@ -61,6 +62,7 @@ podcost explain shop/web-5d8f7-x2x9k                 # the annotator on :8080
 podcost explain shop/web-5d8f7-x2x9k --url http://podcost.podcost-system:8080
 podcost explain shop/web-5d8f7-x2x9k --kafka kafka:9092   # the costs topic
 podcost explain shop/web-5d8f7-x2x9k --output json
+PODCOST_EXPLAIN_TOKEN=... podcost explain shop/web-5d8f7-x2x9k   # when the annotator has one
 ```
 
 Cluster access: `$KUBECONFIG`, `~/.kube/config` or the in-cluster service account. Exits 1 with
@@ -105,16 +107,32 @@ def _split_pod(value: str) -> tuple[str, str]:
     return namespace, name
 
 
-def ask_annotator(url: str, namespace: str, pod: str, timeout: float = 10.0) -> Explanation | None:
-    """The annotator's last decision about the pod (``None`` on 404); ``OSError`` when the
-    service cannot be reached, ``ValueError`` when its answer is not an explanation."""
+class TokenRefused(OSError):
+    """The annotator answered 401: its ``/explain`` needs the token ``PODCOST_EXPLAIN_TOKEN``."""
+
+
+def ask_annotator(
+    url: str, namespace: str, pod: str, timeout: float = 10.0, *, token: str | None = None
+) -> Explanation | None:
+    """The annotator's last decision about the pod (``None`` on 404), sending ``token`` as a
+    bearer token when given; ``OSError`` when the service cannot be reached or refuses the
+    token, ``ValueError`` when its answer is not an explanation."""
     path = f"/explain/{urllib.parse.quote(namespace, safe='')}/{urllib.parse.quote(pod, safe='')}"
+    request = urllib.request.Request(url.rstrip("/") + path)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(url.rstrip("/") + path, timeout=timeout) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             body = response.read()
     except urllib.error.HTTPError as error:
         if error.code == 404:
             return None
+        if error.code == 401:
+            given = "a wrong" if token is not None else "no"
+            raise TokenRefused(
+                f"the annotator at {url} requires a bearer token (HTTP 401) and {given} "
+                "PODCOST_EXPLAIN_TOKEN was given"
+            ) from error
         raise OSError(f"HTTP {error.code} {error.reason}") from error
     try:
         return Explanation.model_validate_json(body)
@@ -205,7 +223,8 @@ async def compute_now(
         return None, f"{name} cannot be ranked now: {error}"
     current = current_costs(snapshot.pods)
     replicaset_of = {p.uid: p.replicaset for p in snapshot.pods}
-    labelling = label_costs(combined.order, replicaset_of, current)
+    band = band_for(policy.policy.non_negative_costs)
+    labelling = label_costs(combined.order, replicaset_of, current, band=band)
     decision = Decision(key.bus_key(settings.cluster), snapshot, combined, labelling, current)
     message = desired_costs(decision, emitted_at=now)
     uid = str(pod.get("metadata", {}).get("uid", ""))
@@ -248,7 +267,13 @@ async def explain(
         else:
             asked = f"the annotator at {url}"
             try:
-                decision = await asyncio.to_thread(ask_annotator, url, namespace, name)
+                token = settings.explain_token
+                decision = await asyncio.to_thread(
+                    ask_annotator, url, namespace, name,
+                    token=token.get_secret_value() if token is not None else None,
+                )  # fmt: skip
+            except TokenRefused:
+                raise
             except OSError as error:
                 reason = getattr(error, "reason", None) or error
                 raise OSError(

@@ -35,6 +35,7 @@ from podcost_core.convert import (
 )
 from podcost_core.model import DEFAULT_ADOPTED_MANAGERS, FIELD_MANAGER, PodUID, Snapshot
 from podcost_core.policy import Policy, PolicyError, load_policy_file, policy_from_annotations
+from podcost_core.rollout import rollout_for
 from podcost_core.simulate import NO_DOMAIN, SimulationError, SimulationResult, simulate
 
 EXIT_BAD_INPUT = 2
@@ -123,6 +124,16 @@ def _print_table(result: SimulationResult, baseline: bool) -> None:
         f"[bold]{result.workload}[/bold] {result.replicas_before} → {result.replicas_after} "
         f"replicas, {mode}"
     )
+    if result.replicasets:
+        split = ", ".join(
+            f"{name} {a} → {b}" for name, (a, b) in sorted(result.replicasets.items())
+        )
+        console.print(f"mid-rollout: the deployment controller scales {split} (proportionally)")
+        if result.rollout_goes_on:
+            console.print(
+                "the rollout is not paused: after this scale-in it goes on and may move more "
+                "replicas (not simulated)"
+            )
     victims = Table(title="Deleted pods, first preferred first")
     for column in ("#", "pod", "node", result.topology_key, "cost"):
         victims.add_column(column)
@@ -240,6 +251,7 @@ def simulate_command(
             topology_key=topology_key,
             setters=_setters(objects, view),
             adopt_kept=adopt_kept,
+            rollout=rollout_for(objects, view),
         )
     except (ConversionError, PolicyError, SimulationError, ScoreContractError) as error:
         _fail(str(error))

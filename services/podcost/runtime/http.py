@@ -1,13 +1,20 @@
 """The HTTP face of a service: ``/healthz`` (the process is alive), ``/readyz`` (it is connected
 and doing its job), ``/metrics`` (Prometheus), and the routes a service adds of its own (the
-annotator's ``/explain/{namespace}/{pod}``). Built by ``runner.serve`` for each service."""
+annotator's ``/explain/{namespace}/{pod}``). Built by ``runner.serve`` for each service.
+
+Health, readiness and metrics are always open: the kubelet's probes and Prometheus carry no
+credentials, and they show nothing about workloads. A service's own routes show pods (names,
+uids, scores), so with a token (``PODCOST_EXPLAIN_TOKEN``) they answer only requests that carry
+``Authorization: Bearer <token>``, and 401 to any other.
+"""
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Annotated, Protocol, runtime_checkable
 
-from fastapi import APIRouter, FastAPI, Response
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from podcost.runtime.metrics import Metrics, render
@@ -22,17 +29,35 @@ class Routed(Protocol):
         ...
 
 
+def bearer_check(token: str) -> Callable[[str | None], None]:
+    """A FastAPI dependency that lets a request through only with ``Authorization: Bearer
+    <token>`` (compared in constant time), else answers 401 with ``WWW-Authenticate: Bearer``."""
+    expected = token.encode()
+
+    def check(authorization: Annotated[str | None, Header()] = None) -> None:
+        scheme, _, given = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            raise HTTPException(
+                401, "a bearer token is required", headers={"WWW-Authenticate": "Bearer"}
+            )
+
+    return check
+
+
 def make_app(
     name: str,
     ready: Callable[[], bool],
     metrics: Sequence[Metrics],
     routers: Sequence[APIRouter] = (),
+    *,
+    token: str | None = None,
 ) -> FastAPI:
     """A FastAPI app for one process; ``metrics`` of every service it runs are exported, and
-    ``routers`` (the services' own routes) served."""
+    ``routers`` (the services' own routes) served, behind ``token`` when one is given."""
     app = FastAPI(title=f"podcost {name}", docs_url=None, redoc_url=None)
+    guard = [Depends(bearer_check(token))] if token is not None else []
     for router in routers:
-        app.include_router(router)
+        app.include_router(router, dependencies=guard)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

@@ -63,6 +63,11 @@ async def serve(
                 lambda: all(service.ready() for service in services),
                 [service.metrics for service in services],
                 [service.routes() for service in services if isinstance(service, Routed)],
+                token=(
+                    settings.explain_token.get_secret_value()
+                    if settings.explain_token is not None
+                    else None
+                ),
             )
             config = uvicorn.Config(
                 app, host=settings.http_host, port=settings.http_port, log_level="warning",

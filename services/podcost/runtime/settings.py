@@ -9,7 +9,11 @@ the service with the variable named. Variables (defaults in brackets):
   [local; ``podcost watcher`` and ``podcost annotator`` over Kafka refuse to start without it,
   since two agents with the same name would write each other's decisions]
 - ``PODCOST_HTTP_HOST`` / ``PODCOST_HTTP_PORT``: where ``/healthz``, ``/readyz`` and
-  ``/metrics`` are served [0.0.0.0 / 8080; port 0 disables the server]
+  ``/metrics`` are served, and the annotator's ``/explain/{namespace}/{pod}`` [0.0.0.0 / 8080;
+  port 0 disables the server]
+- ``PODCOST_EXPLAIN_TOKEN``: when set, ``/explain`` answers only requests with
+  ``Authorization: Bearer <token>`` (401 otherwise); health, readiness and metrics stay open.
+  At least 16 characters (e.g. ``openssl rand -hex 32``) [none: /explain is open]
 - ``PODCOST_LOG_LEVEL``: DEBUG, INFO, WARNING or ERROR [INFO]
 - ``PODCOST_LOG_FORMAT``: json (one object per line) or text [json]
 - ``PODCOST_DRY_RUN``: decide and log everything, write nothing to the cluster [false]
@@ -26,11 +30,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from podcost_contracts.topics import ClusterName
 from podcost_core.model import DEFAULT_ADOPTED_MANAGERS, FIELD_MANAGER
+
+#: The shortest ``PODCOST_EXPLAIN_TOKEN`` accepted: a guessable token protects nothing.
+MIN_TOKEN_LENGTH = 16
 
 
 class ServiceSettings(BaseSettings):
@@ -41,6 +48,7 @@ class ServiceSettings(BaseSettings):
     cluster: ClusterName = "local"
     http_host: str = "0.0.0.0"
     http_port: int = Field(default=8080, ge=0, le=65535)
+    explain_token: SecretStr | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
     dry_run: bool = False
@@ -58,6 +66,13 @@ class ServiceSettings(BaseSettings):
     def adopted(self) -> frozenset[str]:
         """The field managers whose costs count as podcost's own: its own and the adopted."""
         return frozenset({FIELD_MANAGER, *self.adopt_field_managers})
+
+    @field_validator("explain_token")
+    @classmethod
+    def _token_long_enough(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None and len(token.get_secret_value()) < MIN_TOKEN_LENGTH:
+            raise ValueError(f"a token needs at least {MIN_TOKEN_LENGTH} characters")
+        return token
 
     @property
     def cluster_explicit(self) -> bool:

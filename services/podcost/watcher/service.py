@@ -19,7 +19,11 @@ cache warm and are ready; only the leader touches the debouncer and publishes. A
 becomes the leader touches every opted-in workload once, so nothing that changed while it stood
 by is left unpublished; one that stops leading drops what is still pending. A snapshot that was
 being published as leadership was lost may still go out; the aggregator keeps the latest by
-``emitted_at``, and the new leader stamps its snapshots from the moment it took over.
+``emitted_at``, and the new leader stamps its snapshots from the moment it took over, and
+never below the takeover floor (``LeaderElector.floor``: the last holder's ``renewTime`` plus
+its lease duration, on the last holder's clock), so a new leader whose clock runs behind the
+old one's is not taken for the stale one. For that long after a takeover, latencies measured
+from ``changed_at`` read short.
 
 Workloads that go. When a workload this watcher published is no longer ranked (deleted, opted
 out, or its policy became invalid), the watcher publishes a ``WorkloadGoneMessage`` under its
@@ -52,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import socket
 from collections import deque
 from collections.abc import Mapping
@@ -60,7 +65,7 @@ from typing import Any, Self
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Tracer
-from pydantic import AliasChoices, Field, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from podcost.runtime.clock import Clock, WallClock
@@ -89,7 +94,7 @@ from podcost_core.model import DELETION_COST_ANNOTATION, Pod
 from podcost_core.policy import PolicyError, load_policy_file
 from podcost_kube.client import Kube
 from podcost_kube.debounce import Debouncer, Emission
-from podcost_kube.informer import NAMESPACE, SERVICE_BACKOFF, WORKLOAD_RESOURCES, Informer
+from podcost_kube.informer import NAMESPACE, SERVICE_BACKOFF, WORKLOAD_RESOURCES, Informers
 from podcost_kube.leader import LeaderElector, check_timing
 from podcost_kube.podcache import PodCache
 from podcost_kube.store import Change, Store
@@ -104,6 +109,9 @@ from podcost_kube.workloads import (
 
 log = logging.getLogger("podcost.watcher")
 
+#: A namespace name (RFC 1123 label), as ``PODCOST_WATCHER_NAMESPACE`` lists them.
+DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
 VERSION_SPAN = 10**6
 #: Snapshots queued on the bus and not yet acknowledged before publishing waits for the oldest.
 MAX_IN_FLIGHT = 256
@@ -112,7 +120,8 @@ MAX_IN_FLIGHT = 256
 class WatcherSettings(BaseSettings):
     """Watcher settings; environment variables ``PODCOST_WATCHER_*``:
 
-    - ``PODCOST_WATCHER_NAMESPACE``: watch one namespace only [all namespaces]
+    - ``PODCOST_WATCHER_NAMESPACE``: watch these namespaces only, ``ns[,ns]``; each is listed
+      and watched on its own, so a Role in each is all the RBAC it needs [all namespaces]
     - ``PODCOST_WATCHER_NAMESPACE_SELECTOR``: opt in every workload of the namespaces whose
       labels match, ``key=value[,key=value]`` [none]
     - ``PODCOST_WATCHER_DEFAULT_ENABLED``: opt in workloads that say nothing [false]
@@ -130,11 +139,14 @@ class WatcherSettings(BaseSettings):
     - ``PODCOST_WATCHER_LEADER_IDENTITY``, else ``POD_NAME``: this replica's name in the Lease;
       unique per replica [hostname_pid]
     - ``PODCOST_WATCHER_LEASE_DURATION_SECONDS``: how long the others wait for a leader that
-      stopped renewing before they take over (whole seconds, rounded up) [15]
+      stopped renewing before they take over (whole seconds, rounded up) [10]
     - ``PODCOST_WATCHER_RENEW_DEADLINE_SECONDS``: a leader that could not renew for this long
-      stops publishing; less than the lease duration [10]
+      stops publishing; less than the lease duration [7]
     - ``PODCOST_WATCHER_RETRY_PERIOD_SECONDS``: how often the leader renews and the others try
-      [2]
+      [1]. Shorter than client-go's 15/10/2, so that a standby has taken over within 15 s of a
+      leader's crash even in the worst case: the lease, plus up to 2.2 retry periods until the
+      standby first sees the last renewal, plus up to 2.2 until its next try (14.4 s); measured
+      in ``tests/e2e/test_watcher_failover.py``. The cost is a Lease write per second.
     - ``PODCOST_WATCHER_UNREADY_AFTER_SECONDS``: how long the API server may fail every list and
       watch before the watcher reports not ready (it goes on retrying) [10]
     """
@@ -169,9 +181,9 @@ class WatcherSettings(BaseSettings):
             "PODCOST_WATCHER_LEADER_IDENTITY", "POD_NAME", "leader_identity"
         ),
     )
-    lease_duration_seconds: float = Field(default=15.0, gt=0)
-    renew_deadline_seconds: float = Field(default=10.0, gt=0)
-    retry_period_seconds: float = Field(default=2.0, gt=0)
+    lease_duration_seconds: float = Field(default=10.0, gt=0)
+    renew_deadline_seconds: float = Field(default=7.0, gt=0)
+    retry_period_seconds: float = Field(default=1.0, gt=0)
     unready_after_seconds: float = Field(default=10.0, gt=0)
 
     @model_validator(mode="after")
@@ -187,6 +199,23 @@ class WatcherSettings(BaseSettings):
             ),
         )
         return self
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_list(cls, value: str | None) -> str | None:
+        names = [name.strip() for name in (value or "").split(",")]
+        if value is None or names == [""]:
+            return None
+        for name in names:
+            if not DNS_LABEL.fullmatch(name):
+                raise ValueError(f"{name!r} is not a namespace name (a DNS label)")
+        if len(set(names)) != len(names):
+            raise ValueError(f"a namespace is listed twice in {value!r}")
+        return ",".join(names)
+
+    def namespaces(self) -> tuple[str, ...] | None:
+        """The namespaces watched, ``None`` for all of them."""
+        return tuple(self.namespace.split(",")) if self.namespace else None
 
     def identity(self) -> str:
         """This replica's name in the Lease: the setting, else ``hostname_pid``."""
@@ -280,6 +309,11 @@ class WatcherService:
             return None
         return dict(self._pass)
 
+    def _floor(self) -> float:
+        """The least stamp this watcher may give a snapshot: after a takeover, later than every
+        stamp of the leader before it, whatever the two clocks say (``LeaderElector.floor``)."""
+        return 0.0 if self.elector is None else self.elector.floor
+
     def leading(self) -> bool:
         """Whether this watcher publishes: always without leader election, else while it leads."""
         return self.elector is None or self.elector.is_leader
@@ -319,15 +353,16 @@ class WatcherService:
         resources = WORKLOAD_RESOURCES
         if self.rules.namespace_selector is not None:
             resources = (*resources, NAMESPACE)
-        informer = Informer(
+        informer = Informers(
             self.kube,
             resources,
-            namespace=self.settings.namespace,
+            namespaces=self.settings.namespaces(),
             store=self.store,
             handlers=(self._on_change,),
             backoff=SERVICE_BACKOFF,
         )
-        await self.bus.ensure_topics(self.topics.shared())
+        # Only what it writes: on a broker with ACLs it may not even see the ranks topic.
+        await self.bus.ensure_topics([self.topics.workloads, self.topics.deadletter])
         async with informer:
             await informer.wait_synced()
             self._ready = True
@@ -374,7 +409,7 @@ class WatcherService:
         if not pending:
             log.info("first pass published: %d workloads", len(self._pass))
 
-    async def _watch_outage(self, informer: Informer) -> None:
+    async def _watch_outage(self, informer: Informers) -> None:
         """Flip readiness when the informer's requests have failed for too long, and back."""
         limit = self.settings.unready_after_seconds
         while True:
@@ -403,7 +438,7 @@ class WatcherService:
         """Publish the snapshot of one emitted workload; ``False`` when there is nothing to say
         (gone, opted out, invalid policy, unreadable objects; each logged)."""
         key = emission.key
-        changed_at = self._change_seen_at.pop(key, emission.first_touch)
+        changed_at = max(self._change_seen_at.pop(key, emission.first_touch), self._floor())
         policy = workload_policy(self.store, key, self.rules)
         version = self.incarnation * VERSION_SPAN + emission.version
         if not policy.enabled:

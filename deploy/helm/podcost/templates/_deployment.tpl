@@ -139,13 +139,23 @@ spec:
               value: {{ printf "%s/policy.json" (include "podcost.policyDir" $root) | quote }}
             {{- end }}
             {{- if $kafka }}
-            {{- include "podcost.kafkaEnv" (dict "Values" $v "component" $component) | trim | nindent 12 }}
+            {{- include "podcost.kafkaEnv" (dict "Values" $v "component" $component "role" $role) | trim | nindent 12 }}
             {{- end }}
             {{- if $watches }}
             {{- include "podcost.watcherEnv" $root | trim | nindent 12 }}
             {{- end }}
             {{- if $annotates }}
             {{- include "podcost.annotatorEnv" $root | trim | nindent 12 }}
+            {{- with $v.http.explainTokenSecret }}
+            {{- if .name }}
+            # /explain answers only this bearer token; /healthz, /readyz, /metrics stay open.
+            - name: PODCOST_EXPLAIN_TOKEN
+              valueFrom:
+                secretKeyRef:
+                  name: {{ .name }}
+                  key: {{ .key }}
+            {{- end }}
+            {{- end }}
             {{- end }}
             {{- if $aggregates }}
             {{- include "podcost.aggregatorEnv" $root | trim | nindent 12 }}
@@ -228,8 +238,9 @@ spec:
 {{- end -}}
 
 {{/* PODCOST_KAFKA*, PODCOST_TOPIC_*: podcost_bus.BusSettings. Secrets by reference only.
-Called with (dict "Values" .Values "component" <component>): the client id names the component
-("<kafka.clientId>-ranker-age") in the broker's logs and quotas. */}}
+Called with (dict "Values" .Values "component" <component> "role" <role>): the client id names the
+component ("<kafka.clientId>-ranker-age") in the broker's logs and quotas; the role picks the SASL
+Secret (kafka.sasl.secretNames.<role>, else kafka.sasl.secretName): one principal per component. */}}
 {{- define "podcost.kafkaEnv" -}}
 {{- $k := .Values.kafka -}}
 {{- $dir := include "podcost.kafkaTlsDir" . -}}
@@ -257,17 +268,19 @@ Called with (dict "Values" .Values "component" <component>): the client id names
       key: {{ $k.tls.keyPasswordSecret.key }}
 {{- end }}
 {{- if $k.sasl.mechanism }}
+{{- $secret := index $k.sasl.secretNames .role | default $k.sasl.secretName }}
+{{- $secret = required (printf "kafka.sasl.mechanism is set: kafka.sasl.secretNames.%s or kafka.sasl.secretName must name the %s's Secret" .role .role) $secret }}
 - name: PODCOST_KAFKA_SASL_MECHANISM
   value: {{ $k.sasl.mechanism | quote }}
 - name: PODCOST_KAFKA_SASL_USERNAME
   valueFrom:
     secretKeyRef:
-      name: {{ $k.sasl.secretName }}
+      name: {{ $secret }}
       key: {{ $k.sasl.usernameKey }}
 - name: PODCOST_KAFKA_SASL_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ $k.sasl.secretName }}
+      name: {{ $secret }}
       key: {{ $k.sasl.passwordKey }}
 {{- end }}
 - name: PODCOST_KAFKA_COMPRESSION

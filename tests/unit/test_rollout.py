@@ -1,0 +1,116 @@
+"""The deployment controller's proportional scaling of a Deployment mid-rollout
+(``podcost_core.rollout``): worked examples read off sync.go and deployment_util.go, and the
+bounds it keeps for any sizes. The real controller's agreement is in
+``tests/integration/test_rollout_differential.py``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from podcost_core.convert import load_objects, snapshot_for_workload
+from podcost_core.rollout import Rollout, RolloutReplicaSet, max_surge, rollout_for, scaled_sizes
+from podcost_core.simulate import simulate
+
+DATA = Path(__file__).parent / "data"
+
+
+def rs(name: str, replicas: int, created: float, **extra: Any) -> RolloutReplicaSet:
+    return RolloutReplicaSet(name, replicas, created=created, **extra)
+
+
+def test_a_scale_in_mid_rollout_is_split_in_proportion_to_the_sizes() -> None:
+    # 10 old + 2 new (surge 2, stuck), Deployment 10 → 5: allowed 5 + 2 = 7, to remove 5.
+    rollout = Rollout(
+        (rs("old", 10, 1.0, max_replicas=12), rs("new", 2, 2.0, max_replicas=12)),
+        new="new", max_surge=2, max_unavailable=0,
+    )  # fmt: skip
+    # old: round(10 * 7 / 12) - 10 = -4; new: round(2 * 7 / 12) - 2 = -1.
+    assert scaled_sizes(rollout, 5) == {"old": 6, "new": 1}
+    # 10 → 8: allowed 10, to remove 2, all of it from the larger one.
+    assert scaled_sizes(rollout, 8) == {"old": 8, "new": 2}
+
+
+def test_equal_sizes_scale_in_the_older_first_and_it_takes_what_rounding_leaves() -> None:
+    rollout = Rollout(
+        (rs("b", 3, 2.0, max_replicas=7), rs("a", 3, 1.0, max_replicas=7)),
+        new="b", max_surge=1, max_unavailable=0,
+    )  # fmt: skip
+    # allowed 4 + 1 = 5, to remove 1: a (older) first: round(3 * 5 / 7) - 3 = -1.
+    assert scaled_sizes(rollout, 4) == {"a": 2, "b": 3}
+
+
+def test_without_the_max_replicas_annotation_the_status_replicas_stand_in() -> None:
+    rollout = Rollout(
+        (rs("old", 6, 1.0), rs("new", 2, 2.0)),
+        new="new", max_surge="25%", status_replicas=8,
+    )  # fmt: skip
+    assert max_surge(rollout, 4) == 1  # 25 % of 4, rounded up
+    # allowed 5, to remove 3: old round(6 * 5 / 8) - 6 = -2, new round(2 * 5 / 8) - 2 = -1.
+    assert scaled_sizes(rollout, 4) == {"old": 4, "new": 1}
+
+
+def test_one_replicaset_holding_replicas_takes_them_all_and_zero_empties_every_one() -> None:
+    rollout = Rollout((rs("old", 0, 1.0), rs("new", 5, 2.0)), new="new")
+    assert scaled_sizes(rollout, 3) == {"old": 0, "new": 3}
+    both = Rollout((rs("old", 4, 1.0, max_replicas=6), rs("new", 1, 2.0, max_replicas=6)),
+                   new="new")  # fmt: skip
+    assert scaled_sizes(both, 0) == {"old": 0, "new": 0}
+
+
+def test_a_saturated_new_replicaset_keeps_its_size_and_the_old_ones_go_to_zero() -> None:
+    rollout = Rollout(
+        (rs("old", 2, 1.0), rs("new", 4, 2.0, desired_replicas="4", available=4)), new="new"
+    )
+    assert scaled_sizes(rollout, 4) == {"old": 0, "new": 4}
+
+
+def test_a_recreate_deployment_is_not_split() -> None:
+    rollout = Rollout((rs("old", 3, 1.0), rs("new", 2, 2.0)), new="new", rolling=False)
+    assert scaled_sizes(rollout, 2) == {"old": 3, "new": 2}
+
+
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=2, max_size=5),
+    headroom=st.integers(0, 20),
+    surge=st.one_of(st.integers(0, 5), st.sampled_from(["0%", "25%", "50%", "100%"])),
+    target=st.integers(0, 60),
+)
+def test_a_scale_in_never_grows_a_replicaset_or_drives_one_below_zero(
+    sizes: list[int], headroom: int, surge: int | str, target: int
+) -> None:
+    # As the controller leaves them: every ReplicaSet annotated with the size it was scaled for
+    # (the Deployment's replicas plus surge then), at least what they hold together.
+    before = sum(sizes) + headroom
+    sets = tuple(rs(f"rs-{i}", size, float(i), max_replicas=before) for i, size in enumerate(sizes))
+    rollout = Rollout(sets, new=sets[-1].name, max_surge=surge)
+    after = scaled_sizes(rollout, target)
+    assert all(size >= 0 for size in after.values())
+    allowed = target + max_surge(rollout, target) if target else 0
+    if len([s for s in sizes if s > 0]) > 1 and allowed < sum(sizes):
+        assert all(after[s.name] <= s.replicas for s in sets)
+        assert sum(after.values()) >= allowed
+
+
+def test_simulate_splits_a_scale_in_of_a_deployment_mid_rollout() -> None:
+    dump: dict[str, Any] = json.loads((DATA / "shop-dump.json").read_text())
+    objects = load_objects(dump)
+    snapshot = snapshot_for_workload(objects, "shop", "api")
+    rollout = rollout_for(objects, snapshot)
+    assert rollout is not None
+    assert rollout.holding() == ["api-new", "api-old"]
+    # 3 → 1 (surge 1): allowed 2, one to remove, from the larger api-new.
+    result = simulate(snapshot, 1, snapshot.taken_at, policy=None, rollout=rollout)
+    assert result.replicasets == {"api-new": (2, 1)}
+    assert [pod.replicaset for pod in result.victims] == ["api-new"]
+    assert result.rollout_goes_on
+    assert result.to_json()["replicasets"] == {"api-new": {"before": 2, "after": 1}}
+    # 3 → 2 (surge 1): allowed 3 = what they hold: the scale event itself deletes nothing.
+    unchanged = simulate(snapshot, 2, snapshot.taken_at, policy=None, rollout=rollout)
+    assert unchanged.victims == ()
+    assert unchanged.replicasets == {}
+    assert unchanged.rollout_goes_on
