@@ -17,7 +17,7 @@ by a Deployment carries the Deployment's annotations, but the Deployment is the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -216,8 +216,8 @@ def _without_noise(obj: Mapping[str, Any], *, drop_cost: bool = False) -> dict[s
     return {**obj, "metadata": meta}
 
 
-def _cost_owner(obj: Mapping[str, Any]) -> CostOwner:
-    return cost_owner(cast(ObjectMetaJSON, _meta(obj)))
+def _cost_owner(obj: Mapping[str, Any], adopt: Collection[str] = ()) -> CostOwner:
+    return cost_owner(cast(ObjectMetaJSON, _meta(obj)), adopt)
 
 
 def is_own_cost_write(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
@@ -271,6 +271,7 @@ def pod_change_matters(
     new: Mapping[str, Any] | None,
     *,
     convert: Callable[[Mapping[str, Any]], Pod] = pod_from_json,
+    adopt: Collection[str] = (),
 ) -> bool:
     """Whether a pod update changes anything a snapshot shows of the pod.
 
@@ -278,14 +279,15 @@ def pod_change_matters(
     differs (a status heartbeat, an IP or a container state that nothing ranks on does not).
     Status-only updates, the most frequent kind, are decided on the few status fields the
     converter reads, without converting. ``convert`` is ``pod_from_json`` or a cache of it (the
-    watcher's ``PodCache``, which then holds the new version for the snapshot that follows).
+    watcher's ``PodCache``, which then holds the new version for the snapshot that follows);
+    ``adopt`` the field managers whose costs count as podcost's own, as ``convert`` reads them.
     """
     if old is None or new is None:
         return True
     quiet_old, quiet_new = _without_noise(old), _without_noise(new)
     if quiet_old == quiet_new:
         # Only the noise differs; managedFields still say who owns the cost.
-        return _cost_owner(old) is not _cost_owner(new)
+        return _cost_owner(old, adopt) is not _cost_owner(new, adopt)
     if _status_only(quiet_old, quiet_new):
         return _pod_status_view(old) != _pod_status_view(new)
     try:
@@ -326,6 +328,7 @@ def touched_by(
     store: Store,
     *,
     convert_pod: Callable[[Mapping[str, Any]], Pod] = pod_from_json,
+    adopt: Collection[str] = (),
 ) -> frozenset[WorkloadKey]:
     """The workloads whose snapshot ``change`` alters; empty for changes that alter none.
 
@@ -335,13 +338,14 @@ def touched_by(
     (the namespace selector's input) every workload in it. Node requests are not propagated: a
     pod added to a node does not re-publish the other workloads on that node; their snapshots
     show the new sum the next time they change themselves. ``convert_pod`` is what
-    :func:`pod_change_matters` converts with.
+    :func:`pod_change_matters` converts with, ``adopt`` the managers it counts as podcost.
     """
     old, new = change.old, change.new
     match change.kind:
         case "Pod":
             if change.type is ChangeType.MODIFIED and (
-                is_own_cost_write(old, new) or not pod_change_matters(old, new, convert=convert_pod)
+                is_own_cost_write(old, new)
+                or not pod_change_matters(old, new, convert=convert_pod, adopt=adopt)
             ):
                 return frozenset()
             found: set[WorkloadKey] = set()

@@ -6,8 +6,9 @@ real helm and created with the admin credentials; every request below is then ma
 the TokenRequest API issued for the service account, and nothing else. What the services call
 is allowed: the informer's list and watch of pods, nodes, ReplicaSets and Deployments (the
 watcher's, and the annotator's own view of pods, ReplicaSets and Deployments it verifies
-decisions against), the annotator's read and compare-and-swap patch of the deletion cost, the
-leader election's Lease.
+decisions against), the annotator's read and compare-and-swap patch of the deletion cost,
+``podcost cleanup``'s list and guarded removal of it (the uninstall hook), the leader
+election's Lease.
 Anything else is refused: by RBAC (delete or create a pod, secrets, nodes, subresources, events)
 or, for a patch RBAC must allow, by the admission policy (labels, other annotations, spec, owner
 references, finalizers; a cost outside podcost's band; a cost on a pod no ReplicaSet controls).
@@ -39,7 +40,9 @@ from tests.support.kube import COST_ANNOTATION, KubeTestCluster
 from tests.support.least_privilege import ServiceAccount, install, one, render
 from tests.support.tools import require_helm
 
+from podcost.annotator.cleanup import Outcome, clean_up
 from podcost.annotator.plan import Scope
+from podcost.annotator.settings import AnnotatorSettings
 from podcost.annotator.view import InformerView
 from podcost_core.labels import DEFAULT_BAND, INT32_MAX, INT32_MIN
 from podcost_kube.client import Kube, KubeError
@@ -247,6 +250,20 @@ async def _done_or(task: asyncio.Task[None], synced: Callable[[], bool]) -> bool
         task.result()  # the view's informer failed (403 ...): raise why
         raise AssertionError("the view stopped by itself")
     return synced()
+
+
+async def test_podcost_cleanup_as_the_account_removes_its_cost_and_nothing_else(
+    installed: Installed, kube: KubeTestCluster
+) -> None:
+    # What the chart's uninstall hook does, with nothing but the account's token.
+    pods = Kube(installed.api)
+    await pods.patch_deletion_cost(installed.namespace, installed.pod, 10)  # podcost's own
+    report = await clean_up(pods, AnnotatorSettings(), namespace=installed.namespace)
+    assert report.outcomes == {Outcome.REMOVED: 1}
+    annotations = await _annotations(kube, installed)
+    assert COST_ANNOTATION not in annotations
+    assert annotations["team"] == "checkout"
+    await pods.patch_deletion_cost(installed.namespace, installed.pod, 10)
 
 
 async def test_the_informer_lists_and_watches_every_workload_resource_cluster_wide(

@@ -39,9 +39,11 @@ from podcost_contracts.messages import (
     TRACEPARENT,
     DeadLetter,
     DesiredCostsMessage,
+    ReleaseCostsMessage,
     StrategyRanksMessage,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
+    decode_costs_record,
 )
 from podcost_core.aggregate import WorkloadState
 from podcost_core.model import PodUID, Snapshot
@@ -97,9 +99,9 @@ class World:
         )
         await publish_message(self.bus, TOPICS.workloads, message, trace=trace)
 
-    async def gone(self, version: int, emitted_at: float) -> None:
+    async def gone(self, version: int, emitted_at: float, reason: str = "deleted") -> None:
         message = WorkloadGoneMessage(
-            key=SNAPSHOT.workload.key, version=version, reason="deleted", emitted_at=emitted_at
+            key=SNAPSHOT.workload.key, version=version, reason=reason, emitted_at=emitted_at
         )
         await publish_message(self.bus, TOPICS.workloads, message)
 
@@ -472,3 +474,26 @@ async def test_a_workload_gone_is_skipped_by_the_rankers_and_forgotten_by_the_ag
         await costs.nothing_more(0.2)
         await dead.nothing_more(0.2)
     assert counted(cap, "podcost_snapshots_ranked_total", strategy=CAP) == 1
+
+
+async def test_a_workload_that_opted_out_gets_a_release_of_its_pods_costs_a_deleted_one_not(
+    world: World,
+) -> None:
+    combiner = world.aggregator()
+    async with (
+        running(world.ranker(CAP), world.ranker(AGE), combiner),
+        Reader(world.bus, COSTS, DesiredCostsMessage, decoder=decode_costs_record) as costs,
+    ):
+        await world.publish()
+        [decision] = await costs.take(1)
+        assert isinstance(decision, DesiredCostsMessage)
+        await world.gone(version=SNAPSHOT.version + 1, emitted_at=START + 1, reason="opted out")
+        [release] = await costs.take(1)
+        assert isinstance(release, ReleaseCostsMessage)
+        assert (release.key, release.version, release.reason) == (
+            SNAPSHOT.workload.key, SNAPSHOT.version + 1, "opted out",
+        )  # fmt: skip
+        assert {pod.uid for pod in release.pods} == {pod.uid for pod in SNAPSHOT.pods}
+        # Forgotten now: a second word that it is gone has no snapshot to release.
+        await world.gone(version=SNAPSHOT.version + 2, emitted_at=START + 2, reason="opted out")
+        await costs.nothing_more(0.2)

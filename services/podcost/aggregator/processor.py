@@ -9,7 +9,9 @@ topic with the reason; apply the transition; ask whether a decision is due and, 
 desired costs for the costs topic of the workload's cluster (created on first use), in a
 ``podcost.combine`` span, child of the snapshot's trace, with the span's context in the record
 headers. A ``WorkloadGoneMessage`` on the workloads topic drops the key's state instead (the
-transport forgets it), so states do not pile up.
+transport forgets it), so states do not pile up; unless the workload was deleted, it also
+queues a ``ReleaseCostsMessage`` naming the pods of its latest snapshot for the costs topic, so
+the annotator removes the costs podcost wrote on them.
 
 Records come in batches (``podcost_bus.keyed``): :meth:`AggregationProcessor.on_record` only
 decides and queues what to publish; :meth:`AggregationProcessor.flush`, once per batch, sends
@@ -53,11 +55,14 @@ from podcost_bus import Bus, BusError, Delivery, Record
 from podcost_bus.keyed import DROP, Drop
 from podcost_bus.messaging import dead_letter_of
 from podcost_contracts.messages import (
+    GONE_DELETED,
     DecodeError,
     DesiredCostsMessage,
     Encoded,
     EncodeError,
     PodCost,
+    PodRef,
+    ReleaseCostsMessage,
     StrategyRanksMessage,
     StrategyTerm,
     WorkloadGoneMessage,
@@ -80,6 +85,7 @@ from podcost_core.aggregate import (
     dump_parts,
     load_parts,
 )
+from podcost_core.model import Snapshot
 from podcost_core.policy import PolicyError
 
 log = logging.getLogger("podcost.aggregator")
@@ -200,6 +206,8 @@ class _Outgoing:
     """The decision's span, ended once the costs are acknowledged or refused."""
     reason: str = ""
     """A dead letter's reason."""
+    release: ReleaseCostsMessage | None = None
+    """A release of a workload no longer ranked (a costs record that is no decision)."""
     error: BusError | None = None
     """Why sending it failed at once (``bus.send`` itself raised)."""
 
@@ -294,7 +302,33 @@ class AggregationProcessor:
                                          version=message.version)
         )  # fmt: skip
         log.debug("%s gone (%s): %s", message.key, message.reason, outcome)
+        latest = state.latest if state is not None else None
+        # A deleted workload's pods go with it: only one that opted out keeps costs to remove.
+        if outcome is Outcome.ACCEPTED and latest is not None and message.reason != GONE_DELETED:
+            self._queue_release(message, latest.snapshot)
         return DROP if outcome is Outcome.ACCEPTED and state is not None else None
+
+    def _queue_release(self, message: WorkloadGoneMessage, snapshot: Snapshot) -> None:
+        """Tell the annotator to remove podcost's costs from the pods of a workload that opted
+        out (or whose policy became invalid): every pod of its latest snapshot, whatever cost
+        it showed then (podcost's own writes come after the snapshot that caused them, and the
+        watcher ignores them); the annotator reads each pod and decides."""
+        pods = tuple(
+            PodRef(namespace=pod.namespace, name=pod.name, uid=pod.uid) for pod in snapshot.pods
+        )
+        if not pods:
+            return
+        release = ReleaseCostsMessage(
+            key=message.key, version=message.version, pods=pods, reason=message.reason,
+            emitted_at=self.clock.now(), changed_at=message.changed_at,
+        )  # fmt: skip
+        try:
+            encoded = encode(release)
+        except EncodeError as error:
+            log.error("%s: the release of its costs cannot be encoded: %s", message.key, error)
+            return
+        topic = self._costs_topic(message.key)
+        self._queue.append(_Outgoing(topic, encoded, None, release=release))
 
     def on_tick(self, key: bytes | None, state: WorkloadState) -> WorkloadState | None:
         new = self._decide(state, self.clock.now(), time.time_ns(), None)
@@ -410,7 +444,8 @@ class AggregationProcessor:
         return self.topics.costs_for(WorkloadKey.parse(key).cluster)
 
     async def _ensure_costs_topics(self, queued: list[_Outgoing]) -> None:
-        for topic in {item.topic for item in queued if item.decision is not None}:
+        costs = [item for item in queued if item.decision is not None or item.release is not None]
+        for topic in {item.topic for item in costs}:
             if topic in self._costs_topics:
                 continue
 
@@ -461,6 +496,11 @@ class AggregationProcessor:
             self.metrics.produced.labels(self.topics.costs).inc()  # one series for every cluster
             if item.span is not None:
                 item.span.end()
+        elif item.release is not None:
+            self.metrics.produced.labels(self.topics.costs).inc()
+            log.info("%s is no longer ranked (%s): asked the annotator to remove its %d "
+                     "pods' costs", item.release.key, item.release.reason,
+                     len(item.release.pods))  # fmt: skip
         else:
             record = item.record
             assert record is not None  # a dead letter is always of a record
@@ -476,6 +516,10 @@ class AggregationProcessor:
         """The bus will never take ``item``: a decision's record is dead-lettered instead; a
         dead letter that cannot be published stops the transport."""
         decision = item.decision
+        if item.release is not None:
+            log.error("%s: the release of its costs cannot be published: %s", item.release.key,
+                      error)  # fmt: skip
+            return
         if decision is None:
             raise error
         if item.span is not None:

@@ -29,7 +29,7 @@ uncommitted until its own write is done, so a crash replays the newer value, nev
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar, cast
@@ -116,14 +116,15 @@ class PodState:
         return None if self.value is None else deletion_cost_error(self.value)
 
 
-def pod_state(raw: Mapping[str, Any]) -> PodState:
-    """The :class:`PodState` of a pod's JSON (as ``Kube.read_pod`` returns it)."""
+def pod_state(raw: Mapping[str, Any], adopt: Collection[str] = ()) -> PodState:
+    """The :class:`PodState` of a pod's JSON (as ``Kube.read_pod`` returns it); a cost set by a
+    field manager in ``adopt`` counts as podcost's own, to rewrite."""
     meta = raw.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     return PodState(
         uid=str(meta.get("uid", "")),
         value=annotations.get(DELETION_COST_ANNOTATION),
-        owner=cost_owner(cast(ObjectMetaJSON, meta)),
+        owner=cost_owner(cast(ObjectMetaJSON, meta), adopt),
         deleting=meta.get("deletionTimestamp") is not None,
     )
 
@@ -253,6 +254,9 @@ class Want(Generic[T]):
     previous: int | None
     """The cost the snapshot saw on the pod (``None``: none, or an invalid one)."""
     origin: T
+    remove: bool = False
+    """Remove the cost podcost wrote instead (its workload is no longer ranked); ``cost`` is
+    then unused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,7 +315,7 @@ class WriteQueue(Generic[T]):
             settled.append(Settled(slot.queued, Result.SUPERSEDED))
             slot.queued = None
             self._queued -= 1
-        if slot.running is None and want.previous == want.cost:
+        if slot.running is None and not want.remove and want.previous == want.cost:
             # The snapshot saw this very cost on the pod and nothing of ours is in flight that
             # could change it: no request at all. A change by someone else since then makes the
             # watcher publish a new snapshot, and the aggregator a new decision.

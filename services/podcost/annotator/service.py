@@ -55,6 +55,12 @@ pod's uid: nothing is ever written blind. Owners the view does not show yet (a b
 ReplicaSet) may be ones it has not seen yet: the write waits for the view, polling it, until
 ``view_grace`` seconds after the decision was published, then is refused.
 
+Releases (``ReleaseCostsMessage``, for a workload that opted out): one removal per pod,
+queued, paced and retried like a write and ordered with the workload's decisions by the same
+guard; each reads the pod and removes the cost only where podcost's own field manager alone
+owns it, with a PATCH that tests the value (``Kube.remove_deletion_cost_if_unchanged``), so a
+cost someone set stays.
+
 Offsets are committed only after the writes (at least once): a restart re-reads what was not
 committed, and re-reading finds the costs already written, so nothing is written twice.
 """
@@ -68,7 +74,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from fastapi import APIRouter
 from opentelemetry import trace
@@ -132,8 +138,13 @@ from podcost_bus import (
     open_bus,
 )
 from podcost_bus.messaging import decode_or_dead_letter
-from podcost_contracts.messages import DesiredCostsMessage
-from podcost_core.model import PodUID
+from podcost_contracts.messages import (
+    DesiredCostsMessage,
+    ReleaseCostsMessage,
+    decode_costs_record,
+)
+from podcost_core.convert import ObjectMetaJSON, own_cost
+from podcost_core.model import DELETION_COST_ANNOTATION, PodUID
 from podcost_kube.client import CostChanged, Kube, KubeError, PodGone, connect
 
 log = logging.getLogger("podcost.annotator")
@@ -164,6 +175,13 @@ class PodAPI(Protocol):
     ) -> Mapping[str, Any]:
         """Write the cost as podcost's field manager, only if the pod and its cost are still as
         in ``seen`` (else ``CostChanged``, nothing written)."""
+        ...
+
+    async def remove_deletion_cost_if_unchanged(
+        self, namespace: str, pod: str, *, seen: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        """Remove the cost, only if the pod and its cost are still as in ``seen`` (else
+        ``CostChanged``, nothing removed)."""
         ...
 
 
@@ -387,7 +405,7 @@ class AnnotatorService:
         topics = self.bus_settings.topics
         message = await retry_transient(
             lambda: decode_or_dead_letter(
-                self.bus, record, DesiredCostsMessage, topic=topics.deadletter, group=self.group
+                self.bus, record, decode_costs_record, topic=topics.deadletter, group=self.group
             ),
             what=f"dead-lettering {record.topic}@{record.partition}:{record.offset}",
             sleep=self._clock.sleep,
@@ -404,7 +422,12 @@ class AnnotatorService:
                 "ignoring %s on %s: not cluster %s", message.key, record.topic,
                 self.settings.cluster,
             )  # fmt: skip
-            self._nothing_to_write(record, message)
+            self._nothing_to_write(
+                record, message if isinstance(message, DesiredCostsMessage) else None
+            )
+            return
+        if isinstance(message, ReleaseCostsMessage):
+            self._release(record, message)
             return
         decided = Decided(message.version, message.changed_at, message.complete)
         freshness = self.guard.admit(message.key, decided)
@@ -476,6 +499,32 @@ class AnnotatorService:
         if refused is None or refused.reason.may_catch_up or refused.reason is Refusal.UNKNOWN_POD:
             return None
         return refused
+
+    def _release(self, record: Record, message: ReleaseCostsMessage) -> None:
+        """Queue the removal of podcost's costs from the pods of a workload no longer ranked;
+        ordered with the workload's decisions (an older release is stale, a newer decision,
+        should it opt in again, supersedes it)."""
+        decided = Decided(message.version, message.changed_at, complete=True)
+        freshness = self.guard.admit(message.key, decided)
+        self.metrics.consumed.labels(record.topic, "ok" if freshness is Freshness.NEW
+                                     else freshness.value).inc()  # fmt: skip
+        if freshness is not Freshness.NEW and self._done.get(message.key, -1) >= message.version:
+            self._nothing_to_write(record, None)
+            return
+        log.info("%s is no longer ranked (%s): removing podcost's costs from its %d pods",
+                 message.key, message.reason, len(message.pods))  # fmt: skip
+        batch = _Batch(record, None, None)
+        self._open.add(batch)
+        ticket = self._ledger.open(record.tp, record.offset, len(message.pods), batch)
+        if not message.pods:
+            self._finish(batch)
+        for pod in message.pods:
+            want = Want(pod.uid, pod.namespace, pod.name, 0, None, ticket, remove=True)
+            offer = self._writes.offer(want)
+            for settled in offer.settled:
+                self._settle(settled.want, settled.result)
+            if offer.ready:
+                self._ready.put_nowait(pod.uid)
 
     def _nothing_to_write(self, record: Record, message: DesiredCostsMessage | None) -> None:
         batch = _Batch(record, message, None)
@@ -619,9 +668,37 @@ class AnnotatorService:
                 await self._clock.sleep(delay)
                 attempt += 1
 
+    async def _remove(self, kube: PodAPI, want: Want[Ticket[_Batch]]) -> Result:
+        """Remove the cost podcost wrote on one pod of a workload no longer ranked: only when
+        podcost's own field manager alone owns it, with a PATCH that tests the value first."""
+        pod = f"{want.namespace}/{want.name}"
+        seen = await self._request(lambda: kube.read_pod(want.namespace, want.name))
+        meta = seen.get("metadata") or {}
+        if meta.get("uid") != want.uid or meta.get("deletionTimestamp") is not None:
+            return Result.GONE
+        if (meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION) is None:
+            return Result.UNCHANGED
+        value = own_cost(cast(ObjectMetaJSON, meta))
+        if value is None:
+            log.info("pod %s carries a cost podcost did not write: left as it is", pod,
+                     extra={"pod": pod, "result": Result.FOREIGN.value})  # fmt: skip
+            return Result.FOREIGN
+        if self.dry_run:
+            log.info("dry run: would remove pod %s's cost %s", pod, value,
+                     extra={"pod": pod, "result": Result.DRY_RUN.value})  # fmt: skip
+            return Result.DRY_RUN
+        await self._request(
+            lambda: kube.remove_deletion_cost_if_unchanged(want.namespace, want.name, seen=seen)
+        )
+        log.info("removed pod %s's cost %s: its workload is no longer ranked", pod, value,
+                 extra={"pod": pod, "result": Result.OK.value})  # fmt: skip
+        return Result.OK
+
     async def _attempt(self, kube: PodAPI, want: Want[Ticket[_Batch]]) -> Result:
         """One write, verified (see the module docstring); waits while the view may still show
-        the pod's owners, within ``view_grace``."""
+        the pod's owners, within ``view_grace``. A release's removal is ``_remove``."""
+        if want.remove:
+            return await self._remove(kube, want)
         message = want.origin.item.message
         assert message is not None, "only decoded decisions queue writes"
         view = self.view
@@ -686,7 +763,7 @@ class AnnotatorService:
         # Backed by the view, or a pod the view does not show (gone before it started, or too
         # new for it): the read says which, and what it returns is verified again below.
         seen = await self._request(lambda: kube.read_pod(want.namespace, want.name))
-        state = pod_state(seen)
+        state = pod_state(seen, self.settings.adopted)
         verdict = decide(
             want.cost, want.uid, state, overwrite_foreign=self.config.overwrite_foreign
         )

@@ -131,6 +131,10 @@ spec:
               value: {{ $v.log.level | quote }}
             - name: PODCOST_LOG_FORMAT
               value: {{ $v.log.format | quote }}
+            {{- if $kube }}
+            - name: PODCOST_ADOPT_FIELD_MANAGERS
+              value: {{ join "," $v.adoptFieldManagers | quote }}
+            {{- end }}
             {{- if $policy }}
             - name: PODCOST_POLICY_FILE
               value: {{ printf "%s/policy.json" (include "podcost.policyDir" $root) | quote }}
