@@ -50,7 +50,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kubernetes_asyncio import config
@@ -61,7 +61,6 @@ from tests.bench.bench_pipeline import (
     SAMPLE_EVERY_S,
     ZONES,
     Churn,
-    Offer,
     RemoteOffer,
     Sample,
     Step,
@@ -100,8 +99,6 @@ class Fleet:
     hosts: list[Host]
     running: Mapping[str, ServiceProcess]
     topics: Topics
-    offer: Offer = field(default_factory=Offer)
-    """The whole fleet's offer (the hosts' offers add up to it)."""
 
     @property
     def rankers(self) -> list[str]:
@@ -111,7 +108,12 @@ class Fleet:
         """Offer ``rate`` events/s to the fleet, the same share to every cluster."""
         for host in self.hosts:
             host.offer.set_rate(rate * len(host.clusters) / len(self.clusters))
-        self.offer.set_rate(rate, time.monotonic())
+
+    def offered(self) -> int:
+        """Events the churn processes were asked for so far: the sum of the hosts' offers, each
+        whole events of its own share (not the whole rate's due, which rounds the sum of the
+        shares up by as many as one event per host more than the churns ever send)."""
+        return sum(host.offer.offered() for host in self.hosts)
 
     async def probe(self) -> tuple[Sample, float, dict[str, float]]:
         """The fleet now (a ``Sample``: totals, lags per consumer), the workloads waiting in
@@ -149,7 +151,7 @@ class Fleet:
         lags["annotators"] = decisions - total("annotator_consumed")
         sample_ = Sample(
             at=time.monotonic(),
-            offered=self.offer.due(time.monotonic()),
+            offered=self.offered(),
             fed=int(total("events_fed")),
             snapshots=snapshots,
             records=snapshots + ranks + decisions,

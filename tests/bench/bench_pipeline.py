@@ -744,7 +744,7 @@ class WatchStream:
         """Ask the churn process for ``rate`` events/s from now on."""
         assert self.process.stdin is not None, "started with stdin=PIPE"
         now = time.monotonic()
-        self.process.stdin.write(f"{rate:g} {now!r}\n".encode())
+        self.process.stdin.write(f"{rate!r} {now!r}\n".encode())
         self.offer.set_rate(rate, now)
 
     def deliver(self, kind: str, line: bytes) -> None:
@@ -1007,7 +1007,7 @@ class RemoteOffer:
     def set_rate(self, rate: float) -> None:
         assert self.process.stdin is not None, "started with stdin=PIPE"
         now = time.monotonic()
-        self.process.stdin.write(f"{rate:g} {now!r}\n".encode())
+        self.process.stdin.write(f"{rate!r} {now!r}\n".encode())
         self.offer.set_rate(rate, now)
 
 
