@@ -701,18 +701,26 @@ def serve_offer(out: BinaryIO, events: Callable[[int, float], list[bytes]]) -> N
     """Write ``events(count, wall time)`` lines at the rate each line on stdin sets
     (``<events/s> <from, monotonic>``), at most 200 at once, until stdin closes. Writes block
     while the reader is behind and the offer goes on: a reader that falls behind finds the
-    events waiting, as on a watch socket."""
+    events waiting, as on a watch socket.
+
+    stdin is read from its descriptor, every line that came: ``sys.stdin.readline()`` would
+    keep a second line that arrived with the first (the process was blocked writing meanwhile)
+    in its buffer, where ``select`` does not see it, and the rate it sets would wait for the
+    next line."""
     offer = Offer()
     sent = 0
+    commands = b""
     with contextlib.suppress(BrokenPipeError):
         while True:
-            waiting, _, _ = select.select([sys.stdin], [], [], 0 if offer.rate else 0.05)
+            waiting, _, _ = select.select([0], [], [], 0 if offer.rate else 0.05)
             if waiting:
-                command = sys.stdin.readline()
-                if not command:
+                came = os.read(0, 1 << 16)
+                if not came:
                     return
-                rate, since = command.split()
-                offer.set_rate(float(rate), float(since))
+                *lines, commands = (commands + came).split(b"\n")
+                for line in lines:
+                    rate, since = line.split()
+                    offer.set_rate(float(rate), float(since))
             due = offer.due(time.monotonic()) - sent
             if due <= 0:
                 time.sleep(0.001)
