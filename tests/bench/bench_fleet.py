@@ -32,9 +32,11 @@ Method, for each N (a fresh core and fresh topics each time):
   published to the costs topics), bytes each annotator reads per second (key + value + headers
   of the records its consumer returned; values as published, before the broker's batch
   compression), and each process's CPU (``/proc/<pid>/stat`` utime + stime over the step, as
-  a share of one core) and resident memory. The annotators' lag is the fleet's: decisions
-  published minus decisions the annotators consumed (the aggregator counts its decisions per
-  costs prefix, not per cluster).
+  a share of one core) and resident memory. Each cluster's annotator has its own lag: the
+  decisions the aggregator published to that cluster's costs topic minus those the annotator
+  consumed, whatever their outcome.
+- The watchers' backlog is what the churn processes were asked for (each its own share of the
+  rate, in whole events) minus the events the agents took in.
 """
 
 from __future__ import annotations
@@ -125,7 +127,9 @@ class Fleet:
         agents = {host.name: m[host.name] for host in self.hosts}
         ranks = sum(procs.produced(m[r], topics.ranks) for r in self.rankers)
         agg = m["aggregator"]
-        decisions = procs.produced(agg, topics.costs)
+        # Per cluster: the aggregator counts its costs by each cluster's own costs topic.
+        decided = {name: procs.produced(agg, topics.costs_for(name)) for name in self.clusters}
+        decisions = sum(decided.values())
         per: dict[str, dict[str, float]] = {}
         for host in self.hosts:
             for name in host.clusters:
@@ -148,7 +152,8 @@ class Fleet:
             snapshots - procs.consumed(agg, topics.workloads)
             + ranks - procs.consumed(agg, topics.ranks)
         )  # fmt: skip
-        lags["annotators"] = decisions - total("annotator_consumed")
+        for name, values in per.items():
+            lags[f"annotator {name}"] = decided[name] - values["annotator_consumed"]
         sample_ = Sample(
             at=time.monotonic(),
             offered=self.offered(),

@@ -305,7 +305,7 @@ def probe(pipeline: Pipeline, offered: int, fed: int) -> Sample:
     snapshots = produced(pipeline.watcher.metrics, topics.workloads)
     ranks = sum(produced(r.metrics, topics.ranks) for r in pipeline.rankers)
     agg, ann = pipeline.aggregator.metrics, pipeline.annotator.metrics
-    decisions = produced(agg, topics.costs)
+    decisions = produced(agg, topics.costs_for(CLUSTER))
     lags = {r.name: snapshots - consumed(r.metrics, topics.workloads) for r in pipeline.rankers}
     lags["aggregator"] = (
         snapshots - consumed(agg, topics.workloads) + ranks - consumed(agg, topics.ranks)
@@ -1045,7 +1045,7 @@ class Processes:
         topics, watcher, agg, ann = self.topics, m["watcher"], m["aggregator"], m["annotator"]
         snapshots = procs.produced(watcher, topics.workloads)
         ranks = sum(procs.produced(m[r], topics.ranks) for r in self.rankers)
-        decisions = procs.produced(agg, topics.costs)
+        decisions = procs.produced(agg, topics.costs_for(self.cluster))
         lags = {r: snapshots - procs.consumed(m[r], topics.workloads) for r in self.rankers}
         lags["aggregator"] = (
             snapshots - procs.consumed(agg, topics.workloads)
