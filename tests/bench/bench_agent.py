@@ -49,7 +49,7 @@ from typing import Any, Self, cast
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from tests.bench.bench_pipeline import FLEET_END, CachedPods, synthetic_uid
+from tests.bench.bench_pipeline import FLEET_END, CachedPods, consumed, synthetic_uid
 
 from podcost.annotator import AnnotatorService, AnnotatorSettings
 from podcost.annotator import bootstrap as bootstrap_annotator
@@ -251,10 +251,7 @@ PER_CLUSTER: tuple[tuple[str, str, Callable[[Agent], float | None]], ...] = (
     ("podcost_bench_annotator_read_bytes", "Key + value + headers of the records the annotator "
      "read.", lambda a: a.read.total if a.annotator else None),
     ("podcost_bench_annotator_consumed", "Records of its costs topic the annotator consumed.",
-     lambda a: sum(_value(a.annotator.metrics, "podcost_messages_consumed_total",
-                          topic=a.annotator.topic, outcome=outcome)
-                   for outcome in ("ok", "dead_letter", "other_cluster"))
-     if a.annotator else None),
+     lambda a: consumed(a.annotator.metrics, a.annotator.topic) if a.annotator else None),
     ("podcost_bench_annotator_dry_runs", "Writes the annotator decided and did not make.",
      lambda a: _value(a.annotator.metrics, "podcost_patches_total", result="dry_run")
      if a.annotator else None),

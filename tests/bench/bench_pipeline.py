@@ -265,9 +265,14 @@ def produced(metrics: Metrics, topic: str) -> float:
 
 
 def consumed(metrics: Metrics, topic: str) -> float:
+    """Records of ``topic`` a service consumed, whatever their outcome (the annotator's
+    ``stale`` and ``duplicate`` too: left out, each would be a lag that never drains)."""
     return sum(
-        counter(metrics, "podcost_messages_consumed_total", topic=topic, outcome=outcome)
-        for outcome in ("ok", "dead_letter", "other_cluster")
+        sample.value
+        for family in metrics.registry.collect()
+        if family.name == "podcost_messages_consumed"
+        for sample in family.samples
+        if sample.name == "podcost_messages_consumed_total" and sample.labels["topic"] == topic
     )
 
 
@@ -308,7 +313,7 @@ def probe(pipeline: Pipeline, offered: int, fed: int) -> Sample:
     snapshots = produced(pipeline.watcher.metrics, topics.workloads)
     ranks = sum(produced(r.metrics, topics.ranks) for r in pipeline.rankers)
     agg, ann = pipeline.aggregator.metrics, pipeline.annotator.metrics
-    decisions = produced(agg, topics.costs)
+    decisions = produced(agg, topics.costs_for(CLUSTER))
     lags = {r.name: snapshots - consumed(r.metrics, topics.workloads) for r in pipeline.rankers}
     lags["aggregator"] = (
         snapshots - consumed(agg, topics.workloads) + ranks - consumed(agg, topics.ranks)
@@ -709,18 +714,26 @@ def serve_offer(out: BinaryIO, events: Callable[[int, float], list[bytes]]) -> N
     """Write ``events(count, wall time)`` lines at the rate each line on stdin sets
     (``<events/s> <from, monotonic>``), at most 200 at once, until stdin closes. Writes block
     while the reader is behind and the offer goes on: a reader that falls behind finds the
-    events waiting, as on a watch socket."""
+    events waiting, as on a watch socket.
+
+    stdin is read from its descriptor, every line that came: ``sys.stdin.readline()`` would
+    keep a second line that arrived with the first (the process was blocked writing meanwhile)
+    in its buffer, where ``select`` does not see it, and the rate it sets would wait for the
+    next line."""
     offer = Offer()
     sent = 0
+    commands = b""
     with contextlib.suppress(BrokenPipeError):
         while True:
-            waiting, _, _ = select.select([sys.stdin], [], [], 0 if offer.rate else 0.05)
+            waiting, _, _ = select.select([0], [], [], 0 if offer.rate else 0.05)
             if waiting:
-                command = sys.stdin.readline()
-                if not command:
+                came = os.read(0, 1 << 16)
+                if not came:
                     return
-                rate, since = command.split()
-                offer.set_rate(float(rate), float(since))
+                *lines, commands = (commands + came).split(b"\n")
+                for line in lines:
+                    rate, since = line.split()
+                    offer.set_rate(float(rate), float(since))
             due = offer.due(time.monotonic()) - sent
             if due <= 0:
                 time.sleep(0.001)
@@ -752,7 +765,7 @@ class WatchStream:
         """Ask the churn process for ``rate`` events/s from now on."""
         assert self.process.stdin is not None, "started with stdin=PIPE"
         now = time.monotonic()
-        self.process.stdin.write(f"{rate:g} {now!r}\n".encode())
+        self.process.stdin.write(f"{rate!r} {now!r}\n".encode())
         self.offer.set_rate(rate, now)
 
     def deliver(self, kind: str, line: bytes) -> None:
@@ -1015,7 +1028,7 @@ class RemoteOffer:
     def set_rate(self, rate: float) -> None:
         assert self.process.stdin is not None, "started with stdin=PIPE"
         now = time.monotonic()
-        self.process.stdin.write(f"{rate:g} {now!r}\n".encode())
+        self.process.stdin.write(f"{rate!r} {now!r}\n".encode())
         self.offer.set_rate(rate, now)
 
 
@@ -1040,7 +1053,7 @@ class Processes:
         topics, watcher, agg, ann = self.topics, m["watcher"], m["aggregator"], m["annotator"]
         snapshots = procs.produced(watcher, topics.workloads)
         ranks = sum(procs.produced(m[r], topics.ranks) for r in self.rankers)
-        decisions = procs.produced(agg, topics.costs)
+        decisions = procs.produced(agg, topics.costs_for(self.cluster))
         lags = {r: snapshots - procs.consumed(m[r], topics.workloads) for r in self.rankers}
         lags["aggregator"] = (
             snapshots - procs.consumed(agg, topics.workloads)

@@ -601,6 +601,18 @@ def test_uninstall_runs_podcost_cleanup_as_podcosts_service_account_where_an_ann
         assert {"list", "patch"} <= verbs
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_only_what_runs_in_a_cluster_is_given_a_cluster_name(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    for deployment, container in containers(rendered(case)):
+        env = {var["name"]: var.get("value") for var in container["env"]}
+        in_a_cluster = container["args"][0] in ("watcher", "annotator", "run")
+        assert ("PODCOST_CLUSTER" in env) is in_a_cluster, deployment["metadata"]["name"]
+        if in_a_cluster:
+            assert env["PODCOST_CLUSTER"] == CASES[case].get("clusterName", "local")
+
+
 def test_the_service_monitor_scrapes_every_metrics_service(
     rendered: Callable[[str], list[Manifest]],
 ) -> None:

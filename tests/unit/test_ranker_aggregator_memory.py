@@ -151,6 +151,29 @@ async def test_a_snapshot_goes_through_every_enabled_ranker_to_the_costs_rank_wo
     assert counted(rankers[3], "podcost_snapshots_ranked_total", strategy="priority-qos") == 0
 
 
+async def test_the_costs_published_are_counted_by_the_costs_topic_of_their_cluster(
+    world: World,
+) -> None:
+    other = replace(SNAPSHOT, workload=replace(SNAPSHOT.workload, cluster="eu-2"))
+    rankers = [world.ranker(name) for name in (CAP, AGE, SPREAD)]
+    combiner = world.aggregator()
+    async with (
+        leak_check(),
+        running(*rankers, combiner),
+        Reader(world.bus, COSTS, DesiredCostsMessage) as ours,
+        Reader(world.bus, TOPICS.costs_for("eu-2"), DesiredCostsMessage) as theirs,
+    ):
+        await world.publish()
+        await world.publish(other)
+        await ours.take(1)
+        await theirs.take(1)
+
+    produced = "podcost_messages_produced_total"
+    assert counted(combiner, produced, topic=COSTS) == 1
+    assert counted(combiner, produced, topic=TOPICS.costs_for("eu-2")) == 1
+    assert counted(combiner, produced, topic=TOPICS.costs) == 0  # the prefix is no topic
+
+
 async def test_every_step_of_a_decision_is_a_span_of_the_snapshot_trace(world: World) -> None:
     async with (
         running(world.ranker(CAP), world.ranker(AGE), world.aggregator()),

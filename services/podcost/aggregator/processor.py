@@ -493,7 +493,8 @@ class AggregationProcessor:
             self._refused(item, error)
         elif item.decision is not None:
             self.metrics.combined.labels("complete" if item.decision.complete else "deadline").inc()
-            self.metrics.produced.labels(self.topics.costs).inc()  # one series for every cluster
+            # Its cluster's own costs topic: one series per cluster served, as many as topics.
+            self.metrics.produced.labels(item.topic).inc()
             if item.span is not None:
                 item.span.end()
         elif item.release is not None:

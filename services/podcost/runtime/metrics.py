@@ -26,8 +26,10 @@ class Metrics:
             ["topic", "outcome"], registry=r,
         )  # fmt: skip
         self.produced = Counter(
-            "podcost_messages_produced", "Records published, by topic.", ["topic"], registry=r
-        )
+            "podcost_messages_produced", "Records published, by topic (the aggregator's costs "
+            "by each cluster's own costs topic: one series per cluster of the fleet).",
+            ["topic"], registry=r,
+        )  # fmt: skip
         self.consumer_lag = Gauge(
             "podcost_consumer_lag", "Records behind the end of the topic, by topic.",
             ["topic"], registry=r,

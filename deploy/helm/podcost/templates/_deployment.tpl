@@ -11,6 +11,9 @@ policy file and whether it may use the Kubernetes API:
   aggregator  podcost aggregator             no        yes     PODCOST_*, _KAFKA*, _AGGREGATOR_*
   ranker      podcost ranker --strategy S    no        yes     PODCOST_*, _KAFKA*
   embedded    podcost run --strategy S...    yes       yes     all of the above but Kafka
+
+PODCOST_CLUSTER goes to the roles with Kubernetes API access only (a cluster of their own);
+the aggregator and the rankers serve every cluster and get no cluster name.
 */}}
 {{- define "podcost.deployment" -}}
 {{- $root := .root -}}
@@ -123,8 +126,12 @@ spec:
                 fieldRef:
                   fieldPath: metadata.namespace
             {{- end }}
+            {{- if $kube }}
+            # Only what runs in a cluster has a cluster name: the core serves every cluster of
+            # the fleet and takes each record's cluster from its key.
             - name: PODCOST_CLUSTER
               value: {{ $v.clusterName | default "local" | quote }}
+            {{- end }}
             - name: PODCOST_HTTP_PORT
               value: {{ $v.http.port | int | quote }}
             - name: PODCOST_LOG_LEVEL
