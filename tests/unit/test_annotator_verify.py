@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from podcost.annotator.plan import Refusal, Scope, verify
+from podcost.annotator.plan import Refusal, Scope, verify, verify_release
 from podcost.annotator.view import DELETED_MEMORY, ClusterView
 from podcost_contracts.messages import WorkloadKey as BusKey
 from podcost_core.policy import ENABLED, STRATEGIES
@@ -144,6 +144,37 @@ def test_verify(case: Case) -> None:
     assert (refused.reason if refused is not None else None) is case.expected
     if refused is not None:
         assert refused.detail
+
+
+RELEASES = [
+    ("an opted-in workload's costs stay", f"c/{NS}/Deployment/web", NS, "web-1-a",
+     Refusal.STILL_OPTED_IN, ALL),
+    ("a workload no longer opted in is released", f"c/{NS}/Deployment/legacy", NS,
+     "legacy-1-a", None, ALL),
+    ("a workload out of scope is released", "c/labelled/Deployment/team", "labelled",
+     "team-1-a", None, ONLY_SHOP),
+    ("a pod the view does not hold is left to the read", f"c/{NS}/Deployment/legacy", NS,
+     "legacy-1-zz", None, ALL),
+    ("a pod of another workload is not released under this key", f"c/{NS}/Deployment/legacy",
+     NS, "api-1-a", Refusal.OTHER_WORKLOAD, ALL),
+    ("a bare pod is not released", f"c/{NS}/Deployment/legacy", "kube-system", "etcd-node",
+     Refusal.NO_WORKLOAD, ALL),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("key", "namespace", "name", "expected", "scope"),
+    [case[1:] for case in RELEASES],
+    ids=[case[0] for case in RELEASES],
+)
+def test_a_release_removes_costs_only_of_a_workload_the_view_says_is_no_longer_podcosts(
+    key: str, namespace: str, name: str, expected: Refusal | None, scope: Scope
+) -> None:
+    store = cluster()
+    found = store.get("Pod", namespace, name)
+    uid = f"uid-{namespace}-{name}"
+    refused = verify_release(BusKey.parse(key), namespace, name, uid, found, store, scope)
+    assert (refused.reason if refused is not None else None) is expected
 
 
 def test_only_a_missing_owner_may_be_waited_for() -> None:

@@ -184,6 +184,9 @@ class Refusal(StrEnum):
     """The pod belongs to another workload than the record's key names."""
     NOT_OPTED_IN = "not_opted_in"
     """The workload is not opted in (or its policy annotations are invalid)."""
+    STILL_OPTED_IN = "still_opted_in"
+    """A release (remove podcost's costs) for a workload the view shows opted in and in scope:
+    its costs stay."""
 
     @property
     def may_catch_up(self) -> bool:
@@ -238,6 +241,28 @@ def verify(
         why = str(policy.error) if policy.error is not None else f"decided by {policy.source}"
         return Refused(Refusal.NOT_OPTED_IN, f"the workload is not opted in ({why})")
     return None
+
+
+def verify_release(
+    key: BusKey,
+    namespace: str,
+    name: str,
+    uid: str,
+    pod: Mapping[str, Any] | None,
+    store: Store,
+    scope: Scope,
+) -> Refused | None:
+    """Whether the release ``key`` (its workload is no longer ranked) may remove podcost's cost
+    from pod ``namespace/name`` with ``uid``; ``None`` when it may. The pod must be the
+    workload's, as for a write, and the view must agree the workload is no longer podcost's:
+    not opted in, or out of scope. A pod the view does not show is left to the removal, which
+    reads it (404 is ``gone``) and removes only a cost podcost's own field manager set."""
+    refused = verify(key, namespace, name, uid, pod, store, scope)
+    if refused is None:
+        return Refused(Refusal.STILL_OPTED_IN, "the workload is opted in and in scope")
+    if refused.reason in (Refusal.NOT_OPTED_IN, Refusal.OUT_OF_SCOPE, Refusal.UNKNOWN_POD):
+        return None
+    return refused
 
 
 # --- coalescing -------------------------------------------------------------------------------

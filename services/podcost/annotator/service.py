@@ -107,6 +107,7 @@ from podcost.annotator.plan import (
     gives_up,
     pod_state,
     verify,
+    verify_release,
 )
 from podcost.annotator.settings import AnnotatorSettings
 from podcost.annotator.view import ClusterView, InformerView
@@ -193,6 +194,8 @@ class _Batch:
     message: DesiredCostsMessage | None
     span: trace.Span | None
     results: Counter[Result] = field(default_factory=Counter)
+    release: ReleaseCostsMessage | None = None
+    """The release whose removals these are (``message`` is then ``None``)."""
 
 
 class AnnotatorService:
@@ -513,7 +516,7 @@ class AnnotatorService:
             return
         log.info("%s is no longer ranked (%s): removing podcost's costs from its %d pods",
                  message.key, message.reason, len(message.pods))  # fmt: skip
-        batch = _Batch(record, None, None)
+        batch = _Batch(record, None, None, release=message)
         self._open.add(batch)
         ticket = self._ledger.open(record.tp, record.offset, len(message.pods), batch)
         if not message.pods:
@@ -672,6 +675,23 @@ class AnnotatorService:
         """Remove the cost podcost wrote on one pod of a workload no longer ranked: only when
         podcost's own field manager alone owns it, with a PATCH that tests the value first."""
         pod = f"{want.namespace}/{want.name}"
+        release, view = want.origin.item.release, self.view
+        if release is not None and view is not None:
+            # Verified like a write: a forged release must not strip an opted-in workload.
+            while not view.synced():
+                await self._clock.sleep(VIEW_POLL_S)
+            known = view.pod(want.namespace, want.name)
+            refused = verify_release(release.workload, want.namespace, want.name, want.uid,
+                                     known, view.store, self.scope)  # fmt: skip
+            if refused is not None:
+                self.metrics.refusals.labels(refused.reason.value).inc()
+                log.warning(
+                    "refusing to remove pod %s's cost for %s version %d: %s, %s", pod,
+                    release.key, release.version, refused.reason.value, refused.detail,
+                    extra={"pod": pod, "workload": release.key, "result": Result.REFUSED.value,
+                           "reason": refused.reason.value},
+                )  # fmt: skip
+                return Result.REFUSED
         seen = await self._request(lambda: kube.read_pod(want.namespace, want.name))
         meta = seen.get("metadata") or {}
         if meta.get("uid") != want.uid or meta.get("deletionTimestamp") is not None:
