@@ -7,9 +7,10 @@ builds it. Per record: decode it as a snapshot (workloads topic) or a strategy's
 topic), an undecodable one, or one whose workload policy is invalid, going to the dead-letter
 topic with the reason; apply the transition; ask whether a decision is due and, if so, queue the
 desired costs for the costs topic of the workload's cluster (created on first use), in a
-``podcost.combine`` span, child of the snapshot's trace, with the span's context in the record
-headers. A ``WorkloadGoneMessage`` on the workloads topic drops the key's state instead (the
-transport forgets it), so states do not pile up.
+``podcost.combine`` span, child of the snapshot's trace (every pod's rank and cost in its
+attributes), with the span's context in the record headers. A ``WorkloadGoneMessage`` on the
+workloads topic drops the key's state instead (the transport forgets it), so states do not pile
+up.
 
 Records come in batches (``podcost_bus.keyed``): :meth:`AggregationProcessor.on_record` only
 decides and queues what to publish; :meth:`AggregationProcessor.flush`, once per batch, sends
@@ -84,9 +85,9 @@ from podcost_core.policy import PolicyError
 
 log = logging.getLogger("podcost.aggregator")
 
-#: Span events per decision, one per pod: enough to follow a workload, bounded for a huge one.
-MAX_POD_EVENTS = 1000
-POD_EVENT = "podcost.pod-cost"
+#: Pods whose rank and cost a decision's span lists: enough to follow a workload, bounded for a
+#: huge one.
+MAX_POD_ATTRIBUTES = 1000
 
 
 def desired_costs(decision: Decision, *, emitted_at: float) -> DesiredCostsMessage:
@@ -358,18 +359,18 @@ class AggregationProcessor:
             log.warning("%s v%d: answers left out: %s", decision.key, decision.version,
                         decision.rejected)  # fmt: skip
         if span.is_recording():
+            # Every ranked pod's rank and cost, as three aligned arrays on the span rather than
+            # an event per pod: the same facts, at a quarter of the cost of 25 events.
             by_uid = {pod.uid: pod for pod in decision.snapshot.pods}
             ranks, costs = combined.ranks, decision.labelling.costs
-            for uid in combined.uids[:MAX_POD_EVENTS]:
-                pod = by_uid[uid]
-                span.add_event(
-                    POD_EVENT,
-                    {
-                        ATTR_POD: f"{pod.namespace}/{pod.name}",
-                        ATTR_RANK: ranks[uid],
-                        ATTR_COST: costs[uid],
-                    },
-                )
+            uids = combined.uids[:MAX_POD_ATTRIBUTES]
+            span.set_attributes(
+                {
+                    ATTR_POD: [f"{by_uid[uid].namespace}/{by_uid[uid].name}" for uid in uids],
+                    ATTR_RANK: [ranks[uid] for uid in uids],
+                    ATTR_COST: [costs[uid] for uid in uids],
+                }
+            )
         item = _Outgoing(self._costs_topic(decision.key), _NOTHING, record, decision, span)
         try:
             body = desired_costs_json(decision, emitted_at=self.clock.now())
