@@ -613,8 +613,16 @@ def encode_json(
     return Encoded(key=key, value=value, headers=headers, json_size=len(body))
 
 
+#: Values up to this many bytes of JSON are gzipped at the fastest level, larger ones at zlib's
+#: default. Measured on a 25-pod workload's costs (15 KB of JSON): level 1 takes half the time of
+#: level 6 for a fifth more bytes (1.8 KB instead of 1.5 KB); a 10,000-pod snapshot (9 MB) keeps
+#: level 6, which it needs to stay well under Kafka's record size.
+FAST_GZIP_BELOW: Final = 1024 * 1024
+
+
 def _gzip(body: bytes) -> bytes:
-    compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    level = 1 if len(body) < FAST_GZIP_BELOW else 6
+    compressor = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     return compressor.compress(body) + compressor.flush()
 
 

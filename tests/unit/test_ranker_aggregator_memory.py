@@ -26,7 +26,10 @@ from podcost.ranker import RankerService, group_of
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_COMPLETE,
+    ATTR_COST,
     ATTR_MISSING,
+    ATTR_POD,
+    ATTR_RANK,
     ATTR_STRATEGY,
     ATTR_VERSION,
     ATTR_WORKLOAD,
@@ -196,7 +199,11 @@ async def test_every_step_of_a_decision_is_a_span_of_the_snapshot_trace(world: W
         assert span.attributes[ATTR_VERSION] == SNAPSHOT.version
     assert sorted(str((span.attributes or {})[ATTR_STRATEGY]) for span in strategies) == [AGE, CAP]
     assert (combined.attributes or {})[ATTR_COMPLETE] is True
-    assert len(combined.events) == len(SNAPSHOT.pods)
+    # Every pod's rank and cost, aligned arrays (a pod's name is namespace/name).
+    attributes = combined.attributes or {}
+    names = [f"{pod.namespace}/{pod.name}" for pod in SNAPSHOT.pods]
+    assert sorted(attributes[ATTR_POD]) == sorted(names)  # type: ignore[arg-type]
+    assert len(attributes[ATTR_RANK]) == len(attributes[ATTR_COST]) == len(names)  # type: ignore[arg-type]
     # The published records carry the context of the span that made them.
     own = {span.context.span_id: span for span in spans}
     for record in [*ranks.records, *costs.records]:

@@ -7,11 +7,11 @@ builds it. Per record: decode it as a snapshot (workloads topic) or a strategy's
 topic), an undecodable one, or one whose workload policy is invalid, going to the dead-letter
 topic with the reason; apply the transition; ask whether a decision is due and, if so, queue the
 desired costs for the costs topic of the workload's cluster (created on first use), in a
-``podcost.combine`` span, child of the snapshot's trace, with the span's context in the record
-headers. A ``WorkloadGoneMessage`` on the workloads topic drops the key's state instead (the
-transport forgets it), so states do not pile up; unless the workload was deleted, it also
-queues a ``ReleaseCostsMessage`` naming the pods of its latest snapshot for the costs topic, so
-the annotator removes the costs podcost wrote on them.
+``podcost.combine`` span, child of the snapshot's trace (every pod's rank and cost in its
+attributes), with the span's context in the record headers. A ``WorkloadGoneMessage`` on the
+workloads topic drops the key's state instead (the transport forgets it), so states do not pile
+up; unless the workload was deleted, it also queues a ``ReleaseCostsMessage`` naming the pods of
+its latest snapshot for the costs topic, so the annotator removes the costs podcost wrote on them.
 
 Records come in batches (``podcost_bus.keyed``): :meth:`AggregationProcessor.on_record` only
 decides and queues what to publish; :meth:`AggregationProcessor.flush`, once per batch, sends
@@ -32,6 +32,7 @@ from typing import Any, Final
 
 from opentelemetry.trace import Span, Status, StatusCode, Tracer, set_span_in_context
 from opentelemetry.util.types import AttributeValue
+from pydantic import TypeAdapter
 from pydantic_core import PydanticSerializationError, to_json
 
 from podcost.runtime.clock import Clock
@@ -55,7 +56,9 @@ from podcost_bus import Bus, BusError, Delivery, Record
 from podcost_bus.keyed import DROP, Drop
 from podcost_bus.messaging import dead_letter_of
 from podcost_contracts.messages import (
+    CONTENT_ENCODING,
     GONE_DELETED,
+    SCHEMA_HEADER,
     DecodeError,
     DesiredCostsMessage,
     Encoded,
@@ -79,10 +82,13 @@ from podcost_core.aggregate import (
     STATE_PARTS,
     Aggregator,
     Decision,
+    Latest,
     Outcome,
     StateDecodeError,
     WorkloadState,
+    dump_latest,
     dump_parts,
+    load_latest,
     load_parts,
 )
 from podcost_core.model import Snapshot
@@ -90,9 +96,9 @@ from podcost_core.policy import PolicyError
 
 log = logging.getLogger("podcost.aggregator")
 
-#: Span events per decision, one per pod: enough to follow a workload, bounded for a huge one.
-MAX_POD_EVENTS = 1000
-POD_EVENT = "podcost.pod-cost"
+#: Pods whose rank and cost a decision's span lists: enough to follow a workload, bounded for a
+#: huge one.
+MAX_POD_ATTRIBUTES = 1000
 
 
 def desired_costs(decision: Decision, *, emitted_at: float) -> DesiredCostsMessage:
@@ -242,6 +248,10 @@ class AggregationProcessor:
         self._ok: dict[str, Any] = {}
         self._costs_topics: set[str] = set()
         """The per-cluster costs topics this process has made sure exist."""
+        self._received: dict[str, _Received] = {}
+        """The snapshot records accepted since the last flush, by workload key."""
+        self._storable: dict[str, _Received] = {}
+        """Those of the batch last flushed: what :meth:`dump` stores as they came."""
 
     def on_record(self, record: Record, state: WorkloadState | None) -> WorkloadState | Drop | None:
         started = time.time_ns()
@@ -278,6 +288,8 @@ class AggregationProcessor:
                 reason = f"the workload's policy is invalid: {error}"
                 self._dead_letter(record, reason, error)
                 return None
+            if step.outcome is Outcome.ACCEPTED and step.state.latest is not None:
+                self._received[message.key] = _Received(step.state.latest, record)
         else:
             step = self.aggregator.on_ranks(
                 current,
@@ -344,12 +356,18 @@ class AggregationProcessor:
         return self.aggregator.waiting(state)
 
     def dump(self, old: WorkloadState | None, new: WorkloadState) -> Mapping[str, bytes]:
-        return dump_parts(old, new)
+        return dump_parts(old, new, write_latest=self._write_latest)
+
+    def _write_latest(self, latest: Latest) -> bytes:
+        received = self._storable.pop(latest.snapshot.workload.key, None)
+        if received is None or received.latest is not latest:
+            return dump_latest(latest)
+        return _record_part(latest, received.record)
 
     def load(self, key: bytes | None, parts: Mapping[str, bytes | None]) -> WorkloadState:
         text = (key or b"").decode("utf-8", "replace")
         try:
-            return load_parts(text, parts)
+            return load_parts(text, parts, read_latest=_read_latest)
         except StateDecodeError as error:
             # Written by an incompatible version: start this workload afresh (its next snapshot
             # rebuilds it) rather than stop every workload's aggregation.
@@ -392,18 +410,18 @@ class AggregationProcessor:
             log.warning("%s v%d: answers left out: %s", decision.key, decision.version,
                         decision.rejected)  # fmt: skip
         if span.is_recording():
+            # Every ranked pod's rank and cost, as three aligned arrays on the span rather than
+            # an event per pod: the same facts, at a quarter of the cost of 25 events.
             by_uid = {pod.uid: pod for pod in decision.snapshot.pods}
             ranks, costs = combined.ranks, decision.labelling.costs
-            for uid in combined.uids[:MAX_POD_EVENTS]:
-                pod = by_uid[uid]
-                span.add_event(
-                    POD_EVENT,
-                    {
-                        ATTR_POD: f"{pod.namespace}/{pod.name}",
-                        ATTR_RANK: ranks[uid],
-                        ATTR_COST: costs[uid],
-                    },
-                )
+            uids = combined.uids[:MAX_POD_ATTRIBUTES]
+            span.set_attributes(
+                {
+                    ATTR_POD: [f"{by_uid[uid].namespace}/{by_uid[uid].name}" for uid in uids],
+                    ATTR_RANK: [ranks[uid] for uid in uids],
+                    ATTR_COST: [costs[uid] for uid in uids],
+                }
+            )
         item = _Outgoing(self._costs_topic(decision.key), _NOTHING, record, decision, span)
         try:
             body = desired_costs_json(decision, emitted_at=self.clock.now())
@@ -427,6 +445,9 @@ class AggregationProcessor:
         """Send everything queued, then wait for every acknowledgement (see the module
         docstring). Raises ``BusError`` if a dead letter itself is refused for good: the
         transport stops before committing, and the records are read again."""
+        # The transport stores the states of what was decided since the last flush right after
+        # it (or never: the consumer loop keeps its states in memory), so that is all kept.
+        self._storable, self._received = self._received, {}
         while self._queue:
             queued, self._queue = self._queue, []
             await self._ensure_costs_topics(queued)
@@ -535,3 +556,64 @@ class AggregationProcessor:
 
 #: A placeholder for an item's encoding until it is made.
 _NOTHING: Final = Encoded(key=None, value=b"", headers={}, json_size=0)
+
+
+# --- the stored snapshot part ---------------------------------------------------------------
+#
+# A snapshot is stored as the record it came in (its value, already compressed, and the headers
+# that say how to read it) with what the state adds (when it arrived, its trace context), rather
+# than serialised again from the decoded snapshot: a 25-pod snapshot is 28 KB of JSON, whose
+# dump and gzip were 150 us of every snapshot's processing. It is read back (after a restart or
+# a rebalance) with the same checks as any record of the workloads topic; a part written in the
+# core's own format (``dump_latest``, when the record is not at hand) is read as before.
+
+
+@dataclass(frozen=True, slots=True)
+class _Received:
+    """A snapshot accepted into a state, and the record it came in."""
+
+    latest: Latest
+    record: Record
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordHeader:
+    """What the stored snapshot part holds besides the record's value."""
+
+    emitted_at: float
+    arrived_at: float
+    trace: dict[str, str]
+    changed_at: float | None
+    headers: dict[str, str]
+    """The record headers its value is read with (schema, content encoding)."""
+
+
+#: Starts a snapshot part stored as its record; core parts start with ``{`` or the gzip magic.
+_RECORD_PART: Final = b"podcost-record/1\n"
+_RECORD_HEADER: TypeAdapter[_RecordHeader] = TypeAdapter(_RecordHeader)
+_READ_WITH: Final = (SCHEMA_HEADER, CONTENT_ENCODING)
+
+
+def _record_part(latest: Latest, record: Record) -> bytes:
+    headers = {
+        name: record.headers[name].decode("ascii", "replace")
+        for name in _READ_WITH
+        if name in record.headers
+    }
+    header = _RecordHeader(
+        latest.emitted_at, latest.arrived_at, dict(latest.trace), latest.changed_at, headers
+    )
+    # Compact JSON has no newline: the first one ends the header.
+    return b"".join((_RECORD_PART, _RECORD_HEADER.dump_json(header), b"\n", record.value))
+
+
+def _read_latest(raw: bytes) -> Latest:
+    if not raw.startswith(_RECORD_PART):
+        return load_latest(raw)
+    header_json, _, value = raw[len(_RECORD_PART) :].partition(b"\n")
+    header = _RECORD_HEADER.validate_json(header_json)  # a ValidationError is a ValueError
+    headers = {name: text.encode("ascii") for name, text in header.headers.items()}
+    message = decode(WorkloadSnapshotMessage, value, headers)  # a DecodeError too
+    return Latest(
+        message.snapshot, header.emitted_at, header.arrived_at, header.trace, header.changed_at
+    )
