@@ -55,6 +55,11 @@ What podcost relies on, and why it is arranged so:
   the fetch position past them, so nobody read them again. That was the skip seen around
   consumer-group rebalances (``tests/integration/test_core_replicas.py``). Here a resume clears
   the buffers only when the flow was suspended (a rebalance's revocation), as it is meant to.
+- **A message of an earlier generation is never acked** (``_Consumer.ack``): faust's streams
+  ack what they skip, including messages fetched before a rebalance and delivered after it,
+  and the next commit of their partition could then pass them unprocessed (the likely cause of
+  a decision lost once in the core-replicas test, when another member took the partition
+  over). They are withheld, and read again after the seek.
 - **Skipped records stop the app**, in case faust still skips one: source topics have
   contiguous offsets (no compaction, no transactions), so a batch with an offset beyond the
   next expected one stops the app before anything of it is processed or acked (the service
@@ -153,6 +158,20 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
 
 class _Consumer(faust_aiokafka.Consumer):
+    def ack(self, message: Any) -> bool:
+        # faust's streams skip a message fetched before the last rebalance (its generation is
+        # not the consumer's any more) and ack it, which records its offset for the commit:
+        # after the rebalance, the next commit of that partition could pass it although nobody
+        # processed it (the member that takes the partition next starts after it). A message of
+        # another generation is withheld instead; the seek to the committed offset reads it
+        # again. Messages the agent processed are acked within their generation: a rebalance
+        # waits for their acks before it assigns.
+        if message.generation_id != self.app.consumer_generation_id:
+            _withhold(message)
+            return False
+        acked: bool = super().ack(message)
+        return acked
+
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
