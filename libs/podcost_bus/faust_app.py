@@ -52,15 +52,28 @@ What podcost relies on, and why it is arranged so:
   overwrite, the states the batch is about to replace.
 - **The in-memory store** (``memory://``): state is rebuilt from the changelog on start; no
   RocksDB to install or keep on disk.
-- **Skipped records stop the app**: faust-streaming 0.15.3 was seen (2 runs in about 35 of
-  the restart test) not to deliver a source record that arrived while a restarted app recovered
-  its tables, although the consumer's position moved past it; faust would later commit past it
-  once a following record of the partition is acked. Batching does not change that (the same
-  stream delivers the records), so it is still checked: source topics have contiguous offsets
-  (no compaction, no transactions), and a batch with an offset beyond the next expected one
-  stops the app before anything of it is processed or acked; the restart reads the skipped ones
-  again. A skipped record with no successor waits for the next restart; the deadline decides
-  meanwhile.
+- **Records buffered during a recovery are kept** (``_FlowControl``): faust clears every
+  stream buffer whenever its flow control resumes, and a recovery resumes it twice (to read the
+  changelogs, then once the source partitions are resumed and sought); source records fetched
+  and buffered between the two were thrown away by the second resume, after the seek and with
+  the fetch position past them, so nobody read them again. That was the skip seen around
+  consumer-group rebalances (``tests/integration/test_core_replicas.py``). Here a resume clears
+  the buffers only when the flow was suspended (a rebalance's revocation), as it is meant to.
+- **A message of an earlier generation is never acked** (``_Consumer.ack``): faust's streams
+  ack what they skip, including messages fetched before a rebalance and delivered after it,
+  and the next commit of their partition could then pass them unprocessed (the likely cause of
+  a decision lost once in the core-replicas test, when another member took the partition
+  over). They are withheld, and read again after the seek.
+- **Skipped records stop the app**, in case faust still skips one: source topics have
+  contiguous offsets (no compaction, no transactions), so a batch with an offset beyond the
+  next expected one stops the app before anything of it is processed or acked (the service
+  exits non-zero; its Deployment restarts it), and it or the member that took its partitions
+  reads them again from the committed offset, which never passed them. The next expected
+  offset is kept per consumer-group generation: the records processed since the rebalance,
+  and the offset each partition was sought to (its committed offset, or its beginning when
+  nobody committed), so a skip of a partition's first records is caught too. faust-streaming
+  0.15.3 was also seen skipping a record that arrived while a restarted app recovered its
+  tables (2 runs in about 35 of the restart test), likely the same clear of the buffers.
   What let faust skip them on a partition nobody had committed yet (aiokafka's seek to the
   committed offset does nothing there) is repaired by the consumer thread's seek.
 - **A short fetch wait**: faust's aiokafka driver hard-codes ``fetch_max_wait_ms=1500``, and
@@ -74,15 +87,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import faust
 from aiokafka.helpers import create_ssl_context
 from aiokafka.partitioner import murmur2
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from mode.utils.objects import cached_property
+from mode.utils.queues import FlowControlEvent
 
 from podcost_bus.keyed import DROP, Batch, KeyedProcessor, process_batch, tick_batch
 from podcost_bus.protocol import Record, TopicPartition
@@ -131,14 +146,36 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         # rebalance: tests/integration/test_core_replicas.py). Such a partition goes back to its
         # beginning, which is what the group's offset reset (earliest) means.
         committed: Mapping[Any, int] = await super().seek_to_committed()
-        sources: frozenset[str] = getattr(self.app, "source_topics", frozenset())
-        fresh = [tp for tp, offset in committed.items() if not offset and tp.topic in sources]
+        app = cast(_App, self.app)
+        sources = {tp: offset for tp, offset in committed.items() if tp.topic in app.source_topics}
+        fresh = [tp for tp, offset in sources.items() if not offset]
         if fresh:
-            await self.call_thread(self._ensure_consumer().seek_to_beginning, *fresh)
+            consumer = self._ensure_consumer()
+            await self.call_thread(consumer.seek_to_beginning, *fresh)
+            beginnings = await self.call_thread(consumer.beginning_offsets, fresh)
+            sources.update({tp: beginnings[tp] for tp in fresh})
+        if app.on_source_seek is not None:
+            app.on_source_seek(
+                {TopicPartition(tp.topic, tp.partition): o for tp, o in sources.items()}
+            )
         return committed
 
 
 class _Consumer(faust_aiokafka.Consumer):
+    def ack(self, message: Any) -> bool:
+        # faust's streams skip a message fetched before the last rebalance (its generation is
+        # not the consumer's any more) and ack it, which records its offset for the commit:
+        # after the rebalance, the next commit of that partition could pass it although nobody
+        # processed it (the member that takes the partition next starts after it). A message of
+        # another generation is withheld instead; the seek to the committed offset reads it
+        # again. Messages the agent processed are acked within their generation: a rebalance
+        # waits for their acks before it assigns.
+        if message.generation_id != self.app.consumer_generation_id:
+            _withhold(message)
+            return False
+        acked: bool = super().ack(message)
+        return acked
+
     def _new_consumer_thread(self) -> _ConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
@@ -147,14 +184,40 @@ class _Transport(faust_aiokafka.Transport):
     Consumer = _Consumer
 
 
+class _FlowControl(FlowControlEvent):
+    """faust's flow control, except that resuming clears the stream buffers only when the flow
+    was suspended.
+
+    faust clears every stream buffer when the flow resumes (``clear_on_resume``): what was
+    buffered before a rebalance suspended it must not be processed after. But a recovery resumes
+    the flow twice, once to read the changelogs and again once the source partitions are
+    resumed and sought to their committed offsets, and source records are fetched and buffered
+    in between; the second resume threw them away although the fetch position had moved past
+    them and the seek was already done, so nothing read them again (seen as ``SkippedRecords``
+    in ``tests/integration/test_core_replicas.py``; found with a log of every record fetched,
+    buffered and processed). Those records are current: they are kept.
+    """
+
+    def resume(self) -> None:
+        if self.is_active():
+            return
+        super().resume()
+
+
 class _App(faust.App):
-    """``faust.App`` with the consumer above."""
+    """``faust.App`` with the consumer and the flow control above."""
 
     source_topics: frozenset[str] = frozenset()
     """The topics the agent reads (the consumer thread's seek needs them)."""
+    on_source_seek: Callable[[Mapping[TopicPartition, int]], None] | None = None
+    """Told, after the source partitions were sought, the offset each one reads next."""
 
     def _new_transport(self) -> Any:
         return _Transport(self.conf.broker_consumer, self)
+
+    @cached_property
+    def flow_control(self) -> FlowControlEvent:
+        return _FlowControl(loop=self.loop)
 
 
 def _credentials(settings: BusSettings) -> Any:
@@ -237,7 +300,10 @@ class FaustKeyedApp(Generic[S]):
         last full scan): the next tick scans every stored key."""
         self._next_offset: dict[TopicPartition, int] = {}
         """Per source partition, the offset after the last record processed since the last
-        rebalance: the next one must not be beyond it."""
+        rebalance (or the offset sought to, if that is further): the next one must not be
+        beyond it."""
+        self._generation = -1
+        """The consumer group generation :attr:`_next_offset` belongs to."""
 
         self.app: Any = _App(
             app_id,
@@ -266,6 +332,7 @@ class FaustKeyedApp(Generic[S]):
             autodiscover=False,
         )
         self.app.source_topics = frozenset(self.topics)
+        self.app.on_source_seek = self._on_source_seek
         self.tables = {
             part: self.app.Table(
                 part,
@@ -387,7 +454,7 @@ class FaustKeyedApp(Generic[S]):
     def _check_offsets(self, records: Sequence[Record]) -> None:
         """Raise :class:`SkippedRecords` if a record is past one faust never delivered (see the
         module docstring); nothing of the batch is processed then."""
-        expected = self._next_offset
+        expected = self._expected()
         for record in records:
             tp = record.tp
             following = expected.get(tp)
@@ -404,6 +471,25 @@ class FaustKeyedApp(Generic[S]):
         # may have moved on: only gaps between records seen since then are faust's.
         self._next_offset.clear()
         self._rescan = True
+
+    def _on_source_seek(self, positions: Mapping[TopicPartition, int]) -> None:
+        # Where each partition reads next after the seek (its committed offset, or its
+        # beginning): the first record delivered after it must not be beyond (a skip at the
+        # start of a partition, offset 0 included, is caught too). Records already processed
+        # since the rebalance may be ahead of it: they are read again, and are not a gap.
+        expected = self._expected()
+        for tp, offset in positions.items():
+            expected[tp] = max(offset, expected.get(tp, offset))
+
+    def _expected(self) -> dict[TopicPartition, int]:
+        """:attr:`_next_offset`, emptied when the consumer group's generation changed since it
+        was last used: what was delivered or sought before that rebalance says nothing of the
+        partitions now (someone else may have moved them on)."""
+        generation: int = self.app.consumer_generation_id
+        if generation != self._generation:
+            self._generation = generation
+            self._next_offset.clear()
+        return self._next_offset
 
     async def _tick(self) -> None:
         async with self._lock:

@@ -97,7 +97,8 @@ PODCOST_KAFKA=kafka:9092 podcost ranker --strategy capacity-type
 PODCOST_KAFKA=kafka:9092 podcost ranker --strategy restarts   # a plugin
 ```
 
-One ranker per strategy, consumer group `podcost-ranker-NAME`. Built-in strategies:
+One ranker per strategy, consumer group `podcost-ranker-NAME` (`PODCOST_RANKER_GROUP` changes
+the prefix). Built-in strategies:
 {", ".join(BUILTIN)}; installed packages add more through the `podcost.strategies` entry
 points. {_ENV}; {_KAFKA}.
 """,

@@ -20,13 +20,25 @@ The oracle is an undisturbed twin: the same services in-process over the in-memo
 Every decision on the costs topic, duplicates included (delivery is at least once), must equal the
 twin's decision for that version, and every workload's last version must be decided.
 
-Known failure, so this runs only in ``make test-long`` until it is fixed (issue 11 stays open):
-in about 5 of 8 runs on a loaded 2-core machine the faust aggregator skips source records around
-a rebalance. Mostly its gap check sees it and stops the process on purpose (``SkippedRecords``,
-for its supervisor to restart it and read them again), and this test restarts nothing; once (a
-skip at a partition's offset 0, where the check has no earlier offset to compare with) a record
-was skipped unseen. The rankers' loss it found first (records fetched across a rebalance dropped
-by ``KafkaConsumer.poll``) is fixed, with its own regression test in ``test_kafka_bus.py``.
+It runs once with 16 workloads (``quick``) and with eight more seeds of 40 workloads (other
+snapshots, other paces, so the rebalances fall elsewhere), all in ``make test-long`` only: the
+quick one is meant for ``make test`` once the whole set passes reliably, which it does not yet
+(issue 11 stays open). Of 18 runs after the flow-control fix below (9 of them also with the
+withheld acks of earlier generations), 15 passed (one after restarting an aggregator that had
+caught a skip), 2 lost a decision around the SIGKILL of an aggregator with every answer on the
+ranks topic and no skip caught (one of them with the withheld acks), and 1 timed out at
+start-up waiting for an aggregator's ``/readyz``; neither cause is found yet.
+
+The faust aggregator used to skip source records around a rebalance (about 5 runs in 8 on a
+loaded 2-core machine): a recovery's second resume of faust's flow control cleared the stream
+buffers after the seek to the committed offsets, dropping records fetched in between. That is
+fixed in ``podcost_bus.faust_app`` (``_FlowControl``). Should faust skip one anyway, the
+aggregator's gap check stops the process (exit 1, ``SkippedRecords``) before anything past the
+gap is processed or committed; the chart's Deployment restarts it. This test does what the
+Deployment does (:class:`Supervisor`): it restarts an aggregator that exited so, and only so,
+and prints the restarts; the decisions must still all equal the twin's. The rankers' loss it
+found first (records fetched across a rebalance dropped by ``KafkaConsumer.poll``) is fixed,
+with its own regression test in ``test_kafka_bus.py``.
 """
 
 from __future__ import annotations
@@ -51,6 +63,7 @@ from tests.support.tools import require_helm
 
 from podcost import aggregator, ranker
 from podcost.aggregator import AggregatorSettings
+from podcost.commands.startup import EXIT_FAILED
 from podcost.runtime.settings import ServiceSettings
 from podcost_bus import BusSettings, Consumer, KafkaBus, MemoryBus, publish_message
 from podcost_contracts.messages import (
@@ -62,9 +75,14 @@ from podcost_contracts.messages import (
 )
 from podcost_core.model import DELETION_COST_ANNOTATION, NodeName, QoSClass, Snapshot
 
-pytestmark = [pytest.mark.integration, pytest.mark.long]
+pytestmark = pytest.mark.integration
 
 WORKLOADS = 40
+"""Workloads of a seeded run; the quick run has :data:`QUICK_WORKLOADS`."""
+QUICK_WORKLOADS = 16
+"""Workloads of the quick run (meant for ``make test`` once it passes reliably)."""
+LONG_SEEDS = range(1, 9)
+"""The long runs (``make test-long``): the same scenario with other snapshots and paces."""
 PODS = 25
 NODES = 8
 PARTITIONS = 4
@@ -84,6 +102,8 @@ DEADLINE_S = 900
 """The aggregator's deadline: beyond the test, so a decision is never made without an answer."""
 DECISION_TIMEOUT_S = 120.0
 """How long one version may take to be decided, a crash's session timeout and rebalance included."""
+READY_TIMEOUT_S = 240
+"""Starting a process on a loaded 2-core machine (imports, joining the group) is slow."""
 SESSION_TIMEOUT_MS = 6000
 """How soon the broker gives a crashed member's partitions away (the settings' minimum is 1 s)."""
 
@@ -93,12 +113,12 @@ Essence = tuple[int, bool, tuple[str, ...], tuple[tuple[str, int, int | None, An
 # --- the snapshots ------------------------------------------------------------------------------
 
 
-def workload_snapshot(index: int, version: int) -> Snapshot:
+def workload_snapshot(index: int, version: int, seed: int = 0) -> Snapshot:
     """Version ``version`` of workload ``index``: the same 25 pods each time (same uids), moved
     between nodes, restarted, re-prioritised and carrying other current costs, so that every
-    strategy's answer and the decision change between versions. Deterministic."""
+    strategy's answer and the decision change between versions. Deterministic for a ``seed``."""
     base = deployment(f"web-{index:02d}", pods=PODS, nodes=NODES, version=version, seed=index)
-    rng = random.Random(f"{index}/{version}")
+    rng = random.Random(f"{seed}/{index}/{version}")
     nodes = sorted(base.nodes)
     costs = rng.sample(range(-PODS, PODS), PODS)
     pods = tuple(
@@ -138,7 +158,8 @@ def essence(decision: DesiredCostsMessage) -> Essence:
 class Stream:
     """Publishes every workload's versions, closed-loop, and reads every decision back."""
 
-    def __init__(self, bus: KafkaBus) -> None:
+    def __init__(self, bus: KafkaBus, seed: int) -> None:
+        self.seed = seed
         self.bus = bus
         self.topics = bus.settings.topics
         self.published: dict[str, list[Snapshot]] = defaultdict(list)
@@ -180,11 +201,11 @@ class Stream:
     async def drive(self, index: int) -> None:
         """Workload ``index``: publish a version, wait for its decision, pause, and again, until
         it has had its tail versions after the last membership change."""
-        pace = random.Random(index)
+        pace = random.Random(f"{self.seed}/{index}")
         version, last = 0, None
         while last is None or version < last:
             version += 1
-            snapshot = workload_snapshot(index, version)
+            snapshot = workload_snapshot(index, version, self.seed)
             key = snapshot.workload.key
             message = WorkloadSnapshotMessage.of(snapshot, emitted_at=time.time())
             delivery = await publish_message(self.bus, self.topics.workloads, message)
@@ -244,6 +265,35 @@ async def all_read(members: Iterable[ServiceProcess], topic: str) -> None:
             return await consumed(member, topic) > 0
 
         await until(read_some, f"{member.spec.name} to read {topic}", DECISION_TIMEOUT_S)
+
+
+class Supervisor:
+    """What the chart's Deployment does for an aggregator container that exits: start it again.
+
+    An aggregator stops itself (exit 1, ``SkippedRecords`` in its log) when faust delivers a
+    record past one it never delivered; its records from the gap on were neither processed nor
+    committed, so the restarted process (or the member that took its partitions meanwhile) reads
+    them again from the committed offset. This test restarts such a process as the Deployment
+    would, and reports each restart; any other exit of a watched process fails the test.
+    """
+
+    def __init__(self) -> None:
+        self.watched: set[ServiceProcess] = set()
+        self.restarts: list[str] = []
+
+    async def run(self) -> None:
+        while True:
+            for process in list(self.watched):
+                code = process.returncode
+                if code is None:
+                    continue
+                tail = process.log_tail(60)
+                if code != EXIT_FAILED or "SkippedRecords" not in tail:
+                    raise AssertionError(f"{process.spec.name} exited with {code}:\n{tail}")
+                self.restarts.append(process.spec.name)
+                await process.start()
+                await process.wait_ready(READY_TIMEOUT_S)
+            await asyncio.sleep(0.25)
 
 
 # --- the twin -----------------------------------------------------------------------------------
@@ -316,23 +366,34 @@ def core_specs(bus: BusSettings) -> list[ServiceSpec]:
     return chart_specs(require_helm(), values)
 
 
+@pytest.mark.parametrize(
+    ("seed", "workloads"),
+    [
+        pytest.param(0, QUICK_WORKLOADS, id="quick", marks=pytest.mark.long),
+        *(pytest.param(seed, WORKLOADS, id=f"seed-{seed}", marks=pytest.mark.long)
+          for seed in LONG_SEEDS),
+    ],
+)  # fmt: skip
 async def test_replicas_share_the_partitions_and_rebalances_lose_no_decision_and_change_no_cost(
-    kafka: KafkaBus, tmp_path: Path
+    kafka: KafkaBus, tmp_path: Path, seed: int, workloads: int
 ) -> None:
     topics = kafka.settings.topics
     specs = core_specs(kafka.settings)
     # Not in the chart's values: a faust app id of this run's own (it names the consumer group
     # and the changelog topics, which must not hold another run's tables), and a short session
     # timeout so that the broker notices the crash soon.
+    run = uuid.uuid4().hex[:8]
     env = {
-        "PODCOST_AGGREGATOR_APP_ID": f"replicas-{uuid.uuid4().hex[:8]}-aggregator",
+        "PODCOST_AGGREGATOR_APP_ID": f"replicas-{run}-aggregator",
+        "PODCOST_RANKER_GROUP": f"replicas-{run}-ranker",
         "PODCOST_KAFKA_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
     }
-    stream = Stream(kafka)
+    stream = Stream(kafka, seed)
+    supervisor = Supervisor()
     shares: dict[str, float] = {}
     started = time.monotonic()
     async with (
-        processes(specs, env=env, log_dir=tmp_path) as core,
+        processes(specs, env=env, log_dir=tmp_path, ready_timeout=READY_TIMEOUT_S) as core,
         kafka.consumer([topics.costs_for(CLUSTER)], group=f"test-{uuid.uuid4().hex}") as costs,
         kafka.consumer(
             [topics.ranks, topics.deadletter], group=f"test-{uuid.uuid4().hex}"
@@ -341,8 +402,9 @@ async def test_replicas_share_the_partitions_and_rebalances_lose_no_decision_and
     ):
         a1, a2 = core["aggregator#1"], core["aggregator#2"]
         r1, r2 = core[f"ranker-{DUPLICATED}#1"], core[f"ranker-{DUPLICATED}#2"]
-        readers = asyncio.gather(stream.read(costs), stream.read_answers(ranks))
-        drivers = asyncio.gather(*(stream.drive(index) for index in range(WORKLOADS)))
+        supervisor.watched.update((a1, a2))
+        readers = asyncio.gather(stream.read(costs), stream.read_answers(ranks), supervisor.run())
+        drivers = asyncio.gather(*(stream.drive(index) for index in range(workloads)))
         try:
             # 0. Two of each from the start: both hold partitions and do work.
             await all_read([a1, a2], topics.workloads)
@@ -351,8 +413,9 @@ async def test_replicas_share_the_partitions_and_rebalances_lose_no_decision_and
                 shares[member.spec.name] = await consumed(member, topics.workloads)
 
             # 1. One of each leaves cleanly (SIGTERM): the others take its partitions over.
+            supervisor.watched.discard(a1)
             assert list(await asyncio.gather(a1.stop(), r1.stop())) == [0, 0]
-            await stream.more_decided(WORKLOADS)
+            await stream.more_decided(workloads)
 
             # 2. A third of each joins mid-stream and gets partitions.
             a3 = ServiceProcess(replace(a1.spec, name="aggregator#3"), env=env, log_dir=tmp_path)
@@ -361,7 +424,8 @@ async def test_replicas_share_the_partitions_and_rebalances_lose_no_decision_and
             for newcomer in (a3, r3):
                 await newcomer.start()
                 joined.push_async_callback(newcomer.stop)
-            await asyncio.gather(a3.wait_ready(90), r3.wait_ready(90))
+            await asyncio.gather(a3.wait_ready(READY_TIMEOUT_S), r3.wait_ready(READY_TIMEOUT_S))
+            supervisor.watched.add(a3)
             await all_read([a3, r3], topics.workloads)
             for member in (a2, r2, a3, r3):
                 shares[f"{member.spec.name} before the crash"] = await consumed(
@@ -370,11 +434,16 @@ async def test_replicas_share_the_partitions_and_rebalances_lose_no_decision_and
 
             # 3. The second of each crashes (SIGKILL): its partitions wait for the session
             #    timeout, then the newcomers take them and read its uncommitted records again.
+            supervisor.watched.discard(a2)
             a2.kill()
             r2.kill()
             await asyncio.gather(a2.stop(), r2.stop())
             stream.done.set()
 
+            both: list[asyncio.Future[Any]] = [drivers, readers]
+            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+            if readers.done():
+                readers.result()  # the supervisor's failure
             await drivers
             assert_alive([p for p in core.values() if p not in (a1, a2, r1, r2)] + [a3, r3])
         finally:
@@ -391,7 +460,7 @@ async def test_replicas_share_the_partitions_and_rebalances_lose_no_decision_and
     twin = await twin_decisions(stream.published, sorted(strategies), policy_file)
 
     published = {(key, s.version) for key, versions in stream.published.items() for s in versions}
-    assert len(stream.published) == WORKLOADS
+    assert len(stream.published) == workloads
     assert set(stream.decisions) == published  # every version decided, none invented
     assert set(twin) == published
     wrong = [
@@ -410,7 +479,9 @@ async def test_replicas_share_the_partitions_and_rebalances_lose_no_decision_and
 
     duplicates = Counter(len(d) - 1 for d in stream.decisions.values() if len(d) > 1)
     print(
-        f"\n{len(published)} versions of {WORKLOADS} workloads decided in {streamed:.0f}s, "
+        f"\nseed {seed}: {len(published)} versions of {workloads} workloads decided in "
+        f"{streamed:.0f}s, "
         f"{stream.records} decision records, {sum(n * c for n, c in duplicates.items())} "
-        f"duplicates ({dict(duplicates)} extra copies: versions), records read per member: {shares}"
+        f"duplicates ({dict(duplicates)} extra copies: versions), records read per member: "
+        f"{shares}, aggregators restarted after stopping on a skip: {supervisor.restarts}"
     )

@@ -1,5 +1,7 @@
 """The faust transport's own guard, without a broker: a record that faust skips stops the app
-before anything of its batch is processed (and acked), so the restart reads it again. The transport
+before anything of its batch is processed (and acked), so the restart reads it again; a skip right
+after the seek to the committed offset is caught too; and resuming a flow that was not suspended
+keeps the records the streams buffered (faust would clear them). The transport
 against the real broker is ``tests/integration/test_ranker_aggregator.py``."""
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from types import SimpleNamespace
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from podcost_bus import BusSettings, Record
+from podcost_bus import BusSettings, Record, TopicPartition
 from podcost_bus.faust_app import FaustKeyedApp, SkippedRecords, key_partition
 
 
@@ -91,6 +93,47 @@ async def test_a_record_faust_skips_stops_the_app_before_anything_of_its_batch_i
     assert isinstance(reason, SkippedRecords)
     assert str(reason) == "faust skipped t.ranks[0] offsets 6..6; restart to read them"
     assert processor.offsets == [4, 5]  # the first batch; of the second, nothing
+
+
+async def test_a_skip_of_the_first_records_after_the_seek_to_the_committed_offset_stops_the_app(
+    tmp_path: Path,
+) -> None:
+    processor = Offsets()
+    settings = BusSettings(bootstrap_servers="127.0.0.1:1", partitions=2)
+    transport = FaustKeyedApp(
+        settings, processor, app_id="test-skips", topics=["t.workloads", "t.ranks"],
+        data_dir=tmp_path,
+    )  # fmt: skip
+    failure: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
+    transport._failure = failure
+    # After a rebalance the consumer thread seeks partition 0 to offset 0 (nobody committed).
+    transport.app.on_source_seek({TopicPartition("t.ranks", 0): 0})
+    agent = asyncio.create_task(transport._agent(Stream((1, 2))))
+    try:
+        reason = await asyncio.wait_for(failure, timeout=5)
+    finally:
+        agent.cancel()
+        await asyncio.gather(agent, return_exceptions=True)
+    assert str(reason) == "faust skipped t.ranks[0] offsets 0..0; restart to read them"
+    assert processor.offsets == []
+
+
+async def test_resuming_a_flow_that_was_not_suspended_keeps_what_the_streams_buffered(
+    tmp_path: Path,
+) -> None:
+    settings = BusSettings(bootstrap_servers="127.0.0.1:1", partitions=2)
+    transport = FaustKeyedApp(
+        settings, Offsets(), app_id="test-flow", topics=["t.workloads"], data_dir=tmp_path
+    )
+    flow = transport.app.flow_control
+    buffer = transport.app.FlowControlQueue(maxsize=10, clear_on_resume=True)
+    flow.resume()  # the first resume of a recovery: the changelogs are read
+    buffer.put_nowait("fetched after the seek")
+    flow.resume()  # the second, once the source partitions are sought
+    assert buffer.qsize() == 1
+    flow.suspend()  # a rebalance: what is buffered now is stale
+    flow.resume()
+    assert buffer.qsize() == 0
 
 
 def test_a_key_goes_to_the_partition_the_kafka_producers_give_it() -> None:

@@ -22,7 +22,7 @@ from tests.support.tasks import leak_check
 
 from podcost import aggregator, ranker
 from podcost.aggregator import AggregatorService, AggregatorSettings
-from podcost.ranker import RankerService, group_of
+from podcost.ranker import RankerService, RankerSettings, group_of
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_COMPLETE,
@@ -316,6 +316,29 @@ async def test_a_ranker_restarted_before_committing_ranks_again_and_the_decision
     assert {pod.uid: pod.cost for pod in first.costs} == expected_costs(SNAPSHOT, POLICY)
     committed = world.bus.committed(group_of(CAP))
     assert sum(committed.values()) == 2  # both snapshots, once the restarted ranker committed
+
+
+async def test_rankers_given_a_group_prefix_commit_in_their_own_group_not_the_default_one(
+    world: World,
+) -> None:
+    config = RankerSettings(group="bench-7")
+    prefixed = ranker.bootstrap(
+        SETTINGS, BUS, strategy=AGE, config=config, bus=world.bus, clock=world.clock,
+        registry=world.registry, tracer_provider=world.provider,
+    )  # fmt: skip
+    async with (
+        running(prefixed, world.ranker(CAP), world.aggregator()),
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
+    ):
+        await world.publish()
+        [decision] = await costs.take(1)
+        await eventually(
+            lambda: sum(world.bus.committed("bench-7-age").values()) == 1, "bench-7-age commits"
+        )
+
+    assert decision.complete
+    assert prefixed.group == "bench-7-age"
+    assert world.bus.committed(group_of(AGE)) == {}
 
 
 def _explode(snapshot: Snapshot, args: object) -> dict[PodUID, float]:

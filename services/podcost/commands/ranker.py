@@ -1,6 +1,7 @@
 """``podcost ranker --strategy NAME``: run one strategy's ranker on its own, over Kafka.
 
-Reads the settings from the environment (``PODCOST_*``, ``PODCOST_KAFKA*``), validates them and
+Reads the settings from the environment (``PODCOST_*``, ``PODCOST_KAFKA*``,
+``PODCOST_RANKER_*``), validates them and
 the strategy before anything starts (an unknown strategy, a broken plugin or a bad policy file
 exits 2 naming the culprit), then serves the ranker with ``/healthz``, ``/readyz`` and
 ``/metrics`` until SIGINT/SIGTERM. ``podcost.cli`` registers it; ``podcost.ranker.bootstrap``
@@ -16,7 +17,7 @@ from typing import Annotated
 import typer
 
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings
-from podcost.ranker import bootstrap
+from podcost.ranker import RankerSettings, bootstrap
 from podcost.runtime.logs import configure_logging
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
@@ -40,10 +41,11 @@ def ranker_command(
     """Rank every workload snapshot with one strategy and publish its scores."""
     settings = load_settings("ranker", ServiceSettings)
     bus_settings = load_settings("ranker", BusSettings)
+    config = load_settings("ranker", RankerSettings)
     configure_logging(settings.log_level, settings.log_format)
     setup_tracing(f"podcost-ranker-{strategy}")
     try:
-        service = bootstrap(settings, bus_settings, strategy=strategy)
+        service = bootstrap(settings, bus_settings, strategy=strategy, config=config)
     except (UnknownStrategyError, PluginError, PolicyError) as error:
         fail("ranker", str(error))
     if not bus_settings.bootstrap_servers:

@@ -1,10 +1,10 @@
 """The ranker: one generic service that runs one strategy on every workload snapshot.
 
 ``podcost ranker --strategy NAME`` runs it, one process per strategy, each in its own consumer
-group ``podcost-ranker-<strategy>``; embedded mode runs one per strategy in-process; the tests
-build it with :func:`bootstrap`. The same loop runs any strategy the registry knows, built-in or
-installed by a package through the ``podcost.strategies`` entry points: adding a strategy never
-copies this code.
+group ``<PODCOST_RANKER_GROUP>-<strategy>`` (``podcost-ranker-<strategy>`` by default); embedded
+mode runs one per strategy in-process; the tests build it with :func:`bootstrap`. The same loop
+runs any strategy the registry knows, built-in or installed by a package through the
+``podcost.strategies`` entry points: adding a strategy never copies this code.
 
 For each snapshot read from the workloads topic (a ``WorkloadGoneMessage`` there is skipped:
 there is nothing left to rank): decode it (an undecodable record goes to the
@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode, Tracer
 from opentelemetry.util.types import AttributeValue
 
+from podcost.ranker.settings import RankerSettings
 from podcost.runtime.clock import Clock, WallClock
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.retry import DEFAULT_BACKOFF, Backoff, retry_transient
@@ -69,14 +70,13 @@ from podcost_core.strategies.registry import Registry, default_registry
 
 log = logging.getLogger("podcost.ranker")
 
-GROUP_PREFIX = "podcost-ranker-"
 #: How often the consumer lag gauge is refreshed (asking Kafka costs a round trip).
 LAG_EVERY_S = 1.0
 
 
 def group_of(strategy: str) -> str:
-    """The consumer group of the rankers of ``strategy``."""
-    return f"{GROUP_PREFIX}{strategy}"
+    """The consumer group of the rankers of ``strategy`` with the default settings."""
+    return RankerSettings().group_for(strategy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +102,11 @@ class RankerService:
         clock: Clock,
         poll_s: float = 1.0,
         backoff: Backoff = DEFAULT_BACKOFF,
+        group: str | None = None,
     ) -> None:
         self.strategy = strategy
         self.name = f"ranker-{strategy.name}"
-        self.group = group_of(strategy.name)
+        self.group = group if group is not None else group_of(strategy.name)
         self.policies = policies
         self.bus = bus
         self.topics = topics
@@ -304,6 +305,7 @@ def bootstrap(
     bus_settings: BusSettings,
     *,
     strategy: str,
+    config: RankerSettings | None = None,
     bus: Bus | None = None,
     clock: Clock | None = None,
     registry: Registry | None = None,
@@ -315,6 +317,7 @@ def bootstrap(
     ones), ``PluginError`` (a broken installed plugin) and ``PolicyError`` (a bad policy file,
     e.g. bad args for a strategy).
     """
+    config = config if config is not None else RankerSettings()
     registry = registry if registry is not None else default_registry()
     found = registry.get_strategy(strategy)
     default = (
@@ -335,4 +338,5 @@ def bootstrap(
         metrics=Metrics(f"ranker-{strategy}"),
         tracer=tracer(tracer_provider),
         clock=clock if clock is not None else WallClock(),
+        group=config.group_for(found.name),
     )

@@ -1,0 +1,41 @@
+"""The ranker's own settings, declared once with their environment variable and meaning.
+
+``podcost ranker`` reads them from the environment and hands them to
+``podcost.ranker.bootstrap`` (tests construct them directly); they are validated at start, so a
+bad value stops the service with the variable named. The shared settings (cluster, HTTP, logs,
+``PODCOST_POLICY_FILE``) are ``podcost.runtime.settings.ServiceSettings``; the bus and topics
+are ``podcost_bus.BusSettings``.
+
+Variables (defaults in brackets), all prefixed ``PODCOST_RANKER_``:
+
+- ``GROUP``: the prefix of the consumer groups; the rankers of strategy NAME join
+  ``<GROUP>-NAME`` and share the workloads topic's partitions [podcost-ranker]. Two
+  deployments (or two tests) reading the same broker keep apart by giving each its own.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "PODCOST_RANKER_"
+DEFAULT_GROUP = "podcost-ranker"
+
+
+class RankerSettings(BaseSettings):
+    """How the rankers join the bus (see the module docstring)."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+
+    group: str = Field(
+        default=DEFAULT_GROUP,
+        min_length=1,
+        max_length=180,
+        pattern=r"^[a-zA-Z0-9._-]+$",
+        description="The consumer group prefix: the rankers of NAME join <group>-NAME.",
+    )
+
+    def group_for(self, strategy: str) -> str:
+        """The consumer group of the rankers of ``strategy``: one per strategy, so that every
+        strategy reads every snapshot."""
+        return f"{self.group}-{strategy}"
