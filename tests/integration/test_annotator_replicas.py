@@ -99,7 +99,9 @@ class Namespace:
         labels = {"podcost-replicas-test": self.name}
         await self.kube.create_node(self.node, zone="a", labels=labels)
         for app in self.apps:
-            await self.kube.create_deployment(self.name, app, PODS, node_selector=labels)
+            await self.kube.create_deployment(
+                self.name, app, PODS, opt_in=True, node_selector=labels
+            )
         for app in self.apps:
 
             async def created(app: str = app) -> bool:
