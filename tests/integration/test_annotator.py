@@ -9,7 +9,7 @@ after a newer one (even while the newer one's writes are in flight) never rewind
 PATCH requests are counted by ``CountingPods`` around the real ``Kube`` adapter, so a count here
 is what the API server received. Each test makes its own opted-in Deployment in this module's
 namespace, on this module's node; each annotator verifies against its own informer view
-(``InformerView``). Forged decisions are in ``test_annotator_verify.py``.
+(``InformerView``). Forged decisions are in ``test_annotator_verify_forged.py``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from podcost.aggregator.settings import DEFAULT_APP_ID
 from podcost.annotator.settings import DEFAULT_GROUP
-from podcost.ranker.service import GROUP_PREFIX
+from podcost.ranker.settings import DEFAULT_GROUP as RANKER_GROUP
 from podcost_contracts.topics import DEFAULT_TOPICS
 from podcost_localinfra.kafka_secure import (
     Acl,
@@ -27,7 +27,7 @@ def test_the_layouts_defaults_are_the_names_the_services_use_by_default() -> Non
         DEFAULT_TOPICS.workloads, DEFAULT_TOPICS.ranks, DEFAULT_TOPICS.costs,
         DEFAULT_TOPICS.deadletter,
     )  # fmt: skip
-    assert layout.ranker_group_prefix == GROUP_PREFIX
+    assert layout.ranker_group_prefix == f"{RANKER_GROUP}-"
     assert layout.aggregator_app_id == DEFAULT_APP_ID
     assert layout.annotator_group == DEFAULT_GROUP
 
