@@ -383,8 +383,8 @@ class PodCost(BaseModel):
     cost: Int32
     """The desired ``controller.kubernetes.io/pod-deletion-cost``."""
     previous: Int32 | None
-    """The cost on the pod when the snapshot was taken; ``None`` if it had none (or an invalid
-    one)."""
+    """The cost the controller read on the pod when the snapshot was taken (0 if it had no
+    annotation); ``None`` if it had an invalid one (or one of ours written otherwise)."""
     breakdown: Mapping[str, StrategyTerm] = Field(default_factory=dict)
     """Per strategy that took part: its term of this pod's cost."""
 

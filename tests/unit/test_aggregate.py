@@ -356,7 +356,7 @@ def test_a_complete_decision_is_rank_then_label_costs_against_the_costs_on_the_p
     assert {name for name, p in pods.items() if p.changes} == {
         snapshot.pods[i].name for i, p in enumerate(snapshot.pods) if p.uid in labelled.writes
     }
-    assert pods["c"].previous is None
+    assert pods["c"].previous == 0  # no annotation: the controller reads 0
     for p in pods.values():
         assert [term.strategy for term in p.breakdown] == [b.name for b in DEFAULT_POLICY.bound]
 

@@ -127,11 +127,8 @@ def decide(
     if state is None or state.uid != uid or state.deleting:
         # A recreated pod under the same name is another pod; a terminating one needs no cost.
         return Verdict.GONE
-    if (
-        state.value is not None
-        and state.invalid is None
-        and parse_deletion_cost(state.value) == cost
-    ):
+    if state.invalid is None and parse_deletion_cost(state.value) == cost:
+        # What the controller reads already, a missing annotation being 0: nothing to write.
         return Verdict.UNCHANGED
     # An invalid value is no cost (the controller reads 0), whoever set it: it is replaced.
     if state.owner is CostOwner.OTHER and state.invalid is None and not overwrite_foreign:
@@ -151,7 +148,8 @@ class Want(Generic[T]):
     name: str
     cost: int
     previous: int | None
-    """The cost the snapshot saw on the pod (``None``: none, or an invalid one)."""
+    """The cost the snapshot saw on the pod (0 without the annotation, ``None``: an invalid
+    one, or one of ours not written as podcost writes it)."""
     origin: T
 
 
