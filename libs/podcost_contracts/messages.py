@@ -406,6 +406,10 @@ class DesiredCostsMessage(WorkloadMessage):
     changed_at: float | None = None
     """The decided snapshot's ``changed_at`` (when the watcher saw the change that caused this
     decision): the annotator measures event-to-annotation latency from it."""
+    first_wrong: int | None = Field(default=None, ge=1)
+    """The smallest scale-in that, with the costs on the pods before these writes, would delete
+    a pod the decided order keeps (``podcost_core.urgency``); ``None``: none would. The
+    annotator writes the decisions with the smallest first."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -67,6 +67,7 @@ from podcost_core.policy import (
     policy_from_annotations,
 )
 from podcost_core.strategies.registry import Registry
+from podcost_core.urgency import first_wrong
 
 Scores = Mapping[PodUID, float]
 """One strategy's raw scores for the pods of one snapshot version."""
@@ -279,6 +280,12 @@ class Decision:
     def missing(self) -> tuple[str, ...]:
         """The needed strategies that did not take part (no answer, or a rejected one)."""
         return self.combined.missing
+
+    @property
+    def first_wrong(self) -> int | None:
+        """The smallest scale-in that would now, before these writes, delete a pod the order
+        keeps (``urgency.first_wrong``): how urgent the writes are."""
+        return first_wrong(self.combined.order, self.snapshot)
 
     def pods(self) -> list[PodDecision]:
         """Every ranked pod, in snapshot order."""

@@ -121,6 +121,7 @@ def desired_costs(decision: Decision, *, emitted_at: float) -> DesiredCostsMessa
         missing=decision.missing,
         emitted_at=emitted_at,
         changed_at=decision.changed_at,
+        first_wrong=decision.first_wrong,
     )
 
 
@@ -167,6 +168,7 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
                 "missing": decision.missing,
                 "emitted_at": float(emitted_at),
                 "changed_at": None if changed_at is None else float(changed_at),
+                "first_wrong": decision.first_wrong,
             }
         )
     except PydanticSerializationError as error:  # text that is not Unicode (a lone surrogate)

@@ -6,6 +6,8 @@ everything here directly. Three pieces:
 - :func:`decide`: given the cost a pod should carry and the pod as the API holds it now
   (:class:`PodState`, read by :func:`pod_state` from the pod's JSON), write, leave it (already
   right), leave it (someone else's cost), or skip it (the pod is gone).
+- :func:`write_priority`: the order the writes wait in, most urgent decision first
+  (``podcost_core.urgency``), which is the order a first costing spends the write budget in.
 - :class:`WriteQueue`: the pending writes, one slot per pod uid. A newer desired cost for a pod
   supersedes a queued older one, so only the newest is ever written; a desired cost the snapshot
   already saw on the pod is no write at all; a pod with a write in flight gets its next write
@@ -151,6 +153,21 @@ class Want(Generic[T]):
     """The cost the snapshot saw on the pod (0 without the annotation, ``None``: an invalid
     one, or one of ours not written as podcost writes it)."""
     origin: T
+    first_wrong: int | None = None
+    """The decision's ``first_wrong``: the smallest scale-in that goes wrong until its costs
+    are written (``None``: none does). Orders the writes (:func:`write_priority`)."""
+
+
+#: The priority of a decision no scale-in goes wrong without: after every other.
+NOT_URGENT = 2**31
+
+
+def write_priority(first_wrong: int | None) -> int:
+    """Where a pod's write goes in the annotator's line, lowest first: the smallest scale-in its
+    decision sets right (a first costing writes the workloads a scale-in of one would now harm
+    first, then two, ...), a decision no scale-in needs last. Writes of equal priority keep the
+    order they came in."""
+    return NOT_URGENT if first_wrong is None else min(first_wrong, NOT_URGENT - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +236,11 @@ class WriteQueue(Generic[T]):
         slot.queued = want
         self._queued += 1
         return Offer(tuple(settled), ready=slot.running is None and not announced)
+
+    def queued(self, uid: PodUID) -> Want[T] | None:
+        """The write of ``uid`` waiting for its turn, if any."""
+        slot = self._slots.get(uid)
+        return None if slot is None else slot.queued
 
     def take(self, uid: PodUID) -> Want[T] | None:
         """Start the queued write of ``uid`` (a writer calls this for a ready uid)."""

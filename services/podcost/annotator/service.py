@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import time
 from collections import Counter
@@ -80,6 +81,7 @@ from podcost.annotator.plan import (
     decide,
     gives_up,
     pod_state,
+    write_priority,
 )
 from podcost.annotator.settings import AnnotatorSettings
 from podcost.runtime.metrics import Metrics
@@ -189,7 +191,9 @@ class AnnotatorService:
         self._ledger: Ledger[_Batch] = Ledger()
         self._open: set[_Batch] = set()
         self._bucket: TokenBucket | None = None
-        self._ready: asyncio.Queue[PodUID] = asyncio.Queue()
+        # (write_priority, arrival, uid): the most urgent decision's pods first, then in order.
+        self._ready: asyncio.PriorityQueue[tuple[int, int, PodUID]] = asyncio.PriorityQueue()
+        self._arrivals = itertools.count()
         self._progress = asyncio.Event()
         self._consumer: Consumer | None = None
         self.decisions = DecisionLog()
@@ -251,7 +255,7 @@ class AnnotatorService:
         await self.bus.ensure_topics([self.topic, topics.deadletter])
         # A fresh start forgets what a previous run had in flight: it is read again from the bus.
         self._writes, self._ledger, self._open = WriteQueue(), Ledger(), set()
-        self._ready, self._progress = asyncio.Queue(), asyncio.Event()
+        self._ready, self._progress = asyncio.PriorityQueue(), asyncio.Event()
         self.guard, self._done = VersionGuard(), {}
         self._started_at = self._clock.now()
         self.marks = WaterMarks(self.config.high_water, self.config.low_water)
@@ -311,7 +315,7 @@ class AnnotatorService:
 
     async def _write_loop(self, kube: PodAPI) -> None:
         while True:
-            uid = await self._ready.get()
+            _, _, uid = await self._ready.get()
             want = self._writes.take(uid)
             if want is None:  # settled while waiting its turn (superseded by an unchanged cost)
                 continue
@@ -319,7 +323,7 @@ class AnnotatorService:
             again = self._writes.finish(want.uid)
             self._settle(want, result)
             if again:
-                self._ready.put_nowait(want.uid)
+                self._announce(want.uid)
             self._observe_depth()
 
     async def _commit_loop(self, consumer: Consumer) -> None:
@@ -405,12 +409,19 @@ class AnnotatorService:
         if not message.costs:
             self._finish(batch)
         for pod in message.costs:
-            want = Want(pod.uid, pod.namespace, pod.name, pod.cost, pod.previous, ticket)
+            want = Want(pod.uid, pod.namespace, pod.name, pod.cost, pod.previous, ticket,
+                        message.first_wrong)  # fmt: skip
             offer = self._writes.offer(want)
             for settled in offer.settled:
                 self._settle(settled.want, settled.result)
             if offer.ready:
-                self._ready.put_nowait(pod.uid)
+                self._announce(pod.uid)
+
+    def _announce(self, uid: PodUID) -> None:
+        """Hand ``uid``'s queued write to the writers, in the line of its decision's urgency."""
+        queued = self._writes.queued(uid)
+        priority = write_priority(None if queued is None else queued.first_wrong)
+        self._ready.put_nowait((priority, next(self._arrivals), uid))
 
     def _nothing_to_write(self, record: Record, message: DesiredCostsMessage | None) -> None:
         batch = _Batch(record, message, None)
