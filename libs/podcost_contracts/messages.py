@@ -396,7 +396,8 @@ class DesiredCostsMessage(WorkloadMessage):
 
     schema_version: Literal[1] = 1
     costs: tuple[PodCost, ...]
-    """One entry per ranked pod; uids are distinct."""
+    """One entry per ranked pod, first deleted first (the annotator writes them in this order);
+    uids are distinct."""
     complete: bool
     """Whether every enabled strategy answered; ``False`` when combined after the deadline."""
     missing: tuple[str, ...] = ()

@@ -21,8 +21,8 @@ out of gaps only costs more writes, never failure.
 A pod without the annotation already has a cost: the controller reads it as 0
 (``GetDeletionCostFromPodAnnotations``), so ``current_costs`` says 0 and labelling may keep it
 like any other cost. A workload whose pods all tie writes nothing, and a first labelling
-anchors one group at 0 (the largest it can) and writes only the others, ``EDGE_STEP`` apart
-around it. An invalid value also reads as 0 but is replaced whatever the order.
+anchors one group at 0 (the largest, the last of equal ones) and writes only the others,
+``EDGE_STEP`` apart around it. An invalid value also reads as 0 but is replaced whatever the order.
 
 Costs podcost writes stay inside ``DEFAULT_BAND`` (±1e9), or ``NON_NEGATIVE_BAND`` when the
 policy sets ``non_negative_costs`` (for Karpenter), leaving the rest of int32 to people:
@@ -226,7 +226,10 @@ def _label_replicaset(
         previous.append(before)
         tree.update(spot, (best + weight, item))
     kept: set[int] = set()
-    item = max(range(len(candidates)), key=lambda i: scores[i], default=-1)
+    # Of equally good choices, the one ending latest in the order: a first costing then keeps
+    # the last of equal groups at 0 and writes the others below it, first deleted lowest, so
+    # writing them first-deleted first makes small scale-ins right early (``urgency``).
+    item = max(range(len(candidates)), key=lambda i: (scores[i], i), default=-1)
     while item >= 0:
         kept.add(item)
         item = previous[item]

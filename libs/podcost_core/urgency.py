@@ -1,14 +1,17 @@
 """How urgent a decision's writes are: the smallest scale-in that would now go wrong.
 
 The aggregator puts ``first_wrong`` on every decision (``Decision.first_wrong``, the
-``first_wrong`` field of the desired-costs message); the annotator spends its write budget on
-the decisions with the smallest one first. That is the order of a first costing, when every
-opted-in workload waits for its writes at once (10 writes/s, so hours for a large cluster): the
-workloads where a scale-in would do harm now come first, and the most common scale-in, by one,
-before larger ones. Harm is whatever the order says: a spot pod the controller would keep while
-deleting an on-demand one, a scale-in that leaves a zone skew the spread would not, a pod on an
-expensive node kept. A workload whose costs already give its order (or whose pods all tie in the
-order) has nothing urgent and waits behind every other.
+``first_wrong`` field of the desired-costs message, whose pods are listed first deleted first).
+The annotator spends its write budget by it (``podcost.annotator.plan.write_priority``): each
+write waits for the smallest scale-in it can set right, its place in the order but never below
+its decision's ``first_wrong``. That is the order of a first costing, when every opted-in
+workload waits for its writes at once (10 writes/s, so hours for a large cluster): the first pod
+to go of every workload where a scale-in of one would now do harm, then the second, and so on;
+scale-ins of one are right everywhere after about one write per workload. Harm is whatever the
+order says: a spot pod the controller would keep while deleting an on-demand one, a scale-in
+that leaves a zone skew the spread would not, a pod on an expensive node kept. A workload whose
+costs already give its order (or whose pods all tie in it) has nothing urgent and waits behind
+every other.
 
 "Would now go wrong" is judged with the costs on the pods as the snapshot saw them and rules 1-5
 of the controller (``victims.clockless_key``): pods with equal keys are ordered by its clock,

@@ -44,11 +44,11 @@ def test_a_doubled_up_pod_the_order_deletes_first_needs_no_cost() -> None:
 
 def test_pods_the_clock_would_order_keep_their_costs() -> None:
     # b and c differ only in age: the controller orders them by log2 buckets that merge as
-    # time goes on, so c's cost is still written.
+    # time goes on, so b's cost is still written (c keeps 0, the anchor).
     snapshot = workload(pod("a", ready=False), pod("b", ready_since=NOW - 10), pod("c"))
     full, thin = labelled([[U("uid-a")], [U("uid-b")], [U("uid-c")]], snapshot)
-    assert set(full.writes) == {"uid-b", "uid-c"}
-    assert set(thin.writes) == {"uid-c"}
+    assert set(full.writes) == {"uid-a", "uid-b"}
+    assert set(thin.writes) == {"uid-b"}
 
 
 def test_an_order_against_the_controllers_own_keeps_every_write() -> None:

@@ -52,12 +52,20 @@ def test_a_not_ready_pod_goes_first_whatever_the_cost() -> None:
 
 
 @pytest.mark.parametrize(
-    ("first_wrong_k", "expected"), [(1, 1), (3, 3), (None, NOT_URGENT), (2**40, NOT_URGENT - 1)]
+    ("first_wrong_k", "position", "expected"),
+    [
+        (1, 0, 1),  # the first pod to go, where a scale-in of one goes wrong: first of all
+        (1, 4, 5),  # the fifth pod helps scale-ins of five and more
+        (3, 0, 3),  # scale-ins of one and two are right already
+        (3, 7, 8),
+        (None, 0, NOT_URGENT),  # nothing goes wrong: after everything else
+        (2**40, 0, NOT_URGENT - 1),
+    ],
 )
-def test_write_priority_puts_the_smallest_wrong_scale_in_first(
-    first_wrong_k: int | None, expected: int
+def test_write_priority_is_the_smallest_scale_in_the_write_can_set_right(
+    first_wrong_k: int | None, position: int, expected: int
 ) -> None:
-    assert write_priority(first_wrong_k) == expected
+    assert write_priority(first_wrong_k, position) == expected
 
 
 def test_the_write_queue_shows_the_write_waiting_for_its_turn() -> None:

@@ -156,18 +156,27 @@ class Want(Generic[T]):
     first_wrong: int | None = None
     """The decision's ``first_wrong``: the smallest scale-in that goes wrong until its costs
     are written (``None``: none does). Orders the writes (:func:`write_priority`)."""
+    position: int = 0
+    """The pod's place in its decision, first deleted first (0-based)."""
 
 
 #: The priority of a decision no scale-in goes wrong without: after every other.
 NOT_URGENT = 2**31
 
 
-def write_priority(first_wrong: int | None) -> int:
-    """Where a pod's write goes in the annotator's line, lowest first: the smallest scale-in its
-    decision sets right (a first costing writes the workloads a scale-in of one would now harm
-    first, then two, ...), a decision no scale-in needs last. Writes of equal priority keep the
-    order they came in."""
-    return NOT_URGENT if first_wrong is None else min(first_wrong, NOT_URGENT - 1)
+def write_priority(first_wrong: int | None, position: int = 0) -> int:
+    """Where a pod's write goes in the annotator's line, lowest first: the smallest scale-in it
+    can help set right. That is the scale-in its place in the order first reaches
+    (``position + 1``), but none below its decision's ``first_wrong``, which are right already.
+    So a first costing, every workload waiting at once, writes the first pod to go of every
+    workload where a scale-in of one would now do harm, then the second, and so on: scale-ins
+    of one are right everywhere after about one write per workload, not after all of them
+    (``labels`` keeps the last of equal groups at 0 and writes the others below it, so the
+    pods written first are deleted first). A decision no scale-in needs goes last. Writes of
+    equal priority keep the order they came in."""
+    if first_wrong is None:
+        return NOT_URGENT
+    return min(max(position + 1, first_wrong), NOT_URGENT - 1)
 
 
 @dataclass(frozen=True, slots=True)

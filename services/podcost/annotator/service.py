@@ -68,6 +68,7 @@ from podcost.annotator.pacing import (
     backoff_delay,
 )
 from podcost.annotator.plan import (
+    NOT_URGENT,
     Decided,
     Freshness,
     Ledger,
@@ -408,9 +409,9 @@ class AnnotatorService:
         ticket = self._ledger.open(record.tp, record.offset, len(message.costs), batch)
         if not message.costs:
             self._finish(batch)
-        for pod in message.costs:
+        for position, pod in enumerate(message.costs):
             want = Want(pod.uid, pod.namespace, pod.name, pod.cost, pod.previous, ticket,
-                        message.first_wrong)  # fmt: skip
+                        message.first_wrong, position)  # fmt: skip
             offer = self._writes.offer(want)
             for settled in offer.settled:
                 self._settle(settled.want, settled.result)
@@ -420,7 +421,9 @@ class AnnotatorService:
     def _announce(self, uid: PodUID) -> None:
         """Hand ``uid``'s queued write to the writers, in the line of its decision's urgency."""
         queued = self._writes.queued(uid)
-        priority = write_priority(None if queued is None else queued.first_wrong)
+        priority = (
+            NOT_URGENT if queued is None else write_priority(queued.first_wrong, queued.position)
+        )
         self._ready.put_nowait((priority, next(self._arrivals), uid))
 
     def _nothing_to_write(self, record: Record, message: DesiredCostsMessage | None) -> None:
