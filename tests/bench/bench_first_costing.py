@@ -28,15 +28,17 @@ import argparse
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from tests.bench.bench_core import make_nodes, make_snapshots
 
+from podcost.annotator.plan import write_priority
 from podcost_core.combine import rank
 from podcost_core.implied import drop_implied
 from podcost_core.labels import CurrentCost, Labelling, current_costs, dense_costs, label_costs
 from podcost_core.model import PodUID, Snapshot
+from podcost_core.urgency import first_wrong
 from podcost_core.victims import clockless_key, colocation_ranks, victim_inputs
 
 #: Pods per workload and how often each size is drawn: mostly small Deployments.
@@ -88,11 +90,22 @@ def realises(labelling: Labelling, order: Sequence[Sequence[PodUID]], snapshot: 
     )
 
 
-def measure(snapshots: list[Snapshot]) -> tuple[dict[str, Count], float]:
+@dataclass
+class Writes:
+    """One workload's writes (after), each with the annotator's priority, in message order."""
+
+    snapshot: Snapshot
+    order: Sequence[Sequence[PodUID]]
+    writes: list[tuple[int, PodUID, int]]  # (priority, pod, cost)
+
+
+def measure(snapshots: list[Snapshot]) -> tuple[dict[str, Count], list[Writes], float]:
     counts = {name: Count() for name in ("dense", "before", "zero", "after")}
+    queued: list[Writes] = []
     started = time.perf_counter()
     for snapshot in snapshots:
-        order = rank(snapshot).order
+        combined = rank(snapshot)
+        order = combined.order
         replicaset_of = {pod.uid: pod.replicaset for pod in snapshot.pods}
         current = current_costs(snapshot.pods)
         zero = label_costs(order, replicaset_of, current)
@@ -106,7 +119,39 @@ def measure(snapshots: list[Snapshot]) -> tuple[dict[str, Count], float]:
             assert realises(labelling, order, snapshot), (name, snapshot.workload.key)
             counts[name].writes += len(labelling.writes)
             counts[name].untouched += not labelling.writes
-    return counts, time.perf_counter() - started
+        # As the aggregator publishes it: pods first deleted first, and its urgency.
+        urgent = first_wrong(order, snapshot)
+        after = labellings["after"].writes
+        listed = [uid for group in order for uid in group]
+        queued.append(Writes(snapshot, order, [
+            (write_priority(urgent, position), uid, after[uid])
+            for position, uid in enumerate(listed)
+            if uid in after
+        ]))  # fmt: skip
+    return counts, queued, time.perf_counter() - started
+
+
+def covered(queued: list[Writes], scale_in: int) -> tuple[int, int, int]:
+    """For scale-ins up to ``scale_in`` to be right in every workload: the writes the
+    annotator makes before (its priority order; the writes of priority up to ``scale_in``),
+    those it would make in arrival order (workload by workload), and the workloads where
+    those writes do not suffice (checked with ``urgency.first_wrong`` on the written costs)."""
+    by_priority = sum(1 for work in queued for priority, _, _ in work.writes
+                      if priority <= scale_in)  # fmt: skip
+    fifo = done = 0
+    short = 0
+    for work in queued:
+        needed = [index for index, (priority, _, _) in enumerate(work.writes)
+                  if priority <= scale_in]  # fmt: skip
+        if needed:
+            fifo = done + needed[-1] + 1
+        done += len(work.writes)
+        written = {uid: cost for priority, uid, cost in work.writes if priority <= scale_in}
+        pods = tuple(replace(pod, deletion_cost=written.get(pod.uid, pod.deletion_cost))
+                     for pod in work.snapshot.pods)  # fmt: skip
+        wrong = first_wrong(work.order, replace(work.snapshot, pods=pods))
+        short += wrong is not None and wrong <= scale_in
+    return by_priority, fifo, short
 
 
 def main() -> None:
@@ -114,6 +159,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 150_000])
     parser.add_argument("--qps", type=float, default=10.0, help="the annotator's write budget")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--scale-ins", type=int, nargs="+", default=[1, 2, 5])
     options = parser.parse_args()
     print(f"first costing at {options.qps:g} writes/s; seed {options.seed}")
     header = f"{'pods':>8}{'workloads':>11}{'labeller':>10}{'writes':>9}{'minutes':>9}"
@@ -121,7 +167,7 @@ def main() -> None:
     for pods in options.sizes:
         rng = random.Random(options.seed)
         snapshots = fleet(pods, rng)
-        counts, seconds = measure(snapshots)
+        counts, queued, seconds = measure(snapshots)
         for name, count in counts.items():
             minutes = count.writes / options.qps / 60
             print(
@@ -130,6 +176,14 @@ def main() -> None:
             )
         saved = 1 - counts["after"].writes / counts["before"].writes
         print(f"{'':>19}{'saved':>10}{saved:>9.1%}   (ranked and labelled in {seconds:.1f}s)")
+        for scale_in in options.scale_ins:
+            by_priority, fifo, short = covered(queued, scale_in)
+            print(
+                f"{'':>19}scale-ins <= {scale_in} right everywhere after {by_priority:,} writes "
+                f"({by_priority / options.qps / 60:.1f} min) by priority, {fifo:,} "
+                f"({fifo / options.qps / 60:.1f} min) workload by workload; "
+                f"{short} workloads short"
+            )
 
 
 if __name__ == "__main__":
