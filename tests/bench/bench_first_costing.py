@@ -124,7 +124,8 @@ def measure(snapshots: list[Snapshot]) -> tuple[dict[str, Count], list[Writes], 
         after = labellings["after"].writes
         listed = [uid for group in order for uid in group]
         queued.append(Writes(snapshot, order, [
-            (write_priority(urgent, position), uid, after[uid])
+            (write_priority(urgent, position, rising=after[uid] > (current[uid].value or 0)),
+             uid, after[uid])
             for position, uid in enumerate(listed)
             if uid in after
         ]))  # fmt: skip

@@ -501,9 +501,10 @@ async def test_the_most_urgent_decision_is_written_first_then_pod_by_pod_in_dele
     start: Start,
 ) -> None:
     pods = FakePods()
-    calm = [Desire(name, pods.add(name), 5) for name in ("c1", "c2", "c3")]
-    late = [Desire(name, pods.add(name), 5) for name in ("l1", "l2", "l3")]
-    soon = [Desire(name, pods.add(name), 5) for name in ("s1", "s2", "s3")]
+    # Costs that go down (10 to 5): each pod is needed once the scale-in reaches its place.
+    calm = [Desire(name, pods.add(name, cost="10"), 5, 10) for name in ("c1", "c2", "c3")]
+    late = [Desire(name, pods.add(name, cost="10"), 5, 10) for name in ("l1", "l2", "l3")]
+    soon = [Desire(name, pods.add(name, cost="10"), 5, 10) for name in ("s1", "s2", "s3")]
     run = await start(pods, qps=1, burst=1, max_in_flight=1)
     pods.clock = run.clock
     # Published least urgent first: nothing wrong; wrong from a scale-in of 3; wrong at once.

@@ -68,6 +68,12 @@ def test_write_priority_is_the_smallest_scale_in_the_write_can_set_right(
     assert write_priority(first_wrong_k, position) == expected
 
 
+def test_a_rising_cost_is_needed_from_the_first_wrong_scale_in_wherever_the_pod_goes() -> None:
+    # Its pod may go too early now, at any scale-in: before pods of earlier groups.
+    assert write_priority(2, 7, rising=True) == 2
+    assert write_priority(None, 7, rising=True) == NOT_URGENT
+
+
 def test_the_write_queue_shows_the_write_waiting_for_its_turn() -> None:
     queue: WriteQueue[str] = WriteQueue()
     want = Want(U("p"), "shop", "p", 5, None, "record", first_wrong=2)

@@ -164,19 +164,21 @@ class Want(Generic[T]):
 NOT_URGENT = 2**31
 
 
-def write_priority(first_wrong: int | None, position: int = 0) -> int:
+def write_priority(first_wrong: int | None, position: int = 0, *, rising: bool = False) -> int:
     """Where a pod's write goes in the annotator's line, lowest first: the smallest scale-in it
-    can help set right. That is the scale-in its place in the order first reaches
-    (``position + 1``), but none below its decision's ``first_wrong``, which are right already.
-    So a first costing, every workload waiting at once, writes the first pod to go of every
-    workload where a scale-in of one would now do harm, then the second, and so on: scale-ins
-    of one are right everywhere after about one write per workload, not after all of them
-    (``labels`` keeps the last of equal groups at 0 and writes the others below it, so the
-    pods written first are deleted first). A decision no scale-in needs goes last. Writes of
-    equal priority keep the order they came in."""
+    can help set right. A pod whose cost goes down (or stays) waits too long now: that is the
+    scale-in its place in the order first reaches (``position + 1``). A ``rising`` one (its
+    cost goes up) may go too early now, at any scale-in: its decision's ``first_wrong``. Never
+    below ``first_wrong``: smaller scale-ins are right already. So a first costing, every
+    workload waiting at once, writes the first pod to go of every workload where a scale-in of
+    one would now do harm, then the second, and so on: scale-ins of one are right everywhere
+    after about one write per workload, not after all of them (``labels`` keeps the last of
+    equal groups at 0 and writes the others below it, so the pods written first are deleted
+    first). A decision no scale-in needs goes last. Writes of equal priority keep the order
+    they came in."""
     if first_wrong is None:
         return NOT_URGENT
-    return min(max(position + 1, first_wrong), NOT_URGENT - 1)
+    return min(first_wrong if rising else max(position + 1, first_wrong), NOT_URGENT - 1)
 
 
 @dataclass(frozen=True, slots=True)

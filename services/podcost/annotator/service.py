@@ -421,9 +421,11 @@ class AnnotatorService:
     def _announce(self, uid: PodUID) -> None:
         """Hand ``uid``'s queued write to the writers, in the line of its decision's urgency."""
         queued = self._writes.queued(uid)
-        priority = (
-            NOT_URGENT if queued is None else write_priority(queued.first_wrong, queued.position)
-        )
+        priority = NOT_URGENT
+        if queued is not None:
+            # The controller reads a missing or invalid cost as 0.
+            rising = queued.cost > (queued.previous or 0)
+            priority = write_priority(queued.first_wrong, queued.position, rising=rising)
         self._ready.put_nowait((priority, next(self._arrivals), uid))
 
     def _nothing_to_write(self, record: Record, message: DesiredCostsMessage | None) -> None:
