@@ -118,15 +118,18 @@ def _text(raw: bytes) -> str:
 async def decode_or_dead_letter(
     bus: Bus,
     record: Record,
-    kind: type[M],
+    kind: type[M] | Callable[..., M],
     *,
     topic: str = DEFAULT_TOPICS.deadletter,
     group: str = "",
 ) -> M | None:
-    """The ``kind`` message in ``record``; or, if it cannot be decoded, ``None`` once the record
-    is on the dead-letter ``topic`` (commit it and go on)."""
+    """The ``kind`` message in ``record`` (``kind`` a message class, or a decoder called as
+    ``decode`` is, without the class: e.g. ``decode_costs_record``); or, if it cannot be decoded,
+    ``None`` once the record is on the dead-letter ``topic`` (commit it and go on)."""
     try:
-        return decode(kind, record.value, record.headers, key=record.key)
+        if isinstance(kind, type):
+            return decode(kind, record.value, record.headers, key=record.key)
+        return kind(record.value, record.headers, key=record.key)
     except DecodeError as error:
         await dead_letter(bus, record, error.reason, error, topic=topic, group=group)
         return None

@@ -293,6 +293,10 @@ class WorkloadSnapshotMessage(WorkloadMessage):
         )
 
 
+#: The ``reason`` of a :class:`WorkloadGoneMessage` for a deleted workload (its pods go with it).
+GONE_DELETED: Final = "deleted"
+
+
 class WorkloadGoneMessage(WorkloadMessage):
     """The watcher no longer ranks a workload it published (topic ``workloads``, same key): it
     was deleted, opted out, or its policy became invalid. Rankers skip it; the aggregator drops
@@ -425,6 +429,47 @@ class DesiredCostsMessage(WorkloadMessage):
                 raise ValueError(f"costs.{index}: pod uid {pod.uid!r} appears twice")
             seen.add(pod.uid)
         return self
+
+
+class PodRef(BaseModel):
+    """One pod, as a release names it."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    uid: PodUID
+    """A pod recreated under the same name is another pod: left alone."""
+
+
+class ReleaseCostsMessage(WorkloadMessage):
+    """The aggregator's word that a workload is no longer ranked (topic ``costs``, same key as its
+    decisions): it opted out or its policy became invalid. The annotator removes the deletion
+    costs podcost's own field manager wrote on these pods, where they are still podcost's; it
+    never trusts the list further than that (it checks each pod's uid and managed fields)."""
+
+    KIND: ClassVar[str] = "release-costs"
+
+    schema_version: Literal[1] = 1
+    pods: tuple[PodRef, ...]
+    """The workload's pods as the aggregator last saw them."""
+    reason: str = Field(min_length=1)
+    """The watcher's reason, e.g. ``opted out``."""
+    emitted_at: float
+    changed_at: float | None = None
+    """When the watcher saw the change that ended the workload (POSIX seconds)."""
+
+
+def decode_costs_record(
+    value: bytes, headers: Mapping[str, bytes] | None = None, *, key: str | bytes | None = None
+) -> DesiredCostsMessage | ReleaseCostsMessage:
+    """A record of a costs topic: a :class:`ReleaseCostsMessage` when its ``podcost-schema``
+    header says so, else a :class:`DesiredCostsMessage` (see :func:`decode`, whose
+    :class:`DecodeError` it raises)."""
+    raw = (headers or {}).get(SCHEMA_HEADER, b"")
+    if raw.decode("ascii", "replace").partition("/")[0] == ReleaseCostsMessage.KIND:
+        return decode(ReleaseCostsMessage, value, headers, key=key)
+    return decode(DesiredCostsMessage, value, headers, key=key)
 
 
 class DeadLetter(Message):
@@ -573,8 +618,16 @@ def encode_json(
     return Encoded(key=key, value=value, headers=headers, json_size=len(body))
 
 
+#: Values up to this many bytes of JSON are gzipped at the fastest level, larger ones at zlib's
+#: default. Measured on a 25-pod workload's costs (15 KB of JSON): level 1 takes half the time of
+#: level 6 for a fifth more bytes (1.8 KB instead of 1.5 KB); a 10,000-pod snapshot (9 MB) keeps
+#: level 6, which it needs to stay well under Kafka's record size.
+FAST_GZIP_BELOW: Final = 1024 * 1024
+
+
 def _gzip(body: bytes) -> bytes:
-    compressor = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    level = 1 if len(body) < FAST_GZIP_BELOW else 6
+    compressor = zlib.compressobj(level, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
     return compressor.compress(body) + compressor.flush()
 
 

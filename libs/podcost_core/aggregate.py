@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from math import isfinite
@@ -522,21 +522,47 @@ class StateDecodeError(ValueError):
     """A stored state part cannot be read back (written by an incompatible version)."""
 
 
-def dump_parts(old: WorkloadState | None, new: WorkloadState) -> dict[str, bytes]:
-    """The parts of ``new`` that differ from ``old`` (all of them when ``old`` is ``None``)."""
+def dump_latest(latest: Latest) -> bytes:
+    """The snapshot part as this module stores it: the latest snapshot as JSON, gzipped when
+    large."""
+    return _pack(_LATEST.dump_json(latest))
+
+
+def load_latest(raw: bytes) -> Latest:
+    """:func:`dump_latest`'s reverse; raises ``ValueError`` or ``zlib.error``."""
+    return _LATEST.validate_json(_unpack(raw))
+
+
+def dump_parts(
+    old: WorkloadState | None,
+    new: WorkloadState,
+    *,
+    write_latest: Callable[[Latest], bytes] = dump_latest,
+) -> dict[str, bytes]:
+    """The parts of ``new`` that differ from ``old`` (all of them when ``old`` is ``None``).
+
+    ``write_latest`` stores the snapshot part: a caller that holds the snapshot as it was received
+    can store that rather than have it serialised again (and pass the matching loader to
+    :func:`load_parts`)."""
     parts: dict[str, bytes] = {}
     if new.latest is not None and (old is None or old.latest is not new.latest):
-        parts[SNAPSHOT_PART] = _pack(_LATEST.dump_json(new.latest))
+        parts[SNAPSHOT_PART] = write_latest(new.latest)
     if old is None or old.progress is not new.progress or SNAPSHOT_PART in parts:
         parts[PROGRESS_PART] = _pack(_PROGRESS.dump_json(_stored(new)))
     return parts
 
 
-def load_parts(key: str, parts: Mapping[str, bytes | None]) -> WorkloadState:
-    """The state of ``key`` from its stored parts (missing parts: the empty state's)."""
+def load_parts(
+    key: str,
+    parts: Mapping[str, bytes | None],
+    *,
+    read_latest: Callable[[bytes], Latest] = load_latest,
+) -> WorkloadState:
+    """The state of ``key`` from its stored parts (missing parts: the empty state's);
+    ``read_latest`` reads the snapshot part (it raises ``ValueError`` if it cannot)."""
     raw_latest, raw_progress = parts.get(SNAPSHOT_PART), parts.get(PROGRESS_PART)
     try:
-        latest = None if raw_latest is None else _LATEST.validate_json(_unpack(raw_latest))
+        latest = None if raw_latest is None else read_latest(raw_latest)
         stored = None if raw_progress is None else _PROGRESS.validate_json(_unpack(raw_progress))
     except (ValueError, zlib.error) as error:  # pydantic's ValidationError is a ValueError
         raise StateDecodeError(f"the stored state of {key!r} cannot be read: {error}") from error

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from fractions import Fraction
@@ -341,19 +341,40 @@ def _controller_ref(meta: ObjectMetaJSON) -> OwnerReferenceJSON | None:
     return None
 
 
-def cost_owner(meta: ObjectMetaJSON) -> CostOwner:
-    """Who set the deletion cost: podcost when its field manager owns the annotation."""
+def cost_managers(meta: ObjectMetaJSON) -> tuple[str, ...]:
+    """The field managers that own the deletion-cost annotation, in ``managedFields`` order
+    (empty when the pod has none, or when ``managedFields`` are absent, as in a ``kubectl get``
+    dump without ``--show-managed-fields``)."""
+    managers: list[str] = []
+    for entry in meta.get("managedFields", []):
+        # fieldsV1 is free-form JSON: every level is checked before it is read.
+        fields = entry.get("fieldsV1", {})
+        metadata = fields.get("f:metadata", {}) if isinstance(fields, Mapping) else {}
+        annotations = metadata.get("f:annotations", {}) if isinstance(metadata, Mapping) else {}
+        manager = entry.get("manager", "")
+        owns = isinstance(annotations, Mapping) and _COST_FIELD in annotations
+        if owns and manager not in managers:
+            managers.append(manager)
+    return tuple(managers)
+
+
+def cost_owner(meta: ObjectMetaJSON, adopt: Collection[str] = ()) -> CostOwner:
+    """Who set the deletion cost: podcost when its own field manager, or one of ``adopt`` (the
+    managers whose costs podcost takes over), owns the annotation; anyone else is ``OTHER``."""
     if DELETION_COST_ANNOTATION not in meta.get("annotations", {}):
         return CostOwner.NONE
-    for entry in meta.get("managedFields", []):
-        if entry.get("manager") != FIELD_MANAGER:
-            continue
-        # fieldsV1 is free-form JSON: every level is checked before it is read.
-        metadata = entry.get("fieldsV1", {}).get("f:metadata", {})
-        annotations = metadata.get("f:annotations", {}) if isinstance(metadata, Mapping) else {}
-        if isinstance(annotations, Mapping) and _COST_FIELD in annotations:
+    for manager in cost_managers(meta):
+        if manager == FIELD_MANAGER or manager in adopt:
             return CostOwner.PODCOST
     return CostOwner.OTHER
+
+
+def own_cost(meta: ObjectMetaJSON) -> str | None:
+    """The deletion cost exactly as found when podcost's own field manager alone owns it: what
+    ``podcost cleanup`` may remove. ``None`` when there is none, or anyone else (an adopted
+    manager included: podcost never wrote that value) owns it, or who does is unknown."""
+    value = meta.get("annotations", {}).get(DELETION_COST_ANNOTATION)
+    return value if value is not None and cost_managers(meta) == (FIELD_MANAGER,) else None
 
 
 def _sum_into(total: dict[str, Fraction], resources: Mapping[str, Quantity]) -> None:
@@ -526,8 +547,9 @@ def _qos(spec: PodSpecJSON, status: PodStatusJSON) -> QoSClass:
         return compute_qos(spec)
 
 
-def pod_from_json(raw: Mapping[str, Any]) -> Pod:
-    """One pod, as every component that acts on it reads it."""
+def pod_from_json(raw: Mapping[str, Any], *, adopt: Collection[str] = ()) -> Pod:
+    """One pod, as every component that acts on it reads it; a cost set by one of the field
+    managers in ``adopt`` counts as podcost's own (``cost_owner``)."""
     pod: PodJSON = _validate(_POD, raw, "pod")
     meta = pod.get("metadata", {})
     spec = pod.get("spec", {})
@@ -579,7 +601,7 @@ def pod_from_json(raw: Mapping[str, Any]) -> Pod:
         annotations=dict(annotations),
         deletion_cost=parse_deletion_cost(annotations.get(DELETION_COST_ANNOTATION)),
         deletion_cost_raw=annotations.get(DELETION_COST_ANNOTATION),
-        cost_owner=cost_owner(meta),
+        cost_owner=cost_owner(meta, adopt),
         deleting=meta.get("deletionTimestamp") is not None,
         anti_affinity=_anti_affinity(spec, namespace),
     )

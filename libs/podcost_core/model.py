@@ -23,6 +23,15 @@ NodeName = NewType("NodeName", str)
 DELETION_COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
 #: The field manager podcost writes the annotation with; how it recognises its own writes.
 FIELD_MANAGER = "podcost"
+#: The field manager of the lablabs pod-deletion-cost-controller's writes. It patches pods with
+#: controller-runtime's client without a field owner (internal/zone/handler.go,
+#: ``h.client.Patch(ctx, pod, patch)``), so the API server names the manager after the user
+#: agent's first word, which client-go takes from the binary's name: ``manager``, as kubebuilder
+#: builds it (the project's Makefile: ``go build -o bin/manager cmd/main.go``).
+LABLABS_FIELD_MANAGER = "manager"
+#: The field managers whose deletion costs podcost takes over by default, besides its own: a
+#: controller it replaces. Anything else (kubectl, a person, an unknown tool) is kept.
+DEFAULT_ADOPTED_MANAGERS: tuple[str, ...] = (LABLABS_FIELD_MANAGER,)
 
 
 class Phase(StrEnum):
@@ -49,7 +58,8 @@ class CostOwner(StrEnum):
     NONE = "none"
     """No annotation."""
     PODCOST = "podcost"
-    """Written by podcost's field manager."""
+    """Written by podcost's field manager, or by one whose costs podcost adopts (a retired
+    controller it replaces): podcost's to rewrite."""
     OTHER = "other"
     """Set by a person or another tool: podcost leaves it alone unless told otherwise."""
 

@@ -14,6 +14,14 @@ proportionally across them (``rollout.scaled_sizes``, given the Deployment's ``R
 each ReplicaSet that shrinks picks its own victims; without the ``Rollout``, or when the split
 would grow one of them, ``SimulationError`` says so rather than guess. A rollout that is not
 paused goes on afterwards and may move more replicas: that is the rollout, not this scale-in.
+
+What podcost cannot change. A cost someone else set (a person with ``kubectl annotate``, a tool
+whose field manager podcost does not adopt) is kept: never rewritten, fitted around inside the
+band, and beyond the band it decides alone. With a policy, the result names those pods
+(``kept``), who set them (``setters``, read off ``managedFields`` by the caller; empty when the
+dump has none) and whether they change the outcome: the same scale-in is simulated once more
+with them adopted (rewritten like podcost's own), and ``kept_changes_outcome`` says whether the
+victims or the domains after differ. ``adopt_kept=True`` makes that adopted run the result.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from podcost_core.combine import rank
 from podcost_core.implied import drop_implied
-from podcost_core.labels import band_for, current_costs, label_costs
+from podcost_core.labels import DEFAULT_BAND, CostBand, band_for, current_costs, label_costs
 from podcost_core.model import (
     DELETION_COST_ANNOTATION,
     CostOwner,
@@ -42,6 +50,26 @@ NO_DOMAIN = "<none>"
 
 class SimulationError(ValueError):
     """The request cannot be simulated; permanent, the message says what to change."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeptCost:
+    """A deletion cost podcost keeps as it is: someone else set it."""
+
+    pod: str
+    cost: int
+    set_by: tuple[str, ...]
+    """The field managers that own it; empty when not known (a dump without managedFields)."""
+    in_band: bool
+    """Inside podcost's band: a constraint podcost fits around. Outside: it decides alone."""
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "pod": self.pod,
+            "cost": self.cost,
+            "set_by": list(self.set_by) if self.set_by else None,
+            "in_band": self.in_band,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +106,13 @@ class SimulationResult:
     the deployment controller's proportional split (empty otherwise)."""
     rollout_goes_on: bool = False
     """Mid-rollout and not paused: the rollout moves more replicas after this scale-in."""
+    kept: tuple[KeptCost, ...] = ()
+    """With a policy: the active pods whose costs someone else set, which podcost keeps (with
+    ``adopt_kept``: which it would keep, were they not adopted)."""
+    kept_changes_outcome: bool = False
+    """Whether adopting the ``kept`` costs changes the victims or the domains after."""
+    adopted_kept: bool = False
+    """The result is the outcome with the ``kept`` costs adopted (``adopt_kept``)."""
 
     def admits(self, deleted: Iterable[str]) -> bool:
         """Whether the controller deleting exactly ``deleted`` (pod names) is an outcome this
@@ -103,6 +138,9 @@ class SimulationResult:
             "skew_after": self.skew_after,
             "tied": [pod.name for pod in self.tied],
             "tie_picks": self.tie_picks,
+            "kept_costs": [kept.to_json() for kept in self.kept],
+            "kept_costs_change_outcome": self.kept_changes_outcome,
+            "kept_costs_adopted": self.adopted_kept,
             **(
                 {
                     "replicasets": {
@@ -192,14 +230,63 @@ def simulate(
     topology_key: str | None = None,
     overwrite_foreign: bool = False,
     rollout: Rollout | None = None,
+    setters: Mapping[PodUID, tuple[str, ...]] | None = None,
+    adopt_kept: bool = False,
 ) -> SimulationResult:
     """Scale ``snapshot``'s workload to ``replicas``; ``policy=None`` is the baseline.
 
     ``now`` is the controller's clock (LogarithmicScaleDown compares ages against it).
     ``rollout`` (``rollout.rollout_for``) lets a Deployment mid-rollout be scaled: its
     ``replicas`` is then the Deployment's new ``spec.replicas``, split as the deployment
-    controller splits it.
+    controller splits it. ``setters``: per pod, the field managers that own its cost
+    (``convert.cost_managers``), to name who set the costs podcost keeps; ``adopt_kept``: the
+    result is the outcome with them adopted (see the module docstring).
     """
+    result = _simulate_once(
+        snapshot, replicas, now, policy=policy, topology_key=topology_key,
+        overwrite_foreign=overwrite_foreign or adopt_kept, rollout=rollout,
+    )  # fmt: skip
+    if policy is None or overwrite_foreign:
+        return result
+    kept = kept_costs(snapshot, setters or {}, band_for(policy.non_negative_costs))
+    if not kept:
+        return result
+    other = _simulate_once(
+        snapshot, replicas, now, policy=policy, topology_key=topology_key,
+        overwrite_foreign=not adopt_kept, rollout=rollout,
+    )  # fmt: skip
+    changes = {p.name for p in other.victims} != {p.name for p in result.victims} or (
+        dict(other.domains_after) != dict(result.domains_after)
+    )
+    return replace(result, kept=kept, kept_changes_outcome=changes, adopted_kept=adopt_kept)
+
+
+def kept_costs(
+    snapshot: Snapshot, setters: Mapping[PodUID, tuple[str, ...]], band: CostBand = DEFAULT_BAND
+) -> tuple[KeptCost, ...]:
+    """The active pods whose valid cost someone else set (``labels.current_costs``), by name;
+    ``band`` is the one podcost writes this workload's costs in."""
+    current = current_costs(snapshot.pods)
+    found = []
+    for pod in snapshot.pods:
+        cost = current[pod.uid]
+        if pod.active and cost.foreign and cost.value is not None:
+            found.append(
+                KeptCost(pod.name, cost.value, setters.get(pod.uid, ()), cost.value in band)
+            )
+    return tuple(sorted(found, key=lambda kept: kept.pod))
+
+
+def _simulate_once(
+    snapshot: Snapshot,
+    replicas: int,
+    now: Now,
+    *,
+    policy: Policy | None,
+    topology_key: str | None,
+    overwrite_foreign: bool,
+    rollout: Rollout | None,
+) -> SimulationResult:
     workload = snapshot.workload
     name = f"{workload.namespace}/{workload.name}"
     split: dict[str, tuple[int, int]] = {}

@@ -259,6 +259,57 @@ class Kube:
         except (aiohttp.ClientError, TimeoutError) as error:
             raise _unreachable(error, what) from error
 
+    async def list_pods(self, namespace: str | None = None) -> list[JSON]:
+        """Every pod of ``namespace`` (``None``: of the cluster) as the API serves it, with its
+        annotations and managed fields (``podcost cleanup`` reads who set each cost)."""
+        what = f"listing the pods of {namespace or 'every namespace'}"
+        try:
+            if namespace:
+                response = await self.core.list_namespaced_pod(namespace, _preload_content=False)
+            else:
+                response = await self.core.list_pod_for_all_namespaces(_preload_content=False)
+            items: list[JSON] = (await _json_response(response)).get("items") or []
+            return items
+        except ApiException as error:
+            raise _error(error, what) from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _unreachable(error, what) from error
+
+    async def remove_deletion_cost_if_unchanged(
+        self, namespace: str, pod: str, *, seen: Mapping[str, Any]
+    ) -> JSON:
+        """Remove the deletion cost of one pod, as podcost's field manager, only if the pod is
+        still the one in ``seen`` and still carries the very value it had then.
+
+        The same compare-and-swap as :meth:`patch_deletion_cost_if_unchanged`: a JSON patch that
+        ``test``s the uid and the value before it ``remove``s the annotation, so a cost someone
+        set after the read is never removed. ``CostChanged`` if a test fails (nothing removed),
+        ``PodGone`` on 404.
+        """
+        meta = seen.get("metadata") or {}
+        current = (meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION)
+        ops: list[JSON] = [
+            {"op": "test", "path": "/metadata/uid", "value": meta.get("uid")},
+            {"op": "test", "path": _COST_POINTER, "value": current},
+            {"op": "remove", "path": _COST_POINTER},
+        ]
+        what = f"removing the deletion cost of {namespace}/{pod}"
+        try:
+            response = await self.core.patch_namespaced_pod(
+                pod, namespace, ops, field_manager=FIELD_MANAGER, _preload_content=False
+            )
+            return await _json_response(response)
+        except ApiException as error:
+            if error.status == 422 and not _has_causes(error):
+                raise CostChanged(
+                    f"{what}: the pod or its deletion cost changed since it was read",
+                    status=422,
+                    retriable=True,
+                ) from error
+            raise _error(error, what) from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _unreachable(error, what) from error
+
     async def scale(self, namespace: str, kind: str, name: str, replicas: int) -> None:
         """Set ``spec.replicas`` of a Deployment or ReplicaSet through its scale subresource."""
         body = {"spec": {"replicas": replicas}}

@@ -17,7 +17,7 @@ fields are compared, and no quantity is parsed again. Pure: no I/O, no client li
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -42,10 +42,14 @@ class PodCache:
     ``on_convert`` is called with each pod converted for a snapshot, once per version of a pod:
     where the watcher reports what it finds wrong in a pod without repeating itself on every
     snapshot. A version converted with ``report=False`` (the watcher deciding whether a change
-    matters, for pods it may never rank) is reported when a snapshot first shows it.
+    matters, for pods it may never rank) is reported when a snapshot first shows it. ``adopt``:
+    the field managers whose deletion costs count as podcost's own (``pod_from_json``).
     """
 
-    def __init__(self, on_convert: Callable[[Pod], None] | None = None) -> None:
+    def __init__(
+        self, on_convert: Callable[[Pod], None] | None = None, *, adopt: Collection[str] = ()
+    ) -> None:
+        self.adopt = frozenset(adopt)
         self._pods: dict[str, tuple[str, Pod]] = {}
         self._requests: dict[str, tuple[str, tuple[object, ...], Resources]] = {}
         """Per pod: the version last summed, what its requests were summed from, and the sum."""
@@ -75,7 +79,7 @@ class PodCache:
                     self._report(cached[1])
                 return cached[1]
         self.misses += 1
-        pod = pod_from_json(raw)
+        pod = pod_from_json(raw, adopt=self.adopt)
         if identity is not None:
             self._pods[identity[0]] = (identity[1], pod)
             if report:

@@ -6,8 +6,10 @@ Pure functions over raw Kubernetes JSON and a :class:`~podcost_kube.store.Store`
 client library, no clock (the caller passes "now"). The watcher service calls
 :func:`touched_by` from its informer handler and feeds the keys to its debouncer; for every
 emission it calls :func:`workload_policy` and :func:`workload_snapshot`; on becoming the leader
-(with leader election on) it touches every :func:`opted_in_workloads`. The raw JSON becomes the
-model only through ``podcost_core.convert``.
+(with leader election on) it touches every :func:`opted_in_workloads`. The annotator verifies
+each decision with :func:`owning_workload` and :func:`workload_policy` over its own informer
+view (``podcost.annotator.plan.verify``), so both decide opt-in by the same rules. The raw JSON
+becomes the model only through ``podcost_core.convert``.
 
 A workload is a Deployment, or a ReplicaSet that no Deployment controls (a ReplicaSet controlled
 by a Deployment carries the Deployment's annotations, but the Deployment is the workload).
@@ -15,7 +17,7 @@ by a Deployment carries the Deployment's annotations, but the Deployment is the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -158,6 +160,46 @@ def workloads_in_namespace(store: Store, namespace: str | None) -> set[WorkloadK
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class PodOwner:
+    """The workload that owns a pod through its controllers, as :func:`owning_workload` found."""
+
+    workload: WorkloadKey | None
+    """The owning workload; ``None`` when there is none, or it is not in the store."""
+    missing: str | None = None
+    """The controller the pod names that the store does not hold (yet), e.g.
+    ``ReplicaSet shop/web-5d8f``; ``None`` when the chain was followed to its end."""
+
+
+def owning_workload(store: Store, pod: Mapping[str, Any]) -> PodOwner:
+    """The workload that owns ``pod``, strictly: its controller is an ``apps/v1`` ReplicaSet in
+    the store with the uid the reference names, and that ReplicaSet's Deployment, if a
+    Deployment controls it, is in the store with the uid its reference names.
+
+    Unlike :func:`workloads_of_pod` (what a snapshot shows, orphans a selector matches
+    included), only ownership counts: the annotator asks this before it writes a pod's cost.
+    """
+    namespace = str(_meta(pod).get("namespace", ""))
+    ref = controller_of(pod)
+    if ref is None or ref.get("kind") != REPLICASET or ref.get("apiVersion") != "apps/v1":
+        return PodOwner(None)
+    name = str(ref.get("name", ""))
+    replicaset = store.get(REPLICASET, namespace, name)
+    if replicaset is None or _meta(replicaset).get("uid") != ref.get("uid"):
+        return PodOwner(None, missing=f"{REPLICASET} {namespace}/{name}")
+    key = workload_of_replicaset(replicaset)
+    if key.kind == DEPLOYMENT:
+        deployment = store.get(DEPLOYMENT, namespace, key.name)
+        owner_ref = controller_of(replicaset)
+        if (
+            deployment is None
+            or owner_ref is None
+            or _meta(deployment).get("uid") != owner_ref.get("uid")
+        ):
+            return PodOwner(None, missing=f"{DEPLOYMENT} {namespace}/{key.name}")
+    return PodOwner(key)
+
+
 # --- whether a change matters ------------------------------------------------------------------
 
 
@@ -174,8 +216,8 @@ def _without_noise(obj: Mapping[str, Any], *, drop_cost: bool = False) -> dict[s
     return {**obj, "metadata": meta}
 
 
-def _cost_owner(obj: Mapping[str, Any]) -> CostOwner:
-    return cost_owner(cast(ObjectMetaJSON, _meta(obj)))
+def _cost_owner(obj: Mapping[str, Any], adopt: Collection[str] = ()) -> CostOwner:
+    return cost_owner(cast(ObjectMetaJSON, _meta(obj)), adopt)
 
 
 def is_own_cost_write(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
@@ -229,6 +271,7 @@ def pod_change_matters(
     new: Mapping[str, Any] | None,
     *,
     convert: Callable[[Mapping[str, Any]], Pod] = pod_from_json,
+    adopt: Collection[str] = (),
 ) -> bool:
     """Whether a pod update changes anything a snapshot shows of the pod.
 
@@ -236,14 +279,15 @@ def pod_change_matters(
     differs (a status heartbeat, an IP or a container state that nothing ranks on does not).
     Status-only updates, the most frequent kind, are decided on the few status fields the
     converter reads, without converting. ``convert`` is ``pod_from_json`` or a cache of it (the
-    watcher's ``PodCache``, which then holds the new version for the snapshot that follows).
+    watcher's ``PodCache``, which then holds the new version for the snapshot that follows);
+    ``adopt`` the field managers whose costs count as podcost's own, as ``convert`` reads them.
     """
     if old is None or new is None:
         return True
     quiet_old, quiet_new = _without_noise(old), _without_noise(new)
     if quiet_old == quiet_new:
         # Only the noise differs; managedFields still say who owns the cost.
-        return _cost_owner(old) is not _cost_owner(new)
+        return _cost_owner(old, adopt) is not _cost_owner(new, adopt)
     if _status_only(quiet_old, quiet_new):
         return _pod_status_view(old) != _pod_status_view(new)
     try:
@@ -284,6 +328,7 @@ def touched_by(
     store: Store,
     *,
     convert_pod: Callable[[Mapping[str, Any]], Pod] = pod_from_json,
+    adopt: Collection[str] = (),
 ) -> frozenset[WorkloadKey]:
     """The workloads whose snapshot ``change`` alters; empty for changes that alter none.
 
@@ -293,13 +338,14 @@ def touched_by(
     (the namespace selector's input) every workload in it. Node requests are not propagated: a
     pod added to a node does not re-publish the other workloads on that node; their snapshots
     show the new sum the next time they change themselves. ``convert_pod`` is what
-    :func:`pod_change_matters` converts with.
+    :func:`pod_change_matters` converts with, ``adopt`` the managers it counts as podcost.
     """
     old, new = change.old, change.new
     match change.kind:
         case "Pod":
             if change.type is ChangeType.MODIFIED and (
-                is_own_cost_write(old, new) or not pod_change_matters(old, new, convert=convert_pod)
+                is_own_cost_write(old, new)
+                or not pod_change_matters(old, new, convert=convert_pod, adopt=adopt)
             ):
                 return frozenset()
             found: set[WorkloadKey] = set()

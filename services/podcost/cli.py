@@ -125,14 +125,30 @@ Serves `GET /explain/NAMESPACE/POD` on its HTTP port for `podcost explain`; with
     "simulate": """**Examples**
 
 ```
-kubectl get pods,nodes,replicasets,deployments -A -o json > dump.json
+kubectl get pods,nodes,replicasets,deployments -A -o json --show-managed-fields > dump.json
 podcost simulate --snapshot dump.json --workload shop/web --replicas 6
 podcost simulate --snapshot dump.json --workload shop/web --replicas 6 --baseline
 podcost simulate ... --policy policy.yaml --output table
+podcost simulate ... --adopt-kept
 ```
 
-`--baseline` keeps the costs the pods carry now: what Kubernetes does today. Bad input exits 2
-with one line saying what is wrong.
+`--baseline` keeps the costs the pods carry now: what Kubernetes does today. With podcost, the
+costs someone else set are kept and named (`kept_costs`, with who set them from the pods'
+`managedFields`; a dump without them gets a warning) and `--adopt-kept` shows the outcome were
+they taken over. Bad input exits 2 with one line saying what is wrong.
+""",
+    "cleanup": f"""**Examples**
+
+```
+podcost cleanup                      # every namespace
+podcost cleanup --namespace shop --dry-run
+```
+
+Removes a cost only where podcost's field manager alone owns it, with a JSON patch that tests
+the value first, so a cost someone set or changed stays. Prints one JSON line of counts; exit 1
+when some cost could not be removed. The Helm chart runs it on uninstall. {_ENV};
+`PODCOST_ANNOTATOR_QPS`, `PODCOST_ANNOTATOR_BURST`, `PODCOST_ANNOTATOR_MAX_IN_FLIGHT` (the
+budget). Cluster access: `$KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
 """,
     "demo": """**Example**
 
@@ -189,6 +205,11 @@ COMMANDS: dict[str, Command] = {
     "run": Command(
         "podcost.commands.run",
         "Run the watcher, the rankers, the aggregator and the annotator in one process.",
+    ),
+    "cleanup": Command(
+        "podcost.commands.cleanup",
+        "Remove every deletion cost podcost wrote (only its own, only where the value is still "
+        "podcost's), within the annotator's write budget.",
     ),
 }
 

@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from podcost import aggregator, ranker
 from podcost.aggregator.settings import AggregatorSettings
+from podcost.annotator.plan import Scope
 from podcost.annotator.service import PodAPI
 from podcost.annotator.service import bootstrap as bootstrap_annotator
 from podcost.annotator.settings import AnnotatorSettings
@@ -93,5 +94,6 @@ def bootstrap(
         annotator=bootstrap_annotator(
             settings, bus_settings, annotator_settings or AnnotatorSettings(), bus=bus,
             kube=pods, tracer_provider=tracer_provider, catch_up=watcher.first_pass,
+            scope=Scope(watcher.settings.namespaces(), watcher.rules),
         ),
     )  # fmt: skip

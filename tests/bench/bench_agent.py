@@ -19,7 +19,10 @@ would have; 100 agent processes would not fit two cores).
   watcher's cache in another process) uses ``StandInPods``, a stand-in that answers a read with
   a pod of the requested uid and no cost, so every decision goes through the whole plan path;
   it replaces the API server for pod reads only, because no real API server here serves 5,000
-  synthetic pod events/s. Role ``agent`` reads the pods from its own cluster's watcher cache
+  synthetic pod events/s. Having no view of the synthetic workloads (they live in the watcher's
+  process), that annotator refuses every decision after its read (``no_workload``) since it
+  verifies writes: its ``dry_run`` count is 0 and its refusals count the decisions instead.
+  Role ``agent`` reads the pods from its own cluster's watcher cache
   (``CachedPods``), as ``bench_pipeline``'s in-process modes do.
 
 Besides the services' own metrics, the process's ``/metrics`` (``PODCOST_HTTP_PORT``) has what
@@ -46,10 +49,12 @@ from typing import Any, Self, cast
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from tests.bench.bench_pipeline import FLEET_END, CachedPods, synthetic_uid
+from tests.bench.bench_pipeline import FLEET_END, CachedPods, consumed, synthetic_uid
 
 from podcost.annotator import AnnotatorService, AnnotatorSettings
 from podcost.annotator import bootstrap as bootstrap_annotator
+from podcost.annotator.plan import Scope
+from podcost.annotator.view import ClusterView
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.runner import Service, serve
 from podcost.runtime.settings import ServiceSettings
@@ -246,10 +251,7 @@ PER_CLUSTER: tuple[tuple[str, str, Callable[[Agent], float | None]], ...] = (
     ("podcost_bench_annotator_read_bytes", "Key + value + headers of the records the annotator "
      "read.", lambda a: a.read.total if a.annotator else None),
     ("podcost_bench_annotator_consumed", "Records of its costs topic the annotator consumed.",
-     lambda a: sum(_value(a.annotator.metrics, "podcost_messages_consumed_total",
-                          topic=a.annotator.topic, outcome=outcome)
-                   for outcome in ("ok", "dead_letter", "other_cluster"))
-     if a.annotator else None),
+     lambda a: consumed(a.annotator.metrics, a.annotator.topic) if a.annotator else None),
     ("podcost_bench_annotator_dry_runs", "Writes the annotator decided and did not make.",
      lambda a: _value(a.annotator.metrics, "podcost_patches_total", result="dry_run")
      if a.annotator else None),
@@ -303,6 +305,10 @@ async def run(args: argparse.Namespace) -> None:
                     CachedPods(agent.watcher.store) if agent.watcher is not None
                     else StandInPods()
                 )  # fmt: skip
+                # What the annotator verifies decisions against: its cluster's watcher cache;
+                # alone in its process it has none (every decision is read, then refused).
+                store = agent.watcher.store if agent.watcher is not None else None
+                view = ClusterView(Scope(), store=store)
                 bus = CountingBus(open_bus(bus_settings), agent.read)
                 agent.annotator = bootstrap_annotator(
                     own,
@@ -310,6 +316,7 @@ async def run(args: argparse.Namespace) -> None:
                     AnnotatorSettings(),
                     bus=bus,
                     kube=pods,  # type: ignore[arg-type]
+                    view=view,
                 )
                 buses.append(bus)
                 services.append(agent.annotator)

@@ -36,6 +36,8 @@ from tests.support.costs import CountingPods, Desire, desired, publish_costs
 from tests.support.kube import KubeTestCluster, PodView
 
 from podcost.annotator import AnnotatorService, AnnotatorSettings, bootstrap
+from podcost.annotator.plan import Scope
+from podcost.annotator.view import InformerView
 from podcost.runtime.settings import ServiceSettings
 from podcost_bus import BusSettings, MemoryBus
 from podcost_kube.client import Kube
@@ -70,7 +72,9 @@ async def run_until_committed(
     bus: MemoryBus, pods: CountingPods, config_: AnnotatorSettings, records: int
 ) -> tuple[AnnotatorService, float]:
     """Start an annotator, wait until ``records`` records are committed; seconds it took."""
-    service = bootstrap(ServiceSettings(http_port=0), BUS, config_, bus=bus, kube=pods)
+    assert isinstance(pods.inner, Kube)
+    view = InformerView(pods.inner, Scope())  # what it verifies decisions against
+    service = bootstrap(ServiceSettings(http_port=0), BUS, config_, bus=bus, kube=pods, view=view)
     started = time.perf_counter()
     task = asyncio.create_task(service.run())
     try:
@@ -111,7 +115,9 @@ async def bench(kubeconfig: str, replicas: int) -> None:
         try:
             await asyncio.gather(*(helpers.create_node(n, labels=label, pods="200") for n in nodes))
             app = "web"
-            await helpers.create_deployment(namespace, app, replicas, node_selector=label)
+            await helpers.create_deployment(
+                namespace, app, replicas, opt_in=True, node_selector=label
+            )
             pods: list[PodView] = []
 
             async def created() -> bool:
@@ -159,7 +165,10 @@ async def superseded_burst(kube: Kube, namespace: str, app: str, pods: list[PodV
     )  # fmt: skip
     counting = Stopwatch(kube)
     options = AnnotatorSettings(group=f"bench-{uuid.uuid4().hex[:6]}", qps=10_000, burst=10_000)
-    service = bootstrap(ServiceSettings(http_port=0), BUS, options, bus=bus, kube=counting)
+    service = bootstrap(
+        ServiceSettings(http_port=0), BUS, options, bus=bus, kube=counting,
+        view=InformerView(kube, Scope(namespaces=(namespace,))),
+    )  # fmt: skip
     task = asyncio.create_task(service.run())
     try:
         await KubeTestCluster.wait_for(_true(service.ready), "the annotator to start", 30, 0.005)

@@ -32,9 +32,11 @@ Method, for each N (a fresh core and fresh topics each time):
   published to the costs topics), bytes each annotator reads per second (key + value + headers
   of the records its consumer returned; values as published, before the broker's batch
   compression), and each process's CPU (``/proc/<pid>/stat`` utime + stime over the step, as
-  a share of one core) and resident memory. The annotators' lag is the fleet's: decisions
-  published minus decisions the annotators consumed (the aggregator counts its decisions per
-  costs prefix, not per cluster).
+  a share of one core) and resident memory. Each cluster's annotator has its own lag: the
+  decisions the aggregator published to that cluster's costs topic minus those the annotator
+  consumed, whatever their outcome.
+- The watchers' backlog is what the churn processes were asked for (each its own share of the
+  rate, in whole events) minus the events the agents took in.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from kubernetes_asyncio import config
@@ -61,7 +63,6 @@ from tests.bench.bench_pipeline import (
     SAMPLE_EVERY_S,
     ZONES,
     Churn,
-    Offer,
     RemoteOffer,
     Sample,
     Step,
@@ -100,8 +101,6 @@ class Fleet:
     hosts: list[Host]
     running: Mapping[str, ServiceProcess]
     topics: Topics
-    offer: Offer = field(default_factory=Offer)
-    """The whole fleet's offer (the hosts' offers add up to it)."""
 
     @property
     def rankers(self) -> list[str]:
@@ -111,7 +110,12 @@ class Fleet:
         """Offer ``rate`` events/s to the fleet, the same share to every cluster."""
         for host in self.hosts:
             host.offer.set_rate(rate * len(host.clusters) / len(self.clusters))
-        self.offer.set_rate(rate, time.monotonic())
+
+    def offered(self) -> int:
+        """Events the churn processes were asked for so far: the sum of the hosts' offers, each
+        whole events of its own share (not the whole rate's due, which rounds the sum of the
+        shares up by as many as one event per host more than the churns ever send)."""
+        return sum(host.offer.offered() for host in self.hosts)
 
     async def probe(self) -> tuple[Sample, float, dict[str, float]]:
         """The fleet now (a ``Sample``: totals, lags per consumer), the workloads waiting in
@@ -123,7 +127,9 @@ class Fleet:
         agents = {host.name: m[host.name] for host in self.hosts}
         ranks = sum(procs.produced(m[r], topics.ranks) for r in self.rankers)
         agg = m["aggregator"]
-        decisions = procs.produced(agg, topics.costs)
+        # Per cluster: the aggregator counts its costs by each cluster's own costs topic.
+        decided = {name: procs.produced(agg, topics.costs_for(name)) for name in self.clusters}
+        decisions = sum(decided.values())
         per: dict[str, dict[str, float]] = {}
         for host in self.hosts:
             for name in host.clusters:
@@ -146,10 +152,11 @@ class Fleet:
             snapshots - procs.consumed(agg, topics.workloads)
             + ranks - procs.consumed(agg, topics.ranks)
         )  # fmt: skip
-        lags["annotators"] = decisions - total("annotator_consumed")
+        for name, values in per.items():
+            lags[f"annotator {name}"] = decided[name] - values["annotator_consumed"]
         sample_ = Sample(
             at=time.monotonic(),
-            offered=self.offer.due(time.monotonic()),
+            offered=self.offered(),
             fed=int(total("events_fed")),
             snapshots=snapshots,
             records=snapshots + ranks + decisions,

@@ -91,6 +91,8 @@ from podcost import aggregator, ranker
 from podcost.aggregator import AggregatorSettings
 from podcost.annotator import AnnotatorSettings, PodAPI
 from podcost.annotator import bootstrap as bootstrap_annotator
+from podcost.annotator.plan import Scope
+from podcost.annotator.view import ClusterView
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.runner import Service, serve
 from podcost.runtime.settings import ServiceSettings
@@ -173,7 +175,8 @@ def build_pipeline(
     annotator: AnnotatorSettings, *, dry_run: bool,
 ) -> Pipeline:  # fmt: skip
     """The pipeline watching ``namespace`` (and every node); ``pods`` gives the annotator's pod
-    API, from the watcher."""
+    API, from the watcher. The annotator verifies decisions against the watcher's informer
+    cache (where synthetic pods live), as embedded mode could share it."""
     run = uuid.uuid4().hex[:8]
     bus_settings = mode.bus_settings(run)
     bus = open_bus(bus_settings)
@@ -199,7 +202,12 @@ def build_pipeline(
             ),
         ),
         annotator=bootstrap_annotator(
-            settings, bus_settings, annotator, bus=bus, kube=pods(watcher)
+            settings,
+            bus_settings,
+            annotator,
+            bus=bus,
+            kube=pods(watcher),
+            view=ClusterView(Scope(namespaces=(namespace,)), store=watcher.store),
         ),
         data_dir=data_dir,
     )
@@ -257,9 +265,14 @@ def produced(metrics: Metrics, topic: str) -> float:
 
 
 def consumed(metrics: Metrics, topic: str) -> float:
+    """Records of ``topic`` a service consumed, whatever their outcome (the annotator's
+    ``stale`` and ``duplicate`` too: left out, each would be a lag that never drains)."""
     return sum(
-        counter(metrics, "podcost_messages_consumed_total", topic=topic, outcome=outcome)
-        for outcome in ("ok", "dead_letter", "other_cluster")
+        sample.value
+        for family in metrics.registry.collect()
+        if family.name == "podcost_messages_consumed"
+        for sample in family.samples
+        if sample.name == "podcost_messages_consumed_total" and sample.labels["topic"] == topic
     )
 
 
@@ -300,7 +313,7 @@ def probe(pipeline: Pipeline, offered: int, fed: int) -> Sample:
     snapshots = produced(pipeline.watcher.metrics, topics.workloads)
     ranks = sum(produced(r.metrics, topics.ranks) for r in pipeline.rankers)
     agg, ann = pipeline.aggregator.metrics, pipeline.annotator.metrics
-    decisions = produced(agg, topics.costs)
+    decisions = produced(agg, topics.costs_for(CLUSTER))
     lags = {r.name: snapshots - consumed(r.metrics, topics.workloads) for r in pipeline.rankers}
     lags["aggregator"] = (
         snapshots - consumed(agg, topics.workloads) + ranks - consumed(agg, topics.ranks)
@@ -701,18 +714,26 @@ def serve_offer(out: BinaryIO, events: Callable[[int, float], list[bytes]]) -> N
     """Write ``events(count, wall time)`` lines at the rate each line on stdin sets
     (``<events/s> <from, monotonic>``), at most 200 at once, until stdin closes. Writes block
     while the reader is behind and the offer goes on: a reader that falls behind finds the
-    events waiting, as on a watch socket."""
+    events waiting, as on a watch socket.
+
+    stdin is read from its descriptor, every line that came: ``sys.stdin.readline()`` would
+    keep a second line that arrived with the first (the process was blocked writing meanwhile)
+    in its buffer, where ``select`` does not see it, and the rate it sets would wait for the
+    next line."""
     offer = Offer()
     sent = 0
+    commands = b""
     with contextlib.suppress(BrokenPipeError):
         while True:
-            waiting, _, _ = select.select([sys.stdin], [], [], 0 if offer.rate else 0.05)
+            waiting, _, _ = select.select([0], [], [], 0 if offer.rate else 0.05)
             if waiting:
-                command = sys.stdin.readline()
-                if not command:
+                came = os.read(0, 1 << 16)
+                if not came:
                     return
-                rate, since = command.split()
-                offer.set_rate(float(rate), float(since))
+                *lines, commands = (commands + came).split(b"\n")
+                for line in lines:
+                    rate, since = line.split()
+                    offer.set_rate(float(rate), float(since))
             due = offer.due(time.monotonic()) - sent
             if due <= 0:
                 time.sleep(0.001)
@@ -744,7 +765,7 @@ class WatchStream:
         """Ask the churn process for ``rate`` events/s from now on."""
         assert self.process.stdin is not None, "started with stdin=PIPE"
         now = time.monotonic()
-        self.process.stdin.write(f"{rate:g} {now!r}\n".encode())
+        self.process.stdin.write(f"{rate!r} {now!r}\n".encode())
         self.offer.set_rate(rate, now)
 
     def deliver(self, kind: str, line: bytes) -> None:
@@ -1007,7 +1028,7 @@ class RemoteOffer:
     def set_rate(self, rate: float) -> None:
         assert self.process.stdin is not None, "started with stdin=PIPE"
         now = time.monotonic()
-        self.process.stdin.write(f"{rate:g} {now!r}\n".encode())
+        self.process.stdin.write(f"{rate!r} {now!r}\n".encode())
         self.offer.set_rate(rate, now)
 
 
@@ -1032,7 +1053,7 @@ class Processes:
         topics, watcher, agg, ann = self.topics, m["watcher"], m["aggregator"], m["annotator"]
         snapshots = procs.produced(watcher, topics.workloads)
         ranks = sum(procs.produced(m[r], topics.ranks) for r in self.rankers)
-        decisions = procs.produced(agg, topics.costs)
+        decisions = procs.produced(agg, topics.costs_for(self.cluster))
         lags = {r: snapshots - procs.consumed(m[r], topics.workloads) for r in self.rankers}
         lags["aggregator"] = (
             snapshots - procs.consumed(agg, topics.workloads)

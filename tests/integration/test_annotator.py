@@ -7,8 +7,9 @@ pauses consumption and everything is still written once it resumes; an older dec
 after a newer one (even while the newer one's writes are in flight) never rewinds a cost.
 
 PATCH requests are counted by ``CountingPods`` around the real ``Kube`` adapter, so a count here
-is what the API server received. Each test makes its own Deployment in this module's namespace,
-on this module's node.
+is what the API server received. Each test makes its own opted-in Deployment in this module's
+namespace, on this module's node; each annotator verifies against its own informer view
+(``InformerView``). Forged decisions are in ``test_annotator_verify.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from tests.support.pipeline import fresh_kafka_settings
 from tests.support.tasks import leak_check
 
 from podcost.annotator import AnnotatorService, AnnotatorSettings, bootstrap
+from podcost.annotator.plan import Scope
+from podcost.annotator.view import InformerView
 from podcost.runtime.settings import ServiceSettings
 from podcost_bus import Bus, BusSettings, KafkaBus, MemoryBus
 from podcost_contracts.messages import DeadLetter, decode
@@ -102,12 +105,14 @@ class Annotators:
         self, pods: CountingPods, *, dry_run: bool = False, **config: Any
     ) -> AnnotatorService:
         options: dict[str, Any] = {"group": self.group, "backoff_initial": 0.05, **config}
+        assert isinstance(pods.inner, Kube), "the annotator's view lists the real cluster"
         service = bootstrap(
             ServiceSettings(http_port=0, dry_run=dry_run),
             self.pipe.settings,
             AnnotatorSettings(**options),
             bus=self.pipe.bus,
             kube=pods,
+            view=InformerView(pods.inner, Scope()),
         )
         self.running[service] = asyncio.create_task(service.run(), name="annotator-under-test")
         await eventually(service.ready, "the annotator to start consuming")
@@ -147,7 +152,9 @@ async def eventually(
 async def workload(kube: KubeTestCluster, space: Space, replicas: int) -> tuple[str, list[PodView]]:
     """A fresh Deployment of ``replicas`` pods on this module's node; its pods by name."""
     name = f"w-{uuid.uuid4().hex[:6]}"
-    await kube.create_deployment(space.namespace, name, replicas, node_selector=NODE_LABEL)
+    await kube.create_deployment(
+        space.namespace, name, replicas, opt_in=True, node_selector=NODE_LABEL
+    )
     pods: list[PodView] = []
 
     async def created() -> bool:

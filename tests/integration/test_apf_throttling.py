@@ -6,7 +6,9 @@ the real API server answers real 429s (its own ``apiserver_flowcontrol_rejected_
 counts them). The annotator honours each ``Retry-After`` (a throttled pod is not tried again
 before it, and the token bucket is held), drops nothing (every pod ends with its cost), and its
 own write budget (QPS/burst, every request counted: the read before a write too) is never
-exceeded, measured on the timestamps of the requests it sends through the real client.
+exceeded, measured on the timestamps of the requests it sends through the real client. (Its
+view of the cluster, the informer it verifies decisions against, lists and watches with the
+admin client: what is throttled here is its reads and writes of pods.)
 
 Measured here (2 shared cores): 500 pods in about 19 s with about 1010 requests at a budget of
 80/s (burst 10, 8 in flight), 9 real 429s with Retry-After 1 and 2 s. The test waits on the
@@ -38,6 +40,8 @@ from tests.support.kube import KubeTestCluster
 from tests.support.tasks import leak_check
 
 from podcost.annotator import AnnotatorService, AnnotatorSettings, bootstrap
+from podcost.annotator.plan import Scope
+from podcost.annotator.view import InformerView
 from podcost.runtime.settings import ServiceSettings
 from podcost_bus import BusSettings, MemoryBus
 from podcost_core.model import DELETION_COST_ANNOTATION
@@ -145,7 +149,9 @@ async def test_real_429s_are_waited_out_without_dropping_a_cost_or_exceeding_the
     rbac = client.RbacAuthorizationV1Api(kube.api)
     try:
         await kube.create_node(node, zone="zone-a", labels={"apf": run}, pods=str(PODS + 10))
-        await kube.create_deployment(namespace, "web", PODS, node_selector={"apf": run})
+        await kube.create_deployment(
+            namespace, "web", PODS, opt_in=True, node_selector={"apf": run}
+        )
         # The annotator's identity: a service account that may read and patch pods here.
         await core.create_namespaced_service_account(namespace, {"metadata": {"name": "podcost"}})
         await rbac.create_namespaced_role(namespace, {
@@ -208,6 +214,7 @@ async def test_real_429s_are_waited_out_without_dropping_a_cost_or_exceeding_the
                                       high_water=PODS * 2, low_water=PODS),
                     bus=bus,
                     kube=Timed(Kube(api), recorded),
+                    view=InformerView(Kube(kube.api), Scope(namespaces=(namespace,))),
                 )  # fmt: skip
                 assert isinstance(annotator, AnnotatorService)
                 task = asyncio.create_task(annotator.run(), name="annotator")

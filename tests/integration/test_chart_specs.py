@@ -65,6 +65,8 @@ def test_core_mode_runs_one_ranker_per_default_strategy_and_the_aggregator(helm:
     for spec in specs:
         assert spec.env["PODCOST_KAFKA"] == KAFKA["bootstrapServers"]
         assert spec.files, f"{spec.name} has no policy file"
+        # The core serves every cluster of the fleet: it has no cluster name of its own.
+        assert "PODCOST_CLUSTER" not in spec.env
 
 
 def test_replicas_become_one_numbered_process_each(helm: Path) -> None:

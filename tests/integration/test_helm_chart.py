@@ -140,6 +140,7 @@ CASES: dict[str, Manifest] = {
         "http": {"explainTokenSecret": {"name": "podcost-explain", "key": "bearer"}},
     },
     "dry-run-agent": {"mode": "agent", "clusterName": "eu-2", "kafka": KAFKA, "dryRun": True},
+    "no-cleanup-hook": {"cleanup": {"onUninstall": False}, "adoptFieldManagers": []},
 }
 
 #: Values files helm must refuse, with a piece of the one-line reason it must give.
@@ -201,10 +202,12 @@ REJECTED: dict[str, tuple[Manifest, str]] = {
 #: The settings classes each ``podcost`` command reads from the environment.
 SETTINGS: dict[str, tuple[type[BaseSettings], ...]] = {
     "watcher": (ServiceSettings, BusSettings, WatcherSettings),
-    "annotator": (ServiceSettings, BusSettings, AnnotatorSettings),
+    # The annotator reads the watcher's scope and opt-in variables too: it verifies by them.
+    "annotator": (ServiceSettings, BusSettings, AnnotatorSettings, WatcherSettings),
     "aggregator": (ServiceSettings, BusSettings, AggregatorSettings),
     "ranker": (ServiceSettings, BusSettings),
     "run": (ServiceSettings, BusSettings, WatcherSettings, AnnotatorSettings, AggregatorSettings),
+    "cleanup": (ServiceSettings, AnnotatorSettings),
 }
 
 
@@ -254,11 +257,14 @@ def of_kind(objects: list[Manifest], kind: str) -> list[Manifest]:
     return [obj for obj in objects if obj["kind"] == kind]
 
 
-def containers(objects: list[Manifest]) -> Iterator[tuple[Manifest, Manifest]]:
-    """(Deployment, container) for every container of every Deployment."""
-    for deployment in of_kind(objects, "Deployment"):
-        for container in deployment["spec"]["template"]["spec"]["containers"]:
-            yield deployment, container
+def containers(
+    objects: list[Manifest], kinds: tuple[str, ...] = ("Deployment",)
+) -> Iterator[tuple[Manifest, Manifest]]:
+    """(Deployment, container) for every container of every Deployment (or Job, in ``kinds``)."""
+    for kind in kinds:
+        for workload in of_kind(objects, kind):
+            for container in workload["spec"]["template"]["spec"]["containers"]:
+                yield workload, container
 
 
 def expected_deployments(values: Manifest) -> set[str]:
@@ -351,7 +357,7 @@ def test_every_container_runs_a_podcost_command_with_options_it_has(
     with pytest.raises(Exception, match="No such option: --no-such-option"):
         load_command("ranker").make_context("podcost ranker", ["--no-such-option"])
     registry = default_registry()
-    for _, container in containers(rendered(case)):
+    for _, container in containers(rendered(case), ("Deployment", "Job")):
         assert container["command"] == ["podcost"]
         name, *options = container["args"]
         assert name in COMMANDS, name
@@ -359,7 +365,8 @@ def test_every_container_runs_a_podcost_command_with_options_it_has(
         context = command.make_context(f"podcost {name}", list(options))  # raises on a bad one
         for strategy in _as_list(context.params.get("strategy")):
             registry.get_strategy(strategy)
-        writes = name in ("annotator", "run")  # the only commands that write to the cluster
+        # The only commands that write to the cluster.
+        writes = name in ("annotator", "run", "cleanup")
         assert ("--dry-run" in options) == (writes and bool(CASES[case].get("dryRun"))), name
         assert name in SETTINGS
 
@@ -433,7 +440,7 @@ def test_every_variable_is_a_setting_its_command_reads_and_accepts(
 ) -> None:
     objects = rendered(case)
     otel = otel_variables()
-    for deployment, container in containers(objects):
+    for deployment, container in containers(objects, ("Deployment", "Job")):
         command = container["args"][0]
         known = set().union(*(setting_variables(model) for model in SETTINGS[command]))
         files = mounted_files(deployment, container, objects)
@@ -557,6 +564,53 @@ def test_each_component_is_its_own_kafka_principal_from_its_own_secret(
     # One shared Secret still works for all (secretNames empty).
     shared = {frozenset(sasl_secrets(c)) for _, c in containers(rendered("tls-sasl"))}
     assert shared == {frozenset({"kafka-sasl"})}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_uninstall_runs_podcost_cleanup_as_podcosts_service_account_where_an_annotator_runs(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    objects = rendered(case)
+    jobs = of_kind(objects, "Job")
+    annotates = CASES[case].get("mode", "all") != "core"
+    hook = annotates and CASES[case].get("cleanup", {}).get("onUninstall", True)
+    assert len(jobs) == (1 if hook else 0)
+    for job in jobs:
+        annotations = job["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete"
+        assert "hook-succeeded" in annotations["helm.sh/hook-delete-policy"]
+        pod = job["spec"]["template"]["spec"]
+        assert (pod["restartPolicy"], pod["serviceAccountName"]) == ("Never", RELEASE)
+        assert pod["automountServiceAccountToken"] is True
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        [container] = pod["containers"]
+        assert container["args"][0] == "cleanup"
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        env = {variable["name"]: variable.get("value") for variable in container["env"]}
+        assert env["PODCOST_ANNOTATOR_QPS"] == str(CASES[case].get("annotator", {}).get("qps", 20))
+    # The hook runs with the release's RBAC: its service account may list and patch pods.
+    if jobs:
+        roles = [*of_kind(objects, "ClusterRole"), *of_kind(objects, "Role")]
+        verbs = {
+            verb
+            for role in roles
+            for rule in role["rules"]
+            if "pods" in rule["resources"]
+            for verb in rule["verbs"]
+        }
+        assert {"list", "patch"} <= verbs
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_only_what_runs_in_a_cluster_is_given_a_cluster_name(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    for deployment, container in containers(rendered(case)):
+        env = {var["name"]: var.get("value") for var in container["env"]}
+        in_a_cluster = container["args"][0] in ("watcher", "annotator", "run")
+        assert ("PODCOST_CLUSTER" in env) is in_a_cluster, deployment["metadata"]["name"]
+        if in_a_cluster:
+            assert env["PODCOST_CLUSTER"] == CASES[case].get("clusterName", "local")
 
 
 def test_the_service_monitor_scrapes_every_metrics_service(

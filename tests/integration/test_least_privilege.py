@@ -4,8 +4,11 @@ kube-apiserver: it can do what the services do and nothing else.
 The chart's ``templates/rbac.yaml`` and ``templates/admission-policy.yaml`` are rendered by the
 real helm and created with the admin credentials; every request below is then made with a token
 the TokenRequest API issued for the service account, and nothing else. What the services call
-is allowed: the informer's list and watch of pods, nodes, ReplicaSets and Deployments, the
-annotator's read and compare-and-swap patch of the deletion cost, the leader election's Lease.
+is allowed: the informer's list and watch of pods, nodes, ReplicaSets and Deployments (the
+watcher's, and the annotator's own view of pods, ReplicaSets and Deployments it verifies
+decisions against), the annotator's read and compare-and-swap patch of the deletion cost,
+``podcost cleanup``'s list and guarded removal of it (the uninstall hook), the leader
+election's Lease.
 Anything else is refused: by RBAC (delete or create a pod, secrets, nodes, subresources, events)
 or, for a patch RBAC must allow, by the admission policy (labels, other annotations, spec, owner
 references, finalizers; a cost outside podcost's band; a cost on a pod no ReplicaSet controls).
@@ -20,6 +23,7 @@ listed, and a cost write elsewhere is refused by the policy too when RBAC is wid
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,6 +40,10 @@ from tests.support.kube import COST_ANNOTATION, KubeTestCluster
 from tests.support.least_privilege import ServiceAccount, install, one, render
 from tests.support.tools import require_helm
 
+from podcost.annotator.cleanup import Outcome, clean_up
+from podcost.annotator.plan import Scope
+from podcost.annotator.settings import AnnotatorSettings
+from podcost.annotator.view import InformerView
 from podcost_core.labels import DEFAULT_BAND, INT32_MAX, INT32_MIN
 from podcost_kube.client import Kube, KubeError
 from podcost_kube.informer import (
@@ -221,6 +229,41 @@ async def test_the_annotators_read_and_compare_and_swap_patch_pass(
     assert written["metadata"]["annotations"][COST_ANNOTATION] == "42"
     await pods.patch_deletion_cost(installed.namespace, installed.pod, 10)
     assert (await _annotations(kube, installed))[COST_ANNOTATION] == "10"
+
+
+async def test_the_annotators_own_view_lists_and_watches_as_the_account(
+    installed: Installed, kube: KubeTestCluster
+) -> None:
+    view = InformerView(Kube(installed.api), Scope())
+    assert [r.kind for r in view.resources()] == ["Pod", "ReplicaSet", "Deployment"]
+    task = asyncio.create_task(view.run(), name="annotator-view")
+    try:
+        await kube.wait_for(lambda: _done_or(task, view.synced), "the view synced", timeout=30)
+        assert view.pod(installed.namespace, installed.pod) is not None
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def _done_or(task: asyncio.Task[None], synced: Callable[[], bool]) -> bool:
+    if task.done():
+        task.result()  # the view's informer failed (403 ...): raise why
+        raise AssertionError("the view stopped by itself")
+    return synced()
+
+
+async def test_podcost_cleanup_as_the_account_removes_its_cost_and_nothing_else(
+    installed: Installed, kube: KubeTestCluster
+) -> None:
+    # What the chart's uninstall hook does, with nothing but the account's token.
+    pods = Kube(installed.api)
+    await pods.patch_deletion_cost(installed.namespace, installed.pod, 10)  # podcost's own
+    report = await clean_up(pods, AnnotatorSettings(), namespace=installed.namespace)
+    assert report.outcomes == {Outcome.REMOVED: 1}
+    annotations = await _annotations(kube, installed)
+    assert COST_ANNOTATION not in annotations
+    assert annotations["team"] == "checkout"
+    await pods.patch_deletion_cost(installed.namespace, installed.pod, 10)
 
 
 async def test_the_informer_lists_and_watches_every_workload_resource_cluster_wide(

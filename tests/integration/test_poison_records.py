@@ -33,6 +33,8 @@ from podcost import aggregator, ranker
 from podcost.aggregator import AggregatorSettings
 from podcost.annotator import AnnotatorSettings
 from podcost.annotator import bootstrap as annotator
+from podcost.annotator.plan import Scope
+from podcost.annotator.view import InformerView
 from podcost.runtime.settings import ServiceSettings
 from podcost_bus import KafkaBus, publish_message
 from podcost_bus.faust_app import FaustKeyedApp
@@ -262,7 +264,7 @@ async def test_poison_on_the_costs_topic_is_dead_lettered_and_the_next_costs_are
     labels = {"podcost-poison-test": suffix}
     await kube.create_node(node, zone="a", labels=labels)
     try:
-        await kube.create_deployment(namespace, "web", 2, node_selector=labels)
+        await kube.create_deployment(namespace, "web", 2, opt_in=True, node_selector=labels)
 
         async def created() -> bool:
             return len(await kube.active_pods(namespace, "web")) == 2
@@ -280,7 +282,7 @@ async def test_poison_on_the_costs_topic_is_dead_lettered_and_the_next_costs_are
         counting = CountingPods(Kube(kube.api))
         service = annotator(
             SETTINGS, settings, AnnotatorSettings(group=f"poison-{suffix}", backoff_initial=0.05),
-            bus=bus, kube=counting,
+            bus=bus, kube=counting, view=InformerView(Kube(kube.api), Scope()),
         )  # fmt: skip
         async with running(service), Reader(bus, settings.topics.deadletter, DeadLetter) as dead:
             on_costs_at = await publish_poison(bus, topic, on_costs)

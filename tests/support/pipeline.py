@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from podcost_bus import Bus, BusSettings, Consumer, Record
 from podcost_contracts.messages import Message, decode
@@ -91,8 +91,13 @@ async def running(*services: Runnable, timeout: float = 30.0) -> AsyncIterator[N
 class Reader(Generic[M]):
     """Reads ``topic`` as a consumer group of its own and decodes ``kind`` messages."""
 
-    def __init__(self, bus: Bus, topic: str, kind: type[M]) -> None:
+    def __init__(
+        self, bus: Bus, topic: str, kind: type[M], decoder: Callable[..., Any] | None = None
+    ) -> None:
+        """``decoder``: how to decode a record when the topic carries more than one kind (e.g.
+        ``decode_costs_record``); by default ``decode(kind, ...)``."""
         self.kind = kind
+        self.decoder = decoder
         self.records: list[Record] = []
         self._consumer: Consumer = bus.consumer([topic], group=f"test-reader-{uuid.uuid4().hex}")
 
@@ -116,6 +121,8 @@ class Reader(Generic[M]):
                     f"got {len(records)} of {count} {self.kind.KIND} messages in {timeout}s"
                 )
         self.records.extend(records)
+        if self.decoder is not None:
+            return [self.decoder(r.value, r.headers, key=r.key) for r in records]
         return [decode(self.kind, r.value, r.headers, key=r.key) for r in records]
 
     async def nothing_more(self, wait: float = 0.5) -> None:

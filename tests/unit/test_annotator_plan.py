@@ -110,6 +110,15 @@ def test_a_cost_whose_field_another_manager_owns_is_foreign() -> None:
     assert pod_state(raw).owner is CostOwner.OTHER
 
 
+def test_a_cost_an_adopted_manager_set_is_podcosts_to_rewrite_and_kubectls_stays_foreign() -> None:
+    lablabs = raw_pod({DELETION_COST_ANNOTATION: "2147483647"}, [("manager", True)])
+    assert pod_state(lablabs, {"manager"}).owner is CostOwner.PODCOST
+    assert decide(5, UID, pod_state(lablabs, {"manager"})) is Verdict.WRITE
+    assert decide(5, UID, pod_state(lablabs)) is Verdict.FOREIGN
+    kubectl = raw_pod({DELETION_COST_ANNOTATION: "7"}, [("kubectl-annotate", True)])
+    assert decide(5, UID, pod_state(kubectl, {"manager"})) is Verdict.FOREIGN
+
+
 def test_a_pod_without_annotations_has_no_cost_and_no_owner() -> None:
     found = pod_state(raw_pod(None, [(FIELD_MANAGER, False)]))
     assert (found.value, found.owner, found.invalid) == (None, CostOwner.NONE, None)
@@ -124,6 +133,20 @@ def test_an_invalid_value_says_why() -> None:
 
 def want(uid: str, cost: int, origin: str, previous: int | None = None) -> Want[str]:
     return Want(PodUID(uid), "ns", f"pod-{uid}", cost, previous, origin)
+
+
+def test_a_removal_is_queued_even_where_a_write_would_be_unchanged_and_supersedes_one() -> None:
+    queue: WriteQueue[str] = WriteQueue()
+    assert queue.offer(want("a", 5, "decision", previous=5)).settled[0].result is Result.UNCHANGED
+    assert queue.offer(want("b", 5, "decision")).ready
+    removal = Want(PodUID("b"), "ns", "pod-b", 0, None, "release", remove=True)
+    offer = queue.offer(removal)
+    assert [(s.want.origin, s.result) for s in offer.settled] == [("decision", Result.SUPERSEDED)]
+    taken = queue.take(PodUID("b"))
+    assert taken is not None
+    assert taken.remove
+    removal_a = Want(PodUID("a"), "ns", "pod-a", 0, 0, "release", remove=True)
+    assert queue.offer(removal_a).ready
 
 
 def test_a_newer_cost_supersedes_the_queued_one_and_only_the_newest_is_taken() -> None:

@@ -5,7 +5,10 @@ and one trace from the record to its patches.
 
 ``FakePods`` answers as the API server does for the two requests the annotator makes: 404 for a
 missing pod, a refused compare-and-swap when the pod's uid or cost is no longer what was read,
-managed fields that name who set the cost. The same scenarios against the real control plane are in
+managed fields that name who set the cost. Its ``view`` is the annotator's own view of the
+cluster (``ClusterView``, fed here instead of by an informer): the opted-in Deployment ``web``,
+its ReplicaSet, and every pod ``add`` makes. What the annotator refuses is in the tests at the
+end. The same scenarios against the real control plane are in
 ``tests/integration/test_annotator.py``.
 """
 
@@ -28,6 +31,8 @@ from tests.support.costs import Desire, desired, publish_costs
 from tests.support.tasks import leak_check
 
 from podcost.annotator import AnnotatorService, AnnotatorSettings, bootstrap
+from podcost.annotator.plan import Scope
+from podcost.annotator.view import ClusterView
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_COST,
@@ -41,7 +46,9 @@ from podcost.runtime.telemetry import (
 from podcost_bus import BusSettings, MemoryBus
 from podcost_contracts.messages import TRACEPARENT, DeadLetter, decode
 from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER
+from podcost_core.policy import ENABLED
 from podcost_kube.client import CostChanged, KubeError, PodGone
+from podcost_kube.store import ChangeType
 
 NS = "shop"
 BUS = BusSettings()
@@ -65,21 +72,47 @@ class FakePods:
         self.clock: FakeClock | None = None
         self.timeline: list[tuple[str, str, float]] = []
         """(request, pod name, fake time) when a clock is given."""
+        self.view = ClusterView(Scope())
+        self.view.apply("Deployment", ChangeType.ADDED, owned("web", {ENABLED: "true"}))
+        self.view.apply("ReplicaSet", ChangeType.ADDED, owned("web-1", {}, "Deployment", "web"))
+        self.view.apply("Deployment", ChangeType.ADDED, owned("legacy", {}))
+        self.view.apply("ReplicaSet", ChangeType.ADDED, owned("legacy-1", {}, "Deployment",
+                                                              "legacy"))  # fmt: skip
 
-    def add(self, name: str, *, cost: str | None = None, manager: str = FIELD_MANAGER) -> str:
+    def add(
+        self,
+        name: str,
+        *,
+        cost: str | None = None,
+        manager: str = FIELD_MANAGER,
+        replicaset: str = "web-1",
+        in_view: bool = True,
+    ) -> str:
+        """A pod of ``replicaset`` (of Deployment ``web`` by default), in the API and (unless
+        ``in_view`` is false: not seen yet) in the view."""
         uid = f"uid-{name}"
         self.pods[name] = {
             "metadata": {
                 "name": name,
                 "namespace": NS,
                 "uid": uid,
+                "resourceVersion": "1",
                 "annotations": {},
                 "managedFields": [],
+                "ownerReferences": [owner_ref("ReplicaSet", replicaset)],
             }
         }
         if cost is not None:
             self.set_cost(name, cost, manager)
+        if in_view:
+            self.view.apply("Pod", ChangeType.ADDED, copy.deepcopy(self.pods[name]))
         return uid
+
+    def delete(self, name: str, *, seen: bool = True) -> None:
+        """Delete a pod from the API; ``seen``: the view saw it go too."""
+        gone = self.pods.pop(name)
+        if seen:
+            self.view.apply("Pod", ChangeType.DELETED, gone)
 
     def set_cost(self, name: str, cost: str, manager: str) -> None:
         meta = self.pods[name]["metadata"]
@@ -128,6 +161,21 @@ class FakePods:
             raise CostChanged(f"patching {namespace}/{pod}: changed", status=422, retriable=True)
         self.set_cost(pod, str(cost), FIELD_MANAGER)
         return copy.deepcopy(self.pods[pod])
+
+
+def owner_ref(kind: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": f"uid-{name}",
+            "controller": True}  # fmt: skip
+
+
+def owned(
+    name: str, annotations: dict[str, str], kind: str | None = None, owner: str | None = None
+) -> dict[str, Any]:
+    """A Deployment or ReplicaSet (controlled by ``kind`` ``owner`` when given)."""
+    refs = [owner_ref(kind, owner)] if kind is not None and owner is not None else []
+    return {"metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}",
+                         "resourceVersion": "1", "annotations": annotations,
+                         "ownerReferences": refs}}  # fmt: skip
 
 
 async def until(condition: Callable[[], bool], what: str, rounds: int = 2000) -> None:
@@ -188,6 +236,7 @@ async def start() -> AsyncIterator[Start]:
             kube=pods,
             clock=clock,
             tracer_provider=provider,
+            view=pods.view,
         )
         tasks.append(asyncio.create_task(service.run(), name="annotator-under-test"))
         await until(service.ready, "the annotator to start consuming")
@@ -357,14 +406,29 @@ async def test_a_cost_set_between_the_read_and_the_write_is_not_overwritten(
     assert pods.requests == [("read", "a"), ("patch", "a"), ("read", "a")]
 
 
-async def test_a_missing_pod_is_skipped_after_one_read(start: Start) -> None:
+async def test_a_pod_deleted_before_the_view_saw_it_go_is_skipped_after_one_read(
+    start: Start,
+) -> None:
     pods = FakePods()
-    b = pods.add("b")
+    b, gone = pods.add("b"), pods.add("gone")
+    pods.delete("gone", seen=False)
     run = await start(pods)
-    await run.publish(Desire("gone", "uid-gone", 3), Desire("b", b, 4))
+    await run.publish(Desire("gone", gone, 3), Desire("b", b, 4))
     await until(lambda: run.committed() == 1, "the record committed")
     assert (run.patches("gone"), run.patches("ok")) == (1, 1)
     assert pods.patched() == ["b"]
+    assert pods.requests.count(("read", "gone")) == 1
+
+
+async def test_a_pod_the_view_saw_deleted_is_gone_without_a_request(start: Start) -> None:
+    pods = FakePods()
+    b, gone = pods.add("b"), pods.add("gone")
+    pods.delete("gone")
+    run = await start(pods)
+    await run.publish(Desire("gone", gone, 3), Desire("b", b, 4))
+    await until(lambda: run.committed() == 1, "the record committed")
+    assert (run.patches("gone"), run.patches("ok"), run.patches("refused")) == (1, 1, 0)
+    assert pods.requests == [("read", "b"), ("patch", "b")]
 
 
 async def test_the_token_bucket_paces_requests_at_the_configured_rate_on_the_fake_clock(
@@ -439,13 +503,14 @@ async def test_one_trace_runs_from_the_records_context_through_the_annotate_span
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     pods = FakePods()
-    a, b = pods.add("a"), pods.add("b")
+    a, b, gone = pods.add("a"), pods.add("b"), pods.add("gone")
+    pods.delete("gone")
     run = await start(pods, provider=provider)
     traceparent = f"00-{TRACE_ID}-{PARENT_ID}-01"
     await run.publish(
         Desire("a", a, 1),
         Desire("b", b, 2),
-        Desire("gone", "uid-gone", 3),
+        Desire("gone", gone, 3),
         trace={TRACEPARENT: traceparent},
     )
     await until(
@@ -501,10 +566,18 @@ async def test_the_most_urgent_decision_is_written_first_then_pod_by_pod_in_dele
     start: Start,
 ) -> None:
     pods = FakePods()
-    # Costs that go down (10 to 5): each pod is needed once the scale-in reaches its place.
-    calm = [Desire(name, pods.add(name, cost="10"), 5, 10) for name in ("c1", "c2", "c3")]
-    late = [Desire(name, pods.add(name, cost="10"), 5, 10) for name in ("l1", "l2", "l3")]
-    soon = [Desire(name, pods.add(name, cost="10"), 5, 10) for name in ("s1", "s2", "s3")]
+    for workload in ("calm", "late", "soon"):
+        pods.view.apply("Deployment", ChangeType.ADDED, owned(workload, {ENABLED: "true"}))
+        pods.view.apply("ReplicaSet", ChangeType.ADDED, owned(f"{workload}-1", {}, "Deployment",
+                                                              workload))  # fmt: skip
+
+    def wants(workload: str) -> list[Desire]:
+        # Costs that go down (10 to 5): each pod is needed once the scale-in reaches its place.
+        names = [f"{workload[0]}{index}" for index in (1, 2, 3)]
+        return [Desire(name, pods.add(name, cost="10", replicaset=f"{workload}-1"), 5, 10)
+                for name in names]  # fmt: skip
+
+    calm, late, soon = wants("calm"), wants("late"), wants("soon")
     run = await start(pods, qps=1, burst=1, max_in_flight=1)
     pods.clock = run.clock
     # Published least urgent first: nothing wrong; wrong from a scale-in of 3; wrong at once.
@@ -517,3 +590,139 @@ async def test_the_most_urgent_decision_is_written_first_then_pod_by_pod_in_dele
     # The smallest scale-in each write can set right, then arrival: s1 (1), s2 (2), then every
     # pod of "late" and s3 (3: "late" is right below 3 already), the calm workload last.
     assert pods.patched() == ["s1", "s2", "l1", "l2", "l3", "s3", "c1", "c2", "c3"]
+
+
+# --- refusals: the annotator's own view must back every write -----------------------------------
+
+
+def refusals(run: Harness, reason: str) -> float:
+    registry = run.service.metrics.registry
+    return registry.get_sample_value("podcost_refusals_total", {"reason": reason}) or 0.0
+
+
+async def test_decisions_the_view_contradicts_are_refused_without_a_request_counted_and_logged(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="podcost.annotator")
+    pods = FakePods()
+    genuine = pods.add("a")
+    bystander = pods.add("old", replicaset="legacy-1")  # of Deployment legacy, never opted in
+    other = pods.add("old2", replicaset="legacy-1")
+    stray = pods.add("stray")
+    run = await start(pods)
+    await run.publish(
+        Desire("a", genuine, 1),
+        Desire("old", bystander, 2),  # the key names web: another workload's pod
+        Desire("stray", "uid-forged", 3),  # the name of a pod of web, a uid it does not have
+    )
+    await publish_costs(
+        run.bus, TOPICS.costs_for("local"), desired(NS, "legacy", [Desire("old2", other, 4)])
+    )
+    await until(lambda: run.committed() == 2, "both records committed")
+    assert pods.requests == [("read", "a"), ("patch", "a")]
+    assert [pods.cost(name) for name in ("a", "old", "old2", "stray")] == ["1", None, None, None]
+    assert (
+        refusals(run, "other_workload"),
+        refusals(run, "uid_mismatch"),
+        refusals(run, "not_opted_in"),
+    ) == (1, 1, 1)
+    assert (run.patches("refused"), run.patches("ok")) == (3, 1)
+    logged = [r.getMessage() for r in caplog.records if "refusing" in r.getMessage()]
+    assert len(logged) == 3
+    assert any("shop/old " in line and "local/shop/Deployment/legacy" in line for line in logged)
+    assert stray != "uid-forged"  # the real pod of that name is left alone (cost None above)
+
+
+async def test_a_pod_the_view_does_not_show_is_read_verified_as_read_and_written(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    run = await start(pods)
+    late = pods.add("late", in_view=False)
+    await run.publish(Desire("late", late, 7), Desire("never", "uid-never", 8))
+    await until(lambda: run.committed() == 1, "the record committed")
+    assert pods.cost("late") == "7"
+    assert (run.patches("ok"), run.patches("gone"), run.patches("refused")) == (1, 1, 0)
+    assert sorted(pods.requests) == [("patch", "late"), ("read", "late"), ("read", "never")]
+
+
+async def test_a_pod_whose_new_replicaset_the_view_has_not_seen_waits_for_it_within_the_grace(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    run = await start(pods, view_grace=5.0)
+    fresh = pods.add("fresh", replicaset="web-2")
+    await run.publish(Desire("fresh", fresh, 7))
+    await run.clock.advance(1.0)
+    assert pods.requests == []  # waiting for the view, not asking the API
+    pods.view.apply("ReplicaSet", ChangeType.ADDED, owned("web-2", {}, "Deployment", "web"))
+    await run.clock.advance(0.1)
+    await until(lambda: run.committed() == 1, "the record committed")
+    assert pods.cost("fresh") == "7"
+    assert refusals(run, "unknown_owner") == 0
+
+
+async def test_a_pod_whose_replicaset_the_view_never_shows_is_refused_after_the_grace(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    run = await start(pods, view_grace=2.0)
+    stray = pods.add("stray", replicaset="nowhere")
+    await run.publish(Desire("stray", stray, 7))
+    await run.clock.advance(1.9)
+    assert run.committed() == 0
+    await run.clock.advance(0.2)
+    await until(lambda: run.committed() == 1, "the record committed")
+    assert refusals(run, "unknown_owner") == 1
+    assert pods.requests == []
+    assert pods.cost("stray") is None
+
+
+async def test_a_pod_whose_owner_changed_since_the_view_saw_it_is_refused_after_the_read(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    a = pods.add("a")
+    # Released by its ReplicaSet in the API; the view has not seen that yet.
+    pods.pods["a"]["metadata"]["ownerReferences"] = []
+    run = await start(pods)
+    await run.publish(Desire("a", a, 1))
+    await until(lambda: run.committed() == 1, "the record committed")
+    assert pods.requests == [("read", "a")]
+    assert refusals(run, "no_workload") == 1
+
+
+async def test_a_forged_decision_cannot_supersede_the_genuine_queued_write_of_its_pod(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    a = pods.add("a")
+    run = await start(pods, max_in_flight=1)
+    await run.publish(Desire("a", a, 1))
+    # The same pod under another workload's key, read in the same poll: refused at once.
+    await publish_costs(
+        run.bus, TOPICS.costs_for("local"), desired(NS, "legacy", [Desire("a", a, 99)])
+    )
+    await until(lambda: run.committed() == 2, "both records committed")
+    assert pods.cost("a") == "1"
+    assert (run.patches("ok"), run.patches("superseded"), refusals(run, "other_workload")) == (
+        1,
+        0,
+        1,
+    )
+
+
+async def test_a_new_pod_of_a_new_replicaset_is_read_once_and_written_when_the_view_catches_up(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    run = await start(pods, view_grace=5.0)
+    fresh = pods.add("fresh", replicaset="web-3", in_view=False)
+    await run.publish(Desire("fresh", fresh, 7))
+    await run.clock.advance(1.0)
+    assert pods.requests == [("read", "fresh")]  # waiting on the view, not reading again
+    pods.view.apply("ReplicaSet", ChangeType.ADDED, owned("web-3", {}, "Deployment", "web"))
+    await run.clock.advance(0.1)
+    await until(lambda: run.committed() == 1, "the record committed")
+    assert pods.requests == [("read", "fresh"), ("patch", "fresh")]
+    assert pods.cost("fresh") == "7"

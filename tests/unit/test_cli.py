@@ -4,6 +4,7 @@ line for every bad input."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,39 @@ def test_a_missing_dump_file_exits_2() -> None:
     )
     assert result.exit_code == 2
     assert "cannot read /no/such/file.json" in result.stderr
+
+
+@pytest.fixture
+def quiet_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command sets up logging on the runner's stderr; put the root logger back after."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))
+    monkeypatch.setattr(root, "level", root.level)
+
+
+def test_cleanup_is_a_command_that_removes_only_podcosts_own_costs() -> None:
+    result = runner.invoke(app, ["cleanup", "--help"])
+    assert result.exit_code == 0
+    assert "only its own" in result.stdout
+    assert "--namespace" in result.stdout
+    assert "--dry-run" in result.stdout
+
+
+def test_cleanup_with_a_bad_budget_exits_2_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, quiet_logging: None
+) -> None:
+    monkeypatch.setenv("PODCOST_ANNOTATOR_QPS", "0")
+    result = runner.invoke(app, ["cleanup"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("podcost cleanup: invalid setting: PODCOST_ANNOTATOR_QPS")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_cleanup_without_cluster_access_exits_1_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, quiet_logging: None
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    result = runner.invoke(app, ["cleanup", "--namespace", "shop"])
+    assert result.exit_code == 1
+    # The client library logs its own warning first; podcost's error is one line, the last.
+    assert result.stderr.strip().splitlines()[-1].startswith("podcost cleanup: no cluster access")

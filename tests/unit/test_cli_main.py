@@ -23,7 +23,9 @@ from podcost import cli as podcost_cli
 from podcost.cli import EPILOGS, app, load_command, run_cli
 
 runner = CliRunner()
-COMMANDS = ["run", "watcher", "ranker", "aggregator", "annotator", "simulate", "explain", "demo"]
+COMMANDS = [
+    "run", "watcher", "ranker", "aggregator", "annotator", "simulate", "explain", "demo", "cleanup",
+]  # fmt: skip
 
 
 def _group() -> TyperGroup:

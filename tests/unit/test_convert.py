@@ -16,6 +16,7 @@ from podcost_core.convert import (
     ConversionError,
     UnknownWorkload,
     compute_qos,
+    cost_managers,
     invalid_deletion_cost,
     load_objects,
     node_from_json,
@@ -332,6 +333,39 @@ def test_podcost_owns_the_cost_when_its_field_manager_does(
         "managedFields": entries,
     }
     assert pod_from_json(raw_pod(metadata=meta)).cost_owner == owner
+
+
+@pytest.mark.parametrize(
+    ("entries", "adopt", "owner"),
+    [
+        ([managed("manager", COST_FIELDS)], (), CostOwner.OTHER),
+        ([managed("manager", COST_FIELDS)], ("manager",), CostOwner.PODCOST),
+        ([managed("kubectl-annotate", COST_FIELDS)], ("manager",), CostOwner.OTHER),
+        ([managed("podcost", COST_FIELDS)], ("manager",), CostOwner.PODCOST),
+        ([], ("manager",), CostOwner.OTHER),
+    ],
+)
+def test_a_cost_an_adopted_field_manager_set_counts_as_podcosts_own(
+    entries: list[dict[str, Any]], adopt: tuple[str, ...], owner: CostOwner
+) -> None:
+    meta = {
+        "annotations": {"controller.kubernetes.io/pod-deletion-cost": "2147483647"},
+        "managedFields": entries,
+    }
+    assert pod_from_json(raw_pod(metadata=meta), adopt=adopt).cost_owner == owner
+
+
+def test_cost_managers_names_every_manager_of_the_cost_and_none_without_managed_fields() -> None:
+    meta: Any = {
+        "annotations": {"controller.kubernetes.io/pod-deletion-cost": "1"},
+        "managedFields": [
+            managed("kube-controller-manager", {"f:metadata": {"f:labels": {}}}),
+            managed("manager", COST_FIELDS),
+            managed("kubectl-annotate", COST_FIELDS),
+        ],
+    }
+    assert cost_managers(meta) == ("manager", "kubectl-annotate")
+    assert cost_managers({"annotations": meta["annotations"]}) == ()
 
 
 def test_priority_tolerations_owner_node_and_deletion_are_read() -> None:

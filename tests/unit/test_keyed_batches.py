@@ -2,7 +2,8 @@
 processor in batches, over the in-memory bus: per-key order within a batch, outputs acknowledged
 before anything is kept or committed, a publish the bus refuses for good dead-letters its record
 while the rest of the batch goes on, and the costs JSON built without the message models is the
-message's own JSON. The faust transport's batches against the real broker are
+message's own JSON, and the snapshot part of a state is stored as the record it came in. The
+faust transport's batches against the real broker are
 ``tests/integration/test_faust_app.py``."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from podcost.runtime.telemetry import ATTR_WORKLOAD, SPAN_COMBINE
 from podcost_bus import BusError, BusSettings, Delivery, MemoryBus, Record, publish_message
 from podcost_bus.keyed import DROP, Drop, KeyedConsumerLoop, process_batch
 from podcost_contracts.messages import (
+    TRACEPARENT,
     DeadLetter,
     DesiredCostsMessage,
     StrategyRanksMessage,
@@ -37,7 +39,7 @@ from podcost_contracts.messages import (
     encode,
     encode_json,
 )
-from podcost_core.aggregate import Aggregator, WorkloadState
+from podcost_core.aggregate import SNAPSHOT_PART, Aggregator, WorkloadState, dump_latest
 from podcost_core.combine import answers_needed
 from podcost_core.model import Snapshot
 from podcost_core.policy import DEFAULT_POLICY, policy_from_annotations
@@ -376,3 +378,34 @@ def test_the_costs_json_is_exactly_the_message_s_own(decision: Any) -> None:
     ) == encode(
         message, trace={"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
     )  # fmt: skip
+
+
+# --- the stored snapshot part -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pods", [2, 200], ids=["plain", "gzipped"])
+async def test_a_state_s_snapshot_is_stored_as_its_record_and_reads_back_the_same(
+    pods: int, spans: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    processor = combiner(MemoryBus(), spans[0]).processor
+    snapshot = replace(deployment("web", pods=pods, nodes=4), annotations=ANNOTATIONS)
+    message = WorkloadSnapshotMessage.of(snapshot, emitted_at=START, changed_at=START - 1)
+    trace = {TRACEPARENT: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    encoded = encode(message, trace=trace)
+    assert encoded.compressed is (pods == 200)
+    source = Record(TOPICS.workloads, 0, 0, encoded.key, encoded.value, encoded.headers)
+    state = processor.on_record(source, None)
+    assert isinstance(state, WorkloadState)
+    assert state.latest is not None
+    await processor.flush()  # the transport stores what a batch decided after its flush
+
+    parts = processor.dump(None, state)
+    assert parts[SNAPSHOT_PART].endswith(encoded.value)
+    assert len(parts[SNAPSHOT_PART]) < len(encoded.value) + 300
+    loaded = processor.load(encoded.key, parts)
+    assert loaded == state
+    assert loaded.latest is not None
+    assert dict(loaded.latest.trace) == trace
+    # A snapshot part in the core's own format (the record not at hand) still reads back.
+    assert processor.dump(None, state)[SNAPSHOT_PART] == dump_latest(state.latest)
+    assert processor.load(encoded.key, {**parts, SNAPSHOT_PART: dump_latest(state.latest)}) == state

@@ -27,12 +27,15 @@ from podcost_contracts.messages import (
     Message,
     MessageTooLarge,
     PodCost,
+    PodRef,
+    ReleaseCostsMessage,
     StrategyRanksMessage,
     StrategyTerm,
     WorkloadGoneMessage,
     WorkloadKey,
     WorkloadSnapshotMessage,
     decode,
+    decode_costs_record,
     decode_workload_record,
     encode,
     trace_context,
@@ -230,6 +233,19 @@ def test_two_kinds_cannot_share_a_topic() -> None:
 def test_every_message_kind_comes_back_equal_after_encode_and_decode(message: Message) -> None:
     encoded = encode(message)
     assert decode(type(message), encoded.value, encoded.headers, key=encoded.key) == message
+
+
+def test_a_costs_topic_record_is_a_decision_or_a_release_as_its_header_says() -> None:
+    release = ReleaseCostsMessage(
+        key=KEY, version=7, pods=(PodRef(namespace="shop", name="web-a", uid=PodUID("a")),),
+        reason="opted out", emitted_at=1_714_568_404.0, changed_at=1_714_568_403.0,
+    )  # fmt: skip
+    for message in (release, costs()):
+        encoded = encode(message)
+        assert decode_costs_record(encoded.value, encoded.headers, key=encoded.key) == message
+    broken = encode(release)
+    with pytest.raises(DecodeError):
+        decode_costs_record(b"{}", broken.headers, key=broken.key)
 
 
 def test_a_snapshot_message_keeps_every_field_of_every_pod() -> None:

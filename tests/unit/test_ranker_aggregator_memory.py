@@ -26,7 +26,10 @@ from podcost.ranker import RankerService, group_of
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_COMPLETE,
+    ATTR_COST,
     ATTR_MISSING,
+    ATTR_POD,
+    ATTR_RANK,
     ATTR_STRATEGY,
     ATTR_VERSION,
     ATTR_WORKLOAD,
@@ -39,9 +42,11 @@ from podcost_contracts.messages import (
     TRACEPARENT,
     DeadLetter,
     DesiredCostsMessage,
+    ReleaseCostsMessage,
     StrategyRanksMessage,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
+    decode_costs_record,
 )
 from podcost_core.aggregate import WorkloadState
 from podcost_core.model import PodUID, Snapshot
@@ -97,9 +102,9 @@ class World:
         )
         await publish_message(self.bus, TOPICS.workloads, message, trace=trace)
 
-    async def gone(self, version: int, emitted_at: float) -> None:
+    async def gone(self, version: int, emitted_at: float, reason: str = "deleted") -> None:
         message = WorkloadGoneMessage(
-            key=SNAPSHOT.workload.key, version=version, reason="deleted", emitted_at=emitted_at
+            key=SNAPSHOT.workload.key, version=version, reason=reason, emitted_at=emitted_at
         )
         await publish_message(self.bus, TOPICS.workloads, message)
 
@@ -149,6 +154,29 @@ async def test_a_snapshot_goes_through_every_enabled_ranker_to_the_costs_rank_wo
     assert counted(rankers[3], "podcost_snapshots_ranked_total", strategy="priority-qos") == 0
 
 
+async def test_the_costs_published_are_counted_by_the_costs_topic_of_their_cluster(
+    world: World,
+) -> None:
+    other = replace(SNAPSHOT, workload=replace(SNAPSHOT.workload, cluster="eu-2"))
+    rankers = [world.ranker(name) for name in (CAP, AGE, SPREAD)]
+    combiner = world.aggregator()
+    async with (
+        leak_check(),
+        running(*rankers, combiner),
+        Reader(world.bus, COSTS, DesiredCostsMessage) as ours,
+        Reader(world.bus, TOPICS.costs_for("eu-2"), DesiredCostsMessage) as theirs,
+    ):
+        await world.publish()
+        await world.publish(other)
+        await ours.take(1)
+        await theirs.take(1)
+
+    produced = "podcost_messages_produced_total"
+    assert counted(combiner, produced, topic=COSTS) == 1
+    assert counted(combiner, produced, topic=TOPICS.costs_for("eu-2")) == 1
+    assert counted(combiner, produced, topic=TOPICS.costs) == 0  # the prefix is no topic
+
+
 async def test_every_step_of_a_decision_is_a_span_of_the_snapshot_trace(world: World) -> None:
     async with (
         running(world.ranker(CAP), world.ranker(AGE), world.aggregator()),
@@ -171,7 +199,11 @@ async def test_every_step_of_a_decision_is_a_span_of_the_snapshot_trace(world: W
         assert span.attributes[ATTR_VERSION] == SNAPSHOT.version
     assert sorted(str((span.attributes or {})[ATTR_STRATEGY]) for span in strategies) == [AGE, CAP]
     assert (combined.attributes or {})[ATTR_COMPLETE] is True
-    assert len(combined.events) == len(SNAPSHOT.pods)
+    # Every pod's rank and cost, aligned arrays (a pod's name is namespace/name).
+    attributes = combined.attributes or {}
+    names = [f"{pod.namespace}/{pod.name}" for pod in SNAPSHOT.pods]
+    assert sorted(attributes[ATTR_POD]) == sorted(names)  # type: ignore[arg-type]
+    assert len(attributes[ATTR_RANK]) == len(attributes[ATTR_COST]) == len(names)  # type: ignore[arg-type]
     # The published records carry the context of the span that made them.
     own = {span.context.span_id: span for span in spans}
     for record in [*ranks.records, *costs.records]:
@@ -472,3 +504,26 @@ async def test_a_workload_gone_is_skipped_by_the_rankers_and_forgotten_by_the_ag
         await costs.nothing_more(0.2)
         await dead.nothing_more(0.2)
     assert counted(cap, "podcost_snapshots_ranked_total", strategy=CAP) == 1
+
+
+async def test_a_workload_that_opted_out_gets_a_release_of_its_pods_costs_a_deleted_one_not(
+    world: World,
+) -> None:
+    combiner = world.aggregator()
+    async with (
+        running(world.ranker(CAP), world.ranker(AGE), combiner),
+        Reader(world.bus, COSTS, DesiredCostsMessage, decoder=decode_costs_record) as costs,
+    ):
+        await world.publish()
+        [decision] = await costs.take(1)
+        assert isinstance(decision, DesiredCostsMessage)
+        await world.gone(version=SNAPSHOT.version + 1, emitted_at=START + 1, reason="opted out")
+        [release] = await costs.take(1)
+        assert isinstance(release, ReleaseCostsMessage)
+        assert (release.key, release.version, release.reason) == (
+            SNAPSHOT.workload.key, SNAPSHOT.version + 1, "opted out",
+        )  # fmt: skip
+        assert {pod.uid for pod in release.pods} == {pod.uid for pod in SNAPSHOT.pods}
+        # Forgotten now: a second word that it is gone has no snapshot to release.
+        await world.gone(version=SNAPSHOT.version + 2, emitted_at=START + 2, reason="opted out")
+        await costs.nothing_more(0.2)

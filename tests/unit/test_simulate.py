@@ -144,6 +144,9 @@ def test_the_json_document_has_the_contract_keys() -> None:
         "skew_after",
         "tied",
         "tie_picks",
+        "kept_costs",
+        "kept_costs_change_outcome",
+        "kept_costs_adopted",
     ]
     assert document["workload"] == "shop/web"
     assert document["topology_key"] == "topology.kubernetes.io/zone"

@@ -11,6 +11,7 @@ import pytest
 import typer
 
 from podcost.commands.startup import EXIT_BAD_CONFIG, load_settings
+from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
 
 VARIABLES = (
@@ -108,3 +109,20 @@ def test_the_watched_namespaces_are_one_a_list_or_all(
     if value is not None:
         monkeypatch.setenv("PODCOST_WATCHER_NAMESPACE", value)
     assert load_settings("watcher", WatcherSettings).namespaces() == namespaces
+
+
+@pytest.mark.parametrize(
+    ("value", "adopted"),
+    [
+        (None, {"podcost", "manager"}),
+        ("manager, retired-tool", {"podcost", "manager", "retired-tool"}),
+        ("", {"podcost"}),
+    ],
+)
+def test_podcost_adopts_the_lablabs_manager_by_default_and_whatever_the_setting_lists(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, adopted: set[str]
+) -> None:
+    monkeypatch.delenv("PODCOST_ADOPT_FIELD_MANAGERS", raising=False)
+    if value is not None:
+        monkeypatch.setenv("PODCOST_ADOPT_FIELD_MANAGERS", value)
+    assert ServiceSettings().adopted == adopted

@@ -32,7 +32,6 @@ from podcost.runtime.metrics import Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import tracer
 from podcost_bus import Bus, BusError, BusSettings, MemoryBus, TopicPartition, open_bus
-from podcost_bus.faust_app import FaustKeyedApp
 from podcost_bus.keyed import KeyedConsumerLoop
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import AggregationConfig, Aggregator, PolicyResolver
@@ -157,6 +156,10 @@ def bootstrap(
         and bus_settings.bootstrap_servers
         and not isinstance(bus, MemoryBus)
     ):
+        # Imported here: faust (and mode, croniter, ...) is a second of imports that embedded
+        # mode and the consumer engine never use.
+        from podcost_bus.faust_app import FaustKeyedApp
+
         transport = FaustKeyedApp(
             bus_settings,
             processor,

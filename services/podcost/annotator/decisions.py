@@ -90,7 +90,7 @@ class Explanation(BaseModel):
     source: Source
     result: str | None = None
     """What the annotator did with the cost (``ok``, ``unchanged``, ``foreign``, ``dry_run``,
-    ``gone``, ``error``); ``None`` while the write is under way or when not known."""
+    ``gone``, ``error``, ``refused``); ``None`` while the write is under way or when not known."""
     written: Written | None = None
     """The decision whose write set the pod's current cost, if this annotator made it."""
 

@@ -19,6 +19,9 @@ everything here directly. Three pieces:
   same one again as a duplicate, even while the newer one's writes are still in flight.
 - :func:`gives_up`: which failed requests end as an error, and which are retried for as long as
   they fail (an API server outage loses no decision).
+- :func:`verify`: whether the annotator's own view of its own cluster backs a decision about one
+  pod (the pod exists with that uid, is owned by the workload the record's key names, and that
+  workload is opted in and in :class:`Scope`); anything else is a :class:`Refused` write.
 
 Superseding a queued write settles the older record at once. That is safe for at-least-once:
 the record that superseded it is later in its partition (same workload, same key) and stays
@@ -28,14 +31,17 @@ uncommitted until its own write is done, so a crash replays the newer value, nev
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar, cast
 
+from podcost_contracts.messages import WorkloadKey as BusKey
 from podcost_core.convert import ObjectMetaJSON, cost_owner
 from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, PodUID
 from podcost_core.victims import deletion_cost_error, parse_deletion_cost
+from podcost_kube.store import Store
+from podcost_kube.workloads import OptInRules, WorkloadKey, owning_workload, workload_policy
 
 T = TypeVar("T")
 
@@ -55,6 +61,9 @@ class Result(StrEnum):
     """The pod carries a cost someone else set, and ``overwrite_foreign`` is off."""
     DRY_RUN = "dry_run"
     """Would have been written; dry-run mode writes nothing."""
+    REFUSED = "refused"
+    """Not backed by the annotator's own view of the cluster (:func:`verify`): no write, the
+    reason counted in ``podcost_refusals``."""
     ERROR = "error"
     """Given up: a permanent API error (403, 422 ...), or conflicts past the retry limit
     (logged). An unavailable or throttling API server never ends a write as an error."""
@@ -109,14 +118,15 @@ class PodState:
         return None if self.value is None else deletion_cost_error(self.value)
 
 
-def pod_state(raw: Mapping[str, Any]) -> PodState:
-    """The :class:`PodState` of a pod's JSON (as ``Kube.read_pod`` returns it)."""
+def pod_state(raw: Mapping[str, Any], adopt: Collection[str] = ()) -> PodState:
+    """The :class:`PodState` of a pod's JSON (as ``Kube.read_pod`` returns it); a cost set by a
+    field manager in ``adopt`` counts as podcost's own, to rewrite."""
     meta = raw.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     return PodState(
         uid=str(meta.get("uid", "")),
         value=annotations.get(DELETION_COST_ANNOTATION),
-        owner=cost_owner(cast(ObjectMetaJSON, meta)),
+        owner=cost_owner(cast(ObjectMetaJSON, meta), adopt),
         deleting=meta.get("deletionTimestamp") is not None,
     )
 
@@ -138,6 +148,122 @@ def decide(
     return Verdict.WRITE
 
 
+# --- verifying --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What this annotator may write: the watcher's namespace and opt-in rules, the same
+    settings (``PODCOST_WATCHER_NAMESPACE``, ``_NAMESPACE_SELECTOR``, ``_DEFAULT_ENABLED``,
+    ``PODCOST_POLICY_FILE``) read by the same functions (``podcost_kube.workloads``)."""
+
+    namespaces: tuple[str, ...] | None = None
+    """The namespaces served (``WatcherSettings.namespaces()``); ``None``: every namespace."""
+    rules: OptInRules = field(default_factory=OptInRules)
+
+    def covers(self, namespace: str) -> bool:
+        return self.namespaces is None or namespace in self.namespaces
+
+
+class Refusal(StrEnum):
+    """Why a decision about one pod is not written; the ``reason`` of ``podcost_refusals``."""
+
+    OUT_OF_SCOPE = "out_of_scope"
+    """The pod or the workload is in a namespace this annotator does not serve."""
+    UNKNOWN_POD = "unknown_pod"
+    """No pod of that name in the view. The annotator does not refuse for this: it reads the
+    pod (404 is ``gone``) and verifies what the read returns."""
+    UID_MISMATCH = "uid_mismatch"
+    """The pod of that name has another uid."""
+    UNKNOWN_OWNER = "unknown_owner"
+    """The pod's controlling ReplicaSet, or that ReplicaSet's Deployment, is not in the view."""
+    NO_WORKLOAD = "no_workload"
+    """No ReplicaSet controls the pod (a bare pod, a static pod, a DaemonSet's or a Job's)."""
+    OTHER_WORKLOAD = "other_workload"
+    """The pod belongs to another workload than the record's key names."""
+    NOT_OPTED_IN = "not_opted_in"
+    """The workload is not opted in (or its policy annotations are invalid)."""
+    STILL_OPTED_IN = "still_opted_in"
+    """A release (remove podcost's costs) for a workload the view shows opted in and in scope:
+    its costs stay."""
+
+    @property
+    def may_catch_up(self) -> bool:
+        """Whether the view may just not have seen the pod's owners yet: worth another look
+        for a little while, where every other refusal is final."""
+        return self is Refusal.UNKNOWN_OWNER
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A refused write: the reason, and what the view says instead (for the log)."""
+
+    reason: Refusal
+    detail: str
+
+
+def verify(
+    key: BusKey,
+    namespace: str,
+    name: str,
+    uid: str,
+    pod: Mapping[str, Any] | None,
+    store: Store,
+    scope: Scope,
+) -> Refused | None:
+    """Whether the decision ``key`` about pod ``namespace/name`` with ``uid`` may be written,
+    ``pod`` being that pod as the view holds it (``None``: no such pod) and ``store`` the view
+    of the pod's owners (ReplicaSets, Deployments, and Namespaces for a namespace selector);
+    ``None`` when it may, else why not. The cluster of ``key`` is checked before (its topic).
+    """
+    for where in (namespace, key.namespace):
+        if not scope.covers(where):
+            served = ", ".join(scope.namespaces or ())
+            return Refused(Refusal.OUT_OF_SCOPE, f"namespace {where} is not one of {served}")
+    if pod is None:
+        return Refused(Refusal.UNKNOWN_POD, "no such pod")
+    found = str((pod.get("metadata") or {}).get("uid", ""))
+    if found != uid:
+        return Refused(Refusal.UID_MISMATCH, f"the pod's uid is {found}")
+    owner = owning_workload(store, pod)
+    if owner.workload is None:
+        if owner.missing is not None:
+            return Refused(Refusal.UNKNOWN_OWNER, f"{owner.missing} is not known")
+        return Refused(Refusal.NO_WORKLOAD, "no ReplicaSet controls the pod")
+    named = WorkloadKey(key.namespace, key.kind, key.name)
+    if owner.workload != named:
+        return Refused(
+            Refusal.OTHER_WORKLOAD, f"it belongs to {owner.workload.bus_key(key.cluster)}"
+        )
+    policy = workload_policy(store, owner.workload, scope.rules)
+    if not policy.enabled:
+        why = str(policy.error) if policy.error is not None else f"decided by {policy.source}"
+        return Refused(Refusal.NOT_OPTED_IN, f"the workload is not opted in ({why})")
+    return None
+
+
+def verify_release(
+    key: BusKey,
+    namespace: str,
+    name: str,
+    uid: str,
+    pod: Mapping[str, Any] | None,
+    store: Store,
+    scope: Scope,
+) -> Refused | None:
+    """Whether the release ``key`` (its workload is no longer ranked) may remove podcost's cost
+    from pod ``namespace/name`` with ``uid``; ``None`` when it may. The pod must be the
+    workload's, as for a write, and the view must agree the workload is no longer podcost's:
+    not opted in, or out of scope. A pod the view does not show is left to the removal, which
+    reads it (404 is ``gone``) and removes only a cost podcost's own field manager set."""
+    refused = verify(key, namespace, name, uid, pod, store, scope)
+    if refused is None:
+        return Refused(Refusal.STILL_OPTED_IN, "the workload is opted in and in scope")
+    if refused.reason in (Refusal.NOT_OPTED_IN, Refusal.OUT_OF_SCOPE, Refusal.UNKNOWN_POD):
+        return None
+    return refused
+
+
 # --- coalescing -------------------------------------------------------------------------------
 
 
@@ -153,6 +279,9 @@ class Want(Generic[T]):
     """The cost the snapshot saw on the pod (0 without the annotation, ``None``: an invalid
     one, or one of ours not written as podcost writes it)."""
     origin: T
+    remove: bool = False
+    """Remove the cost podcost wrote instead (its workload is no longer ranked); ``cost`` is
+    then unused."""
     first_wrong: int | None = None
     """The decision's ``first_wrong``: the smallest scale-in that goes wrong until its costs
     are written (``None``: none does). Orders the writes (:func:`write_priority`)."""
@@ -237,7 +366,7 @@ class WriteQueue(Generic[T]):
             settled.append(Settled(slot.queued, Result.SUPERSEDED))
             slot.queued = None
             self._queued -= 1
-        if slot.running is None and want.previous == want.cost:
+        if slot.running is None and not want.remove and want.previous == want.cost:
             # The snapshot saw this very cost on the pod and nothing of ours is in flight that
             # could change it: no request at all. A change by someone else since then makes the
             # watcher publish a new snapshot, and the aggregator a new decision.

@@ -38,6 +38,29 @@ pass after start), caught up: every decision of that pass written, i.e. the cost
 again after a restart. A retriable bus error in the consume or commit loop is logged and
 retried after a backoff; only a permanent one stops the annotator.
 
+Verifying before writing (``plan.verify``): the annotator trusts nothing it reads on the bus. A
+pod's cost is written only when its own view of its own cluster (``view.InformerView``: an
+informer over the pods, ReplicaSets and Deployments of its scope) says the pod exists with the
+uid the decision names, is owned by the workload the record's key names, and that workload is
+opted in and in scope (the watcher's namespace and opt-in settings, through the same functions).
+Anything else is refused before any request (what the view already contradicts when a record
+is consumed is refused then, never queued, so a forged decision cannot supersede a genuine one
+for the same pod): counted in ``podcost_refusals{reason}`` and
+``podcost_patches{result="refused"}``, logged, and committed like any settled write (a refused
+record is never retried). A pod the view saw deleted is ``gone`` at once. A pod the view does not
+show (deleted before it started, or too new for it) is read, as every pod is before its write:
+404 is ``gone``, and a pod found is verified like any other. Every pod read is verified again on
+what the read returned (its owner must still be the workload), and the PATCH itself tests the
+pod's uid: nothing is ever written blind. Owners the view does not show yet (a brand-new
+ReplicaSet) may be ones it has not seen yet: the write waits for the view, polling it, until
+``view_grace`` seconds after the decision was published, then is refused.
+
+Releases (``ReleaseCostsMessage``, for a workload that opted out): one removal per pod,
+queued, paced and retried like a write and ordered with the workload's decisions by the same
+guard; each reads the pod and removes the cost only where podcost's own field manager alone
+owns it, with a PATCH that tests the value (``Kube.remove_deletion_cost_if_unchanged``), so a
+cost someone set stays.
+
 Offsets are committed only after the writes (at least once): a restart re-reads what was not
 committed, and re-reading finds the costs already written, so nothing is written twice.
 """
@@ -52,7 +75,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from fastapi import APIRouter
 from opentelemetry import trace
@@ -72,8 +95,11 @@ from podcost.annotator.plan import (
     Decided,
     Freshness,
     Ledger,
+    Refusal,
+    Refused,
     Result,
     Retry,
+    Scope,
     Ticket,
     Verdict,
     VersionGuard,
@@ -82,9 +108,12 @@ from podcost.annotator.plan import (
     decide,
     gives_up,
     pod_state,
+    verify,
+    verify_release,
     write_priority,
 )
 from podcost.annotator.settings import AnnotatorSettings
+from podcost.annotator.view import ClusterView, InformerView
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.retry import DEFAULT_BACKOFF, retry_transient
 from podcost.runtime.settings import ServiceSettings
@@ -113,9 +142,14 @@ from podcost_bus import (
     open_bus,
 )
 from podcost_bus.messaging import decode_or_dead_letter
-from podcost_contracts.messages import DesiredCostsMessage
-from podcost_core.model import PodUID
-from podcost_kube.client import CostChanged, KubeError, PodGone, connect
+from podcost_contracts.messages import (
+    DesiredCostsMessage,
+    ReleaseCostsMessage,
+    decode_costs_record,
+)
+from podcost_core.convert import ObjectMetaJSON, own_cost
+from podcost_core.model import DELETION_COST_ANNOTATION, PodUID
+from podcost_kube.client import CostChanged, Kube, KubeError, PodGone, connect
 
 log = logging.getLogger("podcost.annotator")
 
@@ -125,6 +159,8 @@ R = TypeVar("R")
 POLL_WAIT_S = 0.5
 #: How often the consumer lag gauge is refreshed (it asks the broker).
 LAG_INTERVAL_S = 5.0
+#: How often a write waiting for the view to show its pod looks again.
+VIEW_POLL_S = 0.05
 
 CatchUp = Callable[[], Mapping[str, int] | None]
 """The decisions to write before the costs are current again after a start: per workload key,
@@ -145,6 +181,13 @@ class PodAPI(Protocol):
         in ``seen`` (else ``CostChanged``, nothing written)."""
         ...
 
+    async def remove_deletion_cost_if_unchanged(
+        self, namespace: str, pod: str, *, seen: Mapping[str, Any]
+    ) -> Mapping[str, Any]:
+        """Remove the cost, only if the pod and its cost are still as in ``seen`` (else
+        ``CostChanged``, nothing removed)."""
+        ...
+
 
 @dataclass(eq=False)
 class _Batch:
@@ -154,6 +197,8 @@ class _Batch:
     message: DesiredCostsMessage | None
     span: trace.Span | None
     results: Counter[Result] = field(default_factory=Counter)
+    release: ReleaseCostsMessage | None = None
+    """The release whose removals these are (``message`` is then ``None``)."""
 
 
 class AnnotatorService:
@@ -174,6 +219,8 @@ class AnnotatorService:
         otel: trace.Tracer,
         wall: Callable[[], float] = time.time,
         catch_up: CatchUp | None = None,
+        scope: Scope | None = None,
+        view: ClusterView | None = None,
     ) -> None:
         self.settings = settings
         self.bus_settings = bus_settings
@@ -208,6 +255,10 @@ class AnnotatorService:
         self._started_at: float | None = None
         self._done: dict[str, int] = {}
         """Per workload key, the newest version whose every write is done."""
+        self.scope = scope if scope is not None else Scope()
+        """The namespace and opt-in rules this annotator writes for."""
+        self.view = view
+        """Its own view of its cluster (built over the connected ``Kube`` when not given)."""
 
     @property
     def topic(self) -> str:
@@ -230,7 +281,13 @@ class AnnotatorService:
 
     def ready(self) -> bool:
         """Consuming, not in an API server outage, and caught up (see the module docstring)."""
-        return self._consumer is not None and not self.outage.reported and self._caught_up
+        return (
+            self._consumer is not None
+            and not self.outage.reported
+            and self._caught_up
+            and self.view is not None
+            and self.view.synced()
+        )
 
     @property
     def caught_up(self) -> bool:
@@ -244,14 +301,21 @@ class AnnotatorService:
     async def run(self) -> None:
         """Consume and write until cancelled; connects to the cluster if no ``kube`` was given."""
         if self._kube is not None:
-            await self._run(self._kube)
+            await self._run(self._kube, self._view_over(self._kube))
             return
         async with connect() as kube:
-            await self._run(kube)
+            await self._run(kube, self._view_over(kube))
 
-    # --- the three loops ------------------------------------------------------------------
+    def _view_over(self, kube: PodAPI) -> ClusterView:
+        if self.view is None:
+            if not isinstance(kube, Kube):
+                raise TypeError("an annotator over a pod API that is not Kube needs a view")
+            self.view = InformerView(kube, self.scope)
+        return self.view
 
-    async def _run(self, kube: PodAPI) -> None:
+    # --- the loops ------------------------------------------------------------------------
+
+    async def _run(self, kube: PodAPI, view: ClusterView) -> None:
         topics = self.bus_settings.topics
         await self.bus.ensure_topics([self.topic, topics.deadletter])
         # A fresh start forgets what a previous run had in flight: it is read again from the bus.
@@ -274,6 +338,7 @@ class AnnotatorService:
             )
             try:
                 async with asyncio.TaskGroup() as tasks:
+                    tasks.create_task(view.run(), name="annotator-view")
                     for index in range(self.config.max_in_flight):
                         tasks.create_task(self._write_loop(kube), name=f"annotator-write-{index}")
                     tasks.create_task(self._commit_loop(consumer), name="annotator-commit")
@@ -348,7 +413,7 @@ class AnnotatorService:
         topics = self.bus_settings.topics
         message = await retry_transient(
             lambda: decode_or_dead_letter(
-                self.bus, record, DesiredCostsMessage, topic=topics.deadletter, group=self.group
+                self.bus, record, decode_costs_record, topic=topics.deadletter, group=self.group
             ),
             what=f"dead-lettering {record.topic}@{record.partition}:{record.offset}",
             sleep=self._clock.sleep,
@@ -365,7 +430,12 @@ class AnnotatorService:
                 "ignoring %s on %s: not cluster %s", message.key, record.topic,
                 self.settings.cluster,
             )  # fmt: skip
-            self._nothing_to_write(record, message)
+            self._nothing_to_write(
+                record, message if isinstance(message, DesiredCostsMessage) else None
+            )
+            return
+        if isinstance(message, ReleaseCostsMessage):
+            self._release(record, message)
             return
         decided = Decided(message.version, message.changed_at, message.complete)
         freshness = self.guard.admit(message.key, decided)
@@ -411,7 +481,54 @@ class AnnotatorService:
             self._finish(batch)
         for position, pod in enumerate(message.costs):
             want = Want(pod.uid, pod.namespace, pod.name, pod.cost, pod.previous, ticket,
-                        message.first_wrong, position)  # fmt: skip
+                        first_wrong=message.first_wrong, position=position)  # fmt: skip
+            refused = self._refused_now(want, message)
+            if refused is not None:
+                # Never queued: a forged decision cannot supersede a genuine one for that pod.
+                self._settle(want, self._count_refusal(want, message, refused))
+                continue
+            offer = self._writes.offer(want)
+            for settled in offer.settled:
+                self._settle(settled.want, settled.result)
+            if offer.ready:
+                self._announce(pod.uid)
+
+    def _refused_now(
+        self, want: Want[Ticket[_Batch]], message: DesiredCostsMessage
+    ) -> Refused | None:
+        """What the view, once synced, refuses for good about ``want`` now (a pod it does not
+        show, or whose owners it does not, is left to the write, which may wait or read)."""
+        view = self.view
+        if view is None or not view.synced():
+            return None
+        known = view.pod(want.namespace, want.name)
+        refused = verify(
+            message.workload, want.namespace, want.name, want.uid, known, view.store, self.scope
+        )
+        if refused is None or refused.reason.may_catch_up or refused.reason is Refusal.UNKNOWN_POD:
+            return None
+        return refused
+
+    def _release(self, record: Record, message: ReleaseCostsMessage) -> None:
+        """Queue the removal of podcost's costs from the pods of a workload no longer ranked;
+        ordered with the workload's decisions (an older release is stale, a newer decision,
+        should it opt in again, supersedes it)."""
+        decided = Decided(message.version, message.changed_at, complete=True)
+        freshness = self.guard.admit(message.key, decided)
+        self.metrics.consumed.labels(record.topic, "ok" if freshness is Freshness.NEW
+                                     else freshness.value).inc()  # fmt: skip
+        if freshness is not Freshness.NEW and self._done.get(message.key, -1) >= message.version:
+            self._nothing_to_write(record, None)
+            return
+        log.info("%s is no longer ranked (%s): removing podcost's costs from its %d pods",
+                 message.key, message.reason, len(message.pods))  # fmt: skip
+        batch = _Batch(record, None, None, release=message)
+        self._open.add(batch)
+        ticket = self._ledger.open(record.tp, record.offset, len(message.pods), batch)
+        if not message.pods:
+            self._finish(batch)
+        for pod in message.pods:
+            want = Want(pod.uid, pod.namespace, pod.name, 0, None, ticket, remove=True)
             offer = self._writes.offer(want)
             for settled in offer.settled:
                 self._settle(settled.want, settled.result)
@@ -570,14 +687,136 @@ class AnnotatorService:
                 await self._clock.sleep(delay)
                 attempt += 1
 
+    async def _remove(self, kube: PodAPI, want: Want[Ticket[_Batch]]) -> Result:
+        """Remove the cost podcost wrote on one pod of a workload no longer ranked: only when
+        podcost's own field manager alone owns it, with a PATCH that tests the value first."""
+        pod = f"{want.namespace}/{want.name}"
+        release, view = want.origin.item.release, self.view
+        if release is not None and view is not None:
+            # Verified like a write: a forged release must not strip an opted-in workload.
+            while not view.synced():
+                await self._clock.sleep(VIEW_POLL_S)
+            known = view.pod(want.namespace, want.name)
+            refused = verify_release(release.workload, want.namespace, want.name, want.uid,
+                                     known, view.store, self.scope)  # fmt: skip
+            if refused is not None:
+                self.metrics.refusals.labels(refused.reason.value).inc()
+                log.warning(
+                    "refusing to remove pod %s's cost for %s version %d: %s, %s", pod,
+                    release.key, release.version, refused.reason.value, refused.detail,
+                    extra={"pod": pod, "workload": release.key, "result": Result.REFUSED.value,
+                           "reason": refused.reason.value},
+                )  # fmt: skip
+                return Result.REFUSED
+        seen = await self._request(lambda: kube.read_pod(want.namespace, want.name))
+        meta = seen.get("metadata") or {}
+        if meta.get("uid") != want.uid or meta.get("deletionTimestamp") is not None:
+            return Result.GONE
+        if (meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION) is None:
+            return Result.UNCHANGED
+        value = own_cost(cast(ObjectMetaJSON, meta))
+        if value is None:
+            log.info("pod %s carries a cost podcost did not write: left as it is", pod,
+                     extra={"pod": pod, "result": Result.FOREIGN.value})  # fmt: skip
+            return Result.FOREIGN
+        if self.dry_run:
+            log.info("dry run: would remove pod %s's cost %s", pod, value,
+                     extra={"pod": pod, "result": Result.DRY_RUN.value})  # fmt: skip
+            return Result.DRY_RUN
+        await self._request(
+            lambda: kube.remove_deletion_cost_if_unchanged(want.namespace, want.name, seen=seen)
+        )
+        log.info("removed pod %s's cost %s: its workload is no longer ranked", pod, value,
+                 extra={"pod": pod, "result": Result.OK.value})  # fmt: skip
+        return Result.OK
+
     async def _attempt(self, kube: PodAPI, want: Want[Ticket[_Batch]]) -> Result:
+        """One write, verified (see the module docstring); waits while the view may still show
+        the pod's owners, within ``view_grace``. A release's removal is ``_remove``."""
+        if want.remove:
+            return await self._remove(kube, want)
+        message = want.origin.item.message
+        assert message is not None, "only decoded decisions queue writes"
+        view = self.view
+        assert view is not None, "writes are made only while running"
+        while not view.synced():
+            await self._clock.sleep(VIEW_POLL_S)
+        since = self._clock.now()
+        while True:
+            result = await self._attempt_once(kube, want, message, view, since)
+            if result is not None:
+                return result
+            await self._clock.sleep(VIEW_POLL_S)
+
+    def _refusal(
+        self, want: Want[Ticket[_Batch]], message: DesiredCostsMessage, refused: Refused,
+        since: float,
+    ) -> Result | None:  # fmt: skip
+        """``refused``, counted and logged; ``None`` (look again) while the view may still
+        catch up: until ``view_grace`` after the decision was published and after this write
+        began waiting."""
+        grace = self.config.view_grace
+        if (
+            refused.reason.may_catch_up
+            and self._wall() < message.emitted_at + grace
+            and self._clock.now() - since < grace
+        ):
+            return None
+        return self._count_refusal(want, message, refused)
+
+    def _count_refusal(
+        self, want: Want[Ticket[_Batch]], message: DesiredCostsMessage, refused: Refused
+    ) -> Result:
+        """Count and log a refused write."""
+        self.metrics.refusals.labels(refused.reason.value).inc()
+        pod = f"{want.namespace}/{want.name}"
+        log.warning(
+            "refusing cost %d for pod %s (uid %s) of %s version %d: %s, %s",
+            want.cost, pod, want.uid, message.key, message.version, refused.reason.value,
+            refused.detail,
+            extra={"pod": pod, "cost": want.cost, "workload": message.key,
+                   "version": message.version, "result": Result.REFUSED.value,
+                   "reason": refused.reason.value},
+        )  # fmt: skip
+        return Result.REFUSED
+
+    async def _attempt_once(
+        self, kube: PodAPI, want: Want[Ticket[_Batch]], message: DesiredCostsMessage,
+        view: ClusterView, since: float,
+    ) -> Result | None:  # fmt: skip
         pod = f"{want.namespace}/{want.name}"
         extra: dict[str, object] = {"pod": pod, "cost": want.cost}
+        known = view.pod(want.namespace, want.name)
+        if known is None and view.deleted(want.uid):
+            log.info("pod %s is gone: its cost %d is not written", pod, want.cost,
+                     extra={**extra, "result": Result.GONE.value})  # fmt: skip
+            return Result.GONE
+        refused = verify(
+            message.workload, want.namespace, want.name, want.uid, known, view.store, self.scope
+        )
+        if refused is not None and refused.reason is not Refusal.UNKNOWN_POD:
+            return self._refusal(want, message, refused, since)
+        # Backed by the view, or a pod the view does not show (gone before it started, or too
+        # new for it): the read says which, and what it returns is verified again below.
         seen = await self._request(lambda: kube.read_pod(want.namespace, want.name))
-        state = pod_state(seen)
+        state = pod_state(seen, self.settings.adopted)
         verdict = decide(
             want.cost, want.uid, state, overwrite_foreign=self.config.overwrite_foreign
         )
+        while verdict is Verdict.WRITE:
+            # The pod as read now must be the workload's (its owner may have changed since the
+            # view saw it, or the view never saw it). Waiting for its owners to show in the
+            # view needs no new read: the PATCH tests the pod's uid and cost as read.
+            refused = verify(
+                message.workload, want.namespace, want.name, want.uid, seen, view.store,
+                self.scope,
+            )  # fmt: skip
+            if refused is None:
+                break
+            outcome = self._refusal(want, message, refused, since)
+            if outcome is not None:
+                return outcome
+            await self._clock.sleep(VIEW_POLL_S)
         if verdict is Verdict.GONE:
             log.info(
                 "pod %s is gone or replaced: its cost %d is not written",
@@ -614,8 +853,7 @@ class AnnotatorService:
                 want.namespace, want.name, want.cost, seen=seen
             )
         )
-        message = want.origin.item.message
-        if message is not None and message.changed_at is not None:
+        if message.changed_at is not None:
             # From the change the watcher saw, not from this message's own hop.
             self.metrics.event_to_annotation.observe(max(0.0, self._wall() - message.changed_at))
         log.info(
@@ -692,11 +930,18 @@ def bootstrap(
     clock: Clock | None = None,
     tracer_provider: trace.TracerProvider | None = None,
     catch_up: CatchUp | None = None,
+    scope: Scope | None = None,
+    view: ClusterView | None = None,
 ) -> AnnotatorService:
     """The annotator, wired: ``bus`` (default: the one ``bus_settings`` ask for, not started;
     ``serve`` starts it), ``kube`` (default: connect with ``$KUBECONFIG`` or in-cluster when
     it runs), ``clock`` (default: the event loop's), spans to ``tracer_provider`` (default: the
-    global one); ``catch_up``: what must be written before it is ready (default: nothing)."""
+    global one); ``catch_up``: what must be written before it is ready (default: nothing);
+    ``scope``: the namespace and opt-in rules it writes for (default: the watcher's defaults,
+    every namespace, workloads that opt in themselves); ``view``: its view of the cluster
+    (default: an ``InformerView`` over ``kube``, which must then be the ``Kube`` adapter)."""
+    if view is None and kube is not None and not isinstance(kube, Kube):
+        raise ValueError("an annotator over a pod API that is not the Kube adapter needs a view")
     return AnnotatorService(
         settings=settings,
         bus_settings=bus_settings,
@@ -707,4 +952,6 @@ def bootstrap(
         metrics=Metrics("annotator"),
         otel=tracer(tracer_provider),
         catch_up=catch_up,
+        scope=scope,
+        view=view,
     )

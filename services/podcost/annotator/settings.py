@@ -24,6 +24,10 @@ Variables (defaults in brackets), all prefixed ``PODCOST_ANNOTATOR_``:
 - ``REQUEST_TIMEOUT``: seconds one API request may take before it counts as failed [10]
 - ``OVERWRITE_FOREIGN``: also overwrite costs another field manager set (a person, another
   tool) [false: leave them alone]
+- ``VIEW_GRACE``: seconds, counted from when a decision was published, that its write may wait
+  for the annotator's own view of the cluster to show the owners (ReplicaSet, Deployment) of
+  the pod it names (the view may not have seen a brand-new ReplicaSet yet); then the write is
+  refused [5]. A decision whose pod, workload or opt-in the view contradicts is refused at once.
 - ``POLL_RECORDS``: most records taken from the bus at once; the queue can pass the high-water
   mark by at most one such batch [100]
 - ``GROUP``: the prefix of the consumer group; a cluster's annotators join
@@ -78,6 +82,12 @@ class AnnotatorSettings(BaseSettings):
     )
     overwrite_foreign: bool = Field(
         default=False, description="Also overwrite deletion costs another field manager set."
+    )
+    view_grace: float = Field(
+        default=5.0,
+        ge=0,
+        le=600,
+        description="Seconds a decision may wait for the view to show its pod's owners.",
     )
     poll_records: int = Field(
         default=100, ge=1, le=10_000, description="Most records taken from the bus at once."

@@ -1,10 +1,12 @@
 """``podcost annotator [--dry-run]``: run the annotator service on its own, over Kafka.
 
 Reads the settings from the environment (``PODCOST_*``, ``PODCOST_KAFKA*``,
-``PODCOST_ANNOTATOR_*``) and validates them before anything starts (``podcost.commands.startup``:
-a bad value exits 2 with the variable named), then serves the annotator with ``/healthz``,
-``/readyz`` and ``/metrics`` until SIGINT/SIGTERM. ``podcost.cli`` registers it;
-``podcost.annotator.bootstrap`` does the wiring.
+``PODCOST_ANNOTATOR_*``, and the watcher's scope and opt-in settings
+``PODCOST_WATCHER_NAMESPACE``, ``_NAMESPACE_SELECTOR`` and ``_DEFAULT_ENABLED``, which the
+annotator verifies each decision against) and validates them before anything starts
+(``podcost.commands.startup``: a bad value exits 2 with the variable named), then serves
+the annotator with ``/healthz``, ``/readyz`` and ``/metrics`` until SIGINT/SIGTERM.
+``podcost.cli`` registers it; ``podcost.annotator.bootstrap`` does the wiring.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from typing import Annotated
 import typer
 
 from podcost.annotator import AnnotatorSettings, bootstrap
+from podcost.annotator.plan import Scope
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings, require_cluster
 from podcost.runtime.logs import configure_logging
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import setup_tracing
+from podcost.watcher.service import WatcherSettings
 from podcost_bus import BusError, BusSettings
+from podcost_core.policy import PolicyError
 from podcost_kube.client import KubeError
 
 COMMAND = "annotator"
@@ -42,7 +47,12 @@ def annotator_command(
     settings = load_settings(COMMAND, ServiceSettings, **({"dry_run": True} if dry_run else {}))
     bus_settings = load_settings(COMMAND, BusSettings)
     config = load_settings(COMMAND, AnnotatorSettings)
+    watch = load_settings(COMMAND, WatcherSettings)
     require_cluster(COMMAND, settings, bus_settings)
+    try:
+        scope = Scope(watch.namespaces(), watch.opt_in_rules(settings))
+    except (PolicyError, ValueError) as error:
+        fail(COMMAND, str(error))
     configure_logging(settings.log_level, settings.log_format)
     setup_tracing("podcost-annotator")
     if not bus_settings.bootstrap_servers:
@@ -50,7 +60,7 @@ def annotator_command(
             "PODCOST_KAFKA is not set: the annotator reads an in-process bus that nothing "
             "publishes to; run `podcost run` for embedded mode"
         )
-    service = bootstrap(settings, bus_settings, config)
+    service = bootstrap(settings, bus_settings, config, scope=scope)
     try:
         asyncio.run(serve([service], settings, bus=service.bus))
     except (KubeError, BusError) as error:

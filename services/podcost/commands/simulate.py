@@ -3,6 +3,12 @@
 A thin shell over ``podcost_core.simulate``: reads the dump files and the policy, parses the
 options, prints JSON or a rich table. ``podcost.cli`` registers it. Every input error exits 2
 with one line on stderr saying what is wrong; nothing here decides anything.
+
+Who set a cost is read off the pods' ``managedFields``, which ``kubectl get -o json`` leaves out
+unless given ``--show-managed-fields``. A cost on a pod without them cannot be told apart: it is
+simulated as set by someone else (kept, podcost's own and the adopted managers' costs included),
+a warning on stderr says so and how many pods it concerns, and the result says whether those
+kept costs change the outcome (``--adopt-kept`` shows the outcome with them adopted).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -18,7 +25,15 @@ from rich.console import Console
 from rich.table import Table
 
 from podcost_core.combine import ScoreContractError
-from podcost_core.convert import ConversionError, load_objects, snapshot_for_workload
+from podcost_core.convert import (
+    ClusterObjects,
+    ConversionError,
+    cost_managers,
+    load_objects,
+    pod_from_json,
+    snapshot_for_workload,
+)
+from podcost_core.model import DEFAULT_ADOPTED_MANAGERS, FIELD_MANAGER, PodUID, Snapshot
 from podcost_core.policy import Policy, PolicyError, load_policy_file, policy_from_annotations
 from podcost_core.rollout import rollout_for
 from podcost_core.simulate import NO_DOMAIN, SimulationError, SimulationResult, simulate
@@ -70,6 +85,38 @@ def _split_workload(value: str) -> tuple[str, str]:
     return namespace, name
 
 
+def _setters(objects: ClusterObjects, view: Snapshot) -> dict[PodUID, tuple[str, ...]]:
+    """Per pod of ``view``, the field managers that own its deletion cost."""
+    found = {}
+    for pod in view.pods:
+        raw = objects.pods.get((pod.namespace, pod.name))
+        if raw is not None:
+            found[pod.uid] = cost_managers(raw.get("metadata", {}))
+    return found
+
+
+def _warn_unknown_setters(objects: ClusterObjects, view: Snapshot) -> None:
+    """Say on stderr how many costs cannot be attributed, and what is assumed of them."""
+    blind = [
+        pod.name
+        for pod in view.pods
+        if pod.active
+        and pod.deletion_cost_raw is not None
+        and not objects.pods.get((pod.namespace, pod.name), {})
+        .get("metadata", {})
+        .get("managedFields")
+    ]
+    if blind:
+        typer.echo(
+            f"podcost simulate: warning: {len(blind)} pod(s) of the workload carry a deletion "
+            "cost but no managedFields in the dump (kubectl get leaves them out without "
+            "--show-managed-fields), so who set them is unknown: they are simulated as set by "
+            "someone else and kept, podcost's own included; see kept_costs, or dump again with "
+            "--show-managed-fields",
+            err=True,
+        )
+
+
 def _print_table(result: SimulationResult, baseline: bool) -> None:
     console = Console()
     mode = "today (existing costs)" if baseline else "with podcost"
@@ -114,6 +161,22 @@ def _print_table(result: SimulationResult, baseline: bool) -> None:
     console.print(f"skew {result.skew_before} → {result.skew_after}")
     if result.writes:
         console.print(f"podcost would write {len(result.writes)} cost(s) before scaling")
+    if result.kept:
+        kept = Table(
+            title="Costs someone else set"
+            + (", adopted here (--adopt-kept)" if result.adopted_kept else ", kept by podcost")
+        )
+        for column in ("pod", "cost", "set by", "in podcost's band"):
+            kept.add_column(column)
+        for entry in result.kept:
+            set_by = ", ".join(entry.set_by) if entry.set_by else "unknown (no managedFields)"
+            kept.add_row(entry.pod, str(entry.cost), set_by, "yes" if entry.in_band else "no")
+        console.print(kept)
+        other = "keeping" if result.adopted_kept else "adopting"
+        console.print(
+            f"{other} them {'changes' if result.kept_changes_outcome else 'does not change'} "
+            "the outcome"
+        )
 
 
 def simulate_command(
@@ -147,13 +210,32 @@ def simulate_command(
     kind: Annotated[
         str | None, typer.Option(help="Deployment or ReplicaSet, when both have the name.")
     ] = None,
+    adopt_field_managers: Annotated[
+        str,
+        typer.Option(
+            envvar="PODCOST_ADOPT_FIELD_MANAGERS",
+            help="Comma-separated field managers whose costs podcost takes over, besides its "
+            "own (as the running podcost's setting); empty: none.",
+        ),
+    ] = ",".join(DEFAULT_ADOPTED_MANAGERS),
+    adopt_kept: Annotated[
+        bool,
+        typer.Option(
+            "--adopt-kept",
+            help="Show the outcome with the costs podcost would keep (set by anyone else) "
+            "adopted too.",
+        ),
+    ] = False,
 ) -> None:
     """Show which pods the ReplicaSet controller deletes when WORKLOAD scales to REPLICAS."""
     namespace, name = _split_workload(workload)
     clock = _parse_now(now) if now is not None else None
     try:
         objects = load_objects(_read_dumps(snapshot))
-        view = snapshot_for_workload(objects, namespace, name, kind=kind)
+        adopt = {FIELD_MANAGER, *(m.strip() for m in adopt_field_managers.split(",") if m.strip())}
+        view = snapshot_for_workload(
+            objects, namespace, name, kind=kind, convert_pod=partial(pod_from_json, adopt=adopt)
+        )
         chosen: Policy | None = None
         if not baseline:
             chosen = (
@@ -167,10 +249,14 @@ def simulate_command(
             clock if clock is not None else (view.taken_at or None),
             policy=chosen,
             topology_key=topology_key,
+            setters=_setters(objects, view),
+            adopt_kept=adopt_kept,
             rollout=rollout_for(objects, view),
         )
     except (ConversionError, PolicyError, SimulationError, ScoreContractError) as error:
         _fail(str(error))
+    if not baseline:
+        _warn_unknown_setters(objects, view)
     if output is OutputFormat.JSON:
         typer.echo(json.dumps(result.to_json(), indent=2))
     else:

@@ -26,8 +26,10 @@ class Metrics:
             ["topic", "outcome"], registry=r,
         )  # fmt: skip
         self.produced = Counter(
-            "podcost_messages_produced", "Records published, by topic.", ["topic"], registry=r
-        )
+            "podcost_messages_produced", "Records published, by topic (the aggregator's costs "
+            "by each cluster's own costs topic: one series per cluster of the fleet).",
+            ["topic"], registry=r,
+        )  # fmt: skip
         self.consumer_lag = Gauge(
             "podcost_consumer_lag", "Records behind the end of the topic, by topic.",
             ["topic"], registry=r,
@@ -57,7 +59,12 @@ class Metrics:
         )  # fmt: skip
         self.patches = Counter(
             "podcost_patches", "Annotation writes, by result (ok, gone, conflict, "
-            "throttled, error, dry_run, skipped_foreign).", ["result"], registry=r,
+            "throttled, error, dry_run, skipped_foreign, refused).", ["result"], registry=r,
+        )  # fmt: skip
+        self.refusals = Counter(
+            "podcost_refusals", "Cost writes the annotator refused because its own view of the "
+            "cluster does not back them, by reason (out_of_scope, uid_mismatch, "
+            "unknown_owner, no_workload, other_workload, not_opted_in).", ["reason"], registry=r,
         )  # fmt: skip
         self.rate_limit_waits = Counter(
             "podcost_rate_limit_wait_seconds", "Time writes waited for the QPS budget.", registry=r

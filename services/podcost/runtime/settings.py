@@ -19,17 +19,22 @@ the service with the variable named. Variables (defaults in brackets):
 - ``PODCOST_DRY_RUN``: decide and log everything, write nothing to the cluster [false]
 - ``PODCOST_POLICY_FILE``: a policy file (YAML or JSON) used as the cluster default [the
   built-in default policy]
+- ``PODCOST_ADOPT_FIELD_MANAGERS``: comma-separated field managers whose deletion costs podcost
+  takes over as its own (rewrites into its order, also when outside its band), besides its own
+  ``podcost``; costs any other manager set (``kubectl-annotate``, a person, an unknown tool)
+  are kept. Empty adopts nothing more [``manager``: the lablabs pod-deletion-cost-controller]
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from podcost_contracts.topics import ClusterName
+from podcost_core.model import DEFAULT_ADOPTED_MANAGERS, FIELD_MANAGER
 
 #: The shortest ``PODCOST_EXPLAIN_TOKEN`` accepted: a guessable token protects nothing.
 MIN_TOKEN_LENGTH = 16
@@ -48,6 +53,19 @@ class ServiceSettings(BaseSettings):
     log_format: Literal["json", "text"] = "json"
     dry_run: bool = False
     policy_file: Path | None = None
+    adopt_field_managers: Annotated[tuple[str, ...], NoDecode] = DEFAULT_ADOPTED_MANAGERS
+
+    @field_validator("adopt_field_managers", mode="before")
+    @classmethod
+    def _split_managers(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @property
+    def adopted(self) -> frozenset[str]:
+        """The field managers whose costs count as podcost's own: its own and the adopted."""
+        return frozenset({FIELD_MANAGER, *self.adopt_field_managers})
 
     @field_validator("explain_token")
     @classmethod

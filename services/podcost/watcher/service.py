@@ -27,9 +27,10 @@ from ``changed_at`` read short.
 
 Workloads that go. When a workload this watcher published is no longer ranked (deleted, opted
 out, or its policy became invalid), the watcher publishes a ``WorkloadGoneMessage`` under its
-key, once: rankers skip it and the aggregator drops its state. (A restarted watcher publishes
-every opted-in workload again, so it knows them all; one deleted while no watcher ran is never
-said to be gone.)
+key, once: rankers skip it and the aggregator drops its state and, unless it was deleted, asks
+the annotator to remove the costs podcost wrote on its pods. (A restarted watcher publishes
+every opted-in workload again, so it knows them all; one deleted or opted out while no watcher
+ran is never said to be gone.)
 
 Publishing does not wait for each snapshot's acknowledgement: snapshots are queued on the bus
 (which keeps one workload's records in order), at most ``MAX_IN_FLIGHT`` unacknowledged, and one
@@ -81,6 +82,7 @@ from podcost.runtime.telemetry import (
 )
 from podcost_bus import Bus, BusSettings, Delivery, open_bus, publish_message
 from podcost_contracts.messages import (
+    GONE_DELETED,
     EncodeError,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
@@ -251,6 +253,8 @@ class WatcherService:
     metrics: Metrics
     tracer: Tracer
     clock: Clock
+    adopt: frozenset[str] = frozenset()
+    """Field managers whose deletion costs count as podcost's own (``ServiceSettings.adopted``)."""
     name: str = "watcher"
 
     def __post_init__(self) -> None:
@@ -267,7 +271,7 @@ class WatcherService:
         self._pass_pending: set[WorkloadKey] | None = None
         self._pass: dict[str, int] = {}
         self._change_seen_at: dict[WorkloadKey, float] = {}
-        self.pods = PodCache(on_convert=self._check_pod)
+        self.pods = PodCache(on_convert=self._check_pod, adopt=self.adopt)
         self._published: set[WorkloadKey] = set()
         """The workloads this watcher published a snapshot of and no tombstone since."""
         self._in_flight: deque[asyncio.Future[Delivery]] = deque()
@@ -318,7 +322,9 @@ class WatcherService:
         self.pods.observe(change)
         if not self.leading():
             return  # the store is updated all the same; becoming the leader touches everything
-        for key in touched_by(change, self.store, convert_pod=self._convert_quietly):
+        for key in touched_by(
+            change, self.store, convert_pod=self._convert_quietly, adopt=self.adopt
+        ):
             self._change_seen_at.setdefault(key, self.clock.now())
             self.debouncer.touch(key)
 
@@ -522,7 +528,7 @@ class WatcherService:
             return  # not ranked as far as this watcher knows (or already said): nothing to say
         self._published.discard(key)
         deleted = self.store.get(key.kind, key.namespace, key.name) is None
-        reason = "deleted" if deleted else "opted out" if error is None else f"invalid: {error}"
+        reason = GONE_DELETED if deleted else "opted out" if error is None else f"invalid: {error}"
         message = WorkloadGoneMessage(
             key=key.bus_key(self.cluster),
             version=version,
@@ -576,4 +582,5 @@ def bootstrap(
         metrics=Metrics("watcher"),
         tracer=tracer(tracer_provider),
         clock=clock if clock is not None else WallClock(),
+        adopt=settings.adopted,
     )

@@ -6,10 +6,14 @@ policy file and whether it may use the Kubernetes API:
 
   role        command                        kube API  policy  settings read
   watcher     podcost watcher                yes       yes     PODCOST_*, _KAFKA*, _WATCHER_*
-  annotator   podcost annotator [--dry-run]  yes       no      PODCOST_*, _KAFKA*, _ANNOTATOR_*
+  annotator   podcost annotator [--dry-run]  yes       no      PODCOST_*, _KAFKA*, _ANNOTATOR_*,
+                                                               the watcher's scope (below)
   aggregator  podcost aggregator             no        yes     PODCOST_*, _KAFKA*, _AGGREGATOR_*
   ranker      podcost ranker --strategy S    no        yes     PODCOST_*, _KAFKA*
   embedded    podcost run --strategy S...    yes       yes     all of the above but Kafka
+
+PODCOST_CLUSTER goes to the roles with Kubernetes API access only (a cluster of their own);
+the aggregator and the rankers serve every cluster and get no cluster name.
 */}}
 {{- define "podcost.deployment" -}}
 {{- $root := .root -}}
@@ -122,20 +126,31 @@ spec:
                 fieldRef:
                   fieldPath: metadata.namespace
             {{- end }}
+            {{- if $kube }}
+            # Only what runs in a cluster has a cluster name: the core serves every cluster of
+            # the fleet and takes each record's cluster from its key.
             - name: PODCOST_CLUSTER
               value: {{ $v.clusterName | default "local" | quote }}
+            {{- end }}
             - name: PODCOST_HTTP_PORT
               value: {{ $v.http.port | int | quote }}
             - name: PODCOST_LOG_LEVEL
               value: {{ $v.log.level | quote }}
             - name: PODCOST_LOG_FORMAT
               value: {{ $v.log.format | quote }}
+            {{- if $kube }}
+            - name: PODCOST_ADOPT_FIELD_MANAGERS
+              value: {{ join "," $v.adoptFieldManagers | quote }}
+            {{- end }}
             {{- if $policy }}
             - name: PODCOST_POLICY_FILE
               value: {{ printf "%s/policy.json" (include "podcost.policyDir" $root) | quote }}
             {{- end }}
             {{- if $kafka }}
             {{- include "podcost.kafkaEnv" (dict "Values" $v "component" $component "role" $role) | trim | nindent 12 }}
+            {{- end }}
+            {{- if $kube }}
+            {{- include "podcost.scopeEnv" $root | trim | nindent 12 }}
             {{- end }}
             {{- if $watches }}
             {{- include "podcost.watcherEnv" $root | trim | nindent 12 }}
@@ -320,11 +335,10 @@ Secret (kafka.sasl.secretNames.<role>, else kafka.sasl.secretName): one principa
       {{- end }}
 {{- end -}}
 
-{{/* PODCOST_WATCHER_*: podcost.watcher.service.WatcherSettings (the Lease's namespace and this
-replica's identity come from POD_NAMESPACE and POD_NAME). */}}
-{{- define "podcost.watcherEnv" -}}
+{{/* The scope and opt-in rules (values `watch`), which the watcher ranks by and the annotator
+verifies every decision against before it writes: both read the same variables. */}}
+{{- define "podcost.scopeEnv" -}}
 {{- $w := .Values.watch -}}
-{{- $le := .Values.leaderElection -}}
 {{- with $w.namespace }}
 - name: PODCOST_WATCHER_NAMESPACE
   value: {{ . | quote }}
@@ -335,6 +349,12 @@ replica's identity come from POD_NAMESPACE and POD_NAME). */}}
 {{- end }}
 - name: PODCOST_WATCHER_DEFAULT_ENABLED
   value: {{ $w.defaultEnabled | quote }}
+{{- end -}}
+
+{{/* PODCOST_WATCHER_*: podcost.watcher.service.WatcherSettings (the Lease's namespace and this
+replica's identity come from POD_NAMESPACE and POD_NAME). */}}
+{{- define "podcost.watcherEnv" -}}
+{{- $le := .Values.leaderElection -}}
 - name: PODCOST_WATCHER_DEBOUNCE_SECONDS
   value: {{ .Values.watcher.debounceSeconds | quote }}
 - name: PODCOST_WATCHER_MAX_DELAY_SECONDS

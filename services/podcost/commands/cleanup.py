@@ -1,0 +1,64 @@
+"""``podcost cleanup``: remove every deletion cost podcost wrote, from the whole cluster or one
+namespace; what the Helm chart runs as its uninstall (pre-delete) hook.
+
+Reads ``PODCOST_*`` (logs, ``PODCOST_DRY_RUN``) and the annotator's budget
+(``PODCOST_ANNOTATOR_QPS``, ``_BURST``, ``_MAX_IN_FLIGHT``, backoff, ``_MAX_ATTEMPTS``) from the
+environment, cluster access from ``$KUBECONFIG`` or the in-cluster service account; does the
+work with ``podcost.annotator.cleanup.clean_up`` and prints one JSON line of counts and seconds.
+Exit 0 when every cost podcost owned is removed (or found changed by someone else, and left),
+1 when some could not be removed, 2 on bad settings. ``podcost.cli`` registers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Annotated
+
+import typer
+
+from podcost.annotator.cleanup import CleanupReport, Outcome, clean_up
+from podcost.annotator.settings import AnnotatorSettings
+from podcost.commands.startup import EXIT_FAILED, fail, load_settings
+from podcost.runtime.logs import configure_logging
+from podcost.runtime.settings import ServiceSettings
+from podcost_kube.client import KubeError, connect
+
+COMMAND = "cleanup"
+
+
+async def _clean(config: AnnotatorSettings, namespace: str | None, dry_run: bool) -> CleanupReport:
+    async with connect() as kube:
+        return await clean_up(kube, config, namespace=namespace, dry_run=dry_run)
+
+
+def cleanup_command(
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            help="Clean these namespaces only (one, or a comma-separated list); default: every "
+            "namespace."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option("--dry-run", help="Count and log what would be removed, remove nothing."),
+    ] = False,
+) -> None:
+    """Remove every deletion cost podcost wrote (only its own, only where the value is still
+    podcost's), within the annotator's write budget."""
+    settings = load_settings(COMMAND, ServiceSettings, **({"dry_run": True} if dry_run else {}))
+    config = load_settings(COMMAND, AnnotatorSettings)
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        report = asyncio.run(_clean(config, namespace, settings.dry_run))
+    except KubeError as error:
+        fail(COMMAND, str(error), EXIT_FAILED)
+    typer.echo(json.dumps(report.to_json()))
+    if report.outcomes[Outcome.ERROR]:
+        raise typer.Exit(EXIT_FAILED)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``podcost cleanup`` to ``app``."""
+    app.command("cleanup")(cleanup_command)

@@ -1,0 +1,116 @@
+"""A workload that opts out gets its podcost costs removed, on the real control plane.
+
+podcost (watcher, rankers, aggregator, annotator; over the in-memory bus and over the real Kafka
+broker) writes the costs of an opted-in 4-replica Deployment; a person then sets one pod's cost
+with ``kubectl annotate`` (field manager ``kubectl-annotate``). When the Deployment opts out
+(``podcost.dev/enabled: "false"``), the watcher says it is gone, the aggregator asks for a
+release, and the annotator removes the three costs podcost wrote, with a PATCH that tests each
+value, and leaves the person's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+
+import pytest
+from kubernetes_asyncio import config
+from tests.conftest import ControlPlane
+from tests.support.kube import COST_ANNOTATION, KubeTestCluster
+
+from podcost.embedded import bootstrap
+from podcost.runtime.runner import serve
+from podcost.runtime.settings import ServiceSettings
+from podcost.watcher.service import WatcherSettings
+from podcost_bus import BusSettings, MemoryBus
+from podcost_core.convert import cost_managers
+from podcost_core.model import FIELD_MANAGER
+from podcost_kube.client import Kube
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("mode", ["embedded", "kafka"])
+async def test_opting_out_removes_the_costs_podcost_wrote_and_keeps_a_persons(
+    control_plane: ControlPlane, kube: KubeTestCluster, request: pytest.FixtureRequest, mode: str
+) -> None:
+    prefix = f"o{uuid.uuid4().hex[:5]}"
+    bus_settings = BusSettings()
+    if mode == "kafka":
+        bus_settings = BusSettings(
+            bootstrap_servers=request.getfixturevalue("kafka_bootstrap"),
+            topic_workloads=f"w-{prefix}", topic_ranks=f"r-{prefix}",
+            topic_costs=f"c-{prefix}", topic_deadletter=f"d-{prefix}",
+        )  # fmt: skip
+    namespace = await kube.create_namespace(f"optout-{prefix}")
+    zones = {f"{prefix}-{zone}": zone for zone in ("zone-a", "zone-b")}
+    nodes = list(zones)
+    for node, zone in zones.items():
+        await kube.create_node(node, zone=zone, labels={"e2e": prefix})
+    stop = asyncio.Event()
+    task: asyncio.Task[None] | None = None
+    api = await config.new_client_from_config(config_file=str(control_plane.kubeconfig))
+    try:
+        pipeline = bootstrap(
+            ServiceSettings(cluster="e2e", http_port=0), bus_settings, kube=Kube(api),
+            bus=MemoryBus() if mode == "embedded" else None,
+            watcher_settings=WatcherSettings(
+                namespace=namespace, debounce_seconds=0.2, max_delay_seconds=1.0
+            ),
+        )  # fmt: skip
+        task = asyncio.create_task(
+            serve(pipeline.services, ServiceSettings(http_port=0), bus=pipeline.bus, stop=stop)
+        )
+
+        async def ready() -> bool:
+            if task is not None and task.done():
+                task.result()
+            return all(service.ready() for service in pipeline.services)
+
+        await kube.wait_for(ready, "every service ready", timeout=60)
+        await kube.create_deployment(namespace, "web", 4, opt_in=True,
+                                     node_selector={"e2e": prefix})  # fmt: skip
+        await kube.wait_ready(namespace, "web", 4)
+
+        async def costs() -> dict[str, tuple[str | None, tuple[str, ...]]]:
+            if task is not None and task.done():
+                task.result()
+            return {
+                pod["metadata"]["name"]: (
+                    (pod["metadata"].get("annotations") or {}).get(COST_ANNOTATION),
+                    cost_managers(pod["metadata"]),
+                )
+                for pod in await kube.raw_pods(namespace, "web")
+            }
+
+        async def all_podcosts() -> bool:
+            return all(owners == (FIELD_MANAGER,) for _, owners in (await costs()).values())
+
+        await kube.wait_for(all_podcosts, "podcost's costs on every pod", timeout=60)
+        person = sorted(await costs())[0]
+        await kube.core.patch_namespaced_pod(
+            person, namespace, {"metadata": {"annotations": {COST_ANNOTATION: "-7"}}},
+            field_manager="kubectl-annotate",
+        )  # fmt: skip
+
+        await kube.apps.patch_namespaced_deployment(
+            "web", namespace, {"metadata": {"annotations": {"podcost.dev/enabled": "false"}}}
+        )
+
+        async def released() -> bool:
+            found = await costs()
+            return all(value is None for name, (value, _) in found.items() if name != person)
+
+        await kube.wait_for(released, "podcost's costs removed after the opt-out", timeout=60)
+        after = await costs()
+        assert after[person] == ("-7", ("kubectl-annotate",))
+        assert all(after[name] == (None, ()) for name in after if name != person)
+    finally:
+        stop.set()
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(task, 30)
+        await api.close()
+        await kube.delete_namespace(namespace)
+        await kube.delete_nodes(nodes)
