@@ -387,8 +387,8 @@ class PodCost(BaseModel):
     cost: Int32
     """The desired ``controller.kubernetes.io/pod-deletion-cost``."""
     previous: Int32 | None
-    """The cost on the pod when the snapshot was taken; ``None`` if it had none (or an invalid
-    one)."""
+    """The cost the controller read on the pod when the snapshot was taken (0 if it had no
+    annotation); ``None`` if it had an invalid one (or one of ours written otherwise)."""
     breakdown: Mapping[str, StrategyTerm] = Field(default_factory=dict)
     """Per strategy that took part: its term of this pod's cost."""
 
@@ -400,7 +400,8 @@ class DesiredCostsMessage(WorkloadMessage):
 
     schema_version: Literal[1] = 1
     costs: tuple[PodCost, ...]
-    """One entry per ranked pod; uids are distinct."""
+    """One entry per ranked pod, first deleted first (the annotator writes them in this order);
+    uids are distinct."""
     complete: bool
     """Whether every enabled strategy answered; ``False`` when combined after the deadline."""
     missing: tuple[str, ...] = ()
@@ -410,6 +411,10 @@ class DesiredCostsMessage(WorkloadMessage):
     changed_at: float | None = None
     """The decided snapshot's ``changed_at`` (when the watcher saw the change that caused this
     decision): the annotator measures event-to-annotation latency from it."""
+    first_wrong: int | None = Field(default=None, ge=1)
+    """The smallest scale-in that, with the costs on the pods before these writes, would delete
+    a pod the decided order keeps (``podcost_core.urgency``); ``None``: none would. The
+    annotator writes the decisions with the smallest first."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -30,7 +30,8 @@ The rules:
   (incomplete; ``missing`` names the others). After an incomplete decision, answers that arrive
   late still make a complete one; after a complete one, nothing more happens for that version.
 - **The decision** is ``combine`` of the answers and ``label_costs`` of its order against the
-  costs on the snapshot's pods (fewest writes). An answer that breaks the score contract (a pod
+  costs on the snapshot's pods (fewest writes), without the writes the controller's own order
+  makes unnecessary (``implied.drop_implied``). An answer that breaks the score contract (a pod
   without a score, a plugin normalization out of range) is left out and counted as missing.
 """
 
@@ -47,6 +48,7 @@ from typing import Final, NamedTuple
 from pydantic import TypeAdapter
 
 from podcost_core.combine import Combined, Contribution, ScoreContractError, answers_needed, combine
+from podcost_core.implied import drop_implied
 from podcost_core.labels import (
     DEFAULT_BAND,
     CostBand,
@@ -65,6 +67,7 @@ from podcost_core.policy import (
     policy_from_annotations,
 )
 from podcost_core.strategies.registry import Registry
+from podcost_core.urgency import first_wrong
 
 Scores = Mapping[PodUID, float]
 """One strategy's raw scores for the pods of one snapshot version."""
@@ -278,6 +281,12 @@ class Decision:
         """The needed strategies that did not take part (no answer, or a rejected one)."""
         return self.combined.missing
 
+    @property
+    def first_wrong(self) -> int | None:
+        """The smallest scale-in that would now, before these writes, delete a pod the order
+        keeps (``urgency.first_wrong``): how urgent the writes are."""
+        return first_wrong(self.combined.order, self.snapshot)
+
     def pods(self) -> list[PodDecision]:
         """Every ranked pod, in snapshot order."""
         by_uid = {pod.uid: pod for pod in self.snapshot.pods}
@@ -463,13 +472,15 @@ class Aggregator:
                 rejected[error.strategy] = error.reason
                 del usable[error.strategy]
         current = current_costs(snapshot.pods)
+        band = band_for(policy.non_negative_costs, self.config.band)
         labelling = label_costs(
             combined.order,
             {pod.uid: pod.replicaset for pod in snapshot.pods},
             current,
             overwrite_foreign=self.config.overwrite_foreign,
-            band=band_for(policy.non_negative_costs, self.config.band),
+            band=band,
         )
+        labelling = drop_implied(labelling, combined.order, snapshot, current, band=band)
         return Decision(
             key, snapshot, combined, labelling, current, latest.trace, rejected, latest.changed_at
         )

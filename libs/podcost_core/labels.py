@@ -18,6 +18,12 @@ unit tests check it against brute force). The others get values in the middle of
 (or at a fixed step beyond the first or last kept cost), so later insertions find room; running
 out of gaps only costs more writes, never failure.
 
+A pod without the annotation already has a cost: the controller reads it as 0
+(``GetDeletionCostFromPodAnnotations``), so ``current_costs`` says 0 and labelling may keep it
+like any other cost. A workload whose pods all tie writes nothing, and a first labelling
+anchors one group at 0 (the largest, the last of equal ones) and writes only the others,
+``EDGE_STEP`` apart around it. An invalid value also reads as 0 but is replaced whatever the order.
+
 Costs podcost writes stay inside ``DEFAULT_BAND`` (±1e9), or ``NON_NEGATIVE_BAND`` when the
 policy sets ``non_negative_costs`` (for Karpenter), leaving the rest of int32 to people:
 a pod set by hand beyond the band is deleted first or last whatever podcost ranks. Costs owned
@@ -77,8 +83,9 @@ class CurrentCost:
     """The cost now on a pod as far as labelling cares."""
 
     value: int | None = None
-    """What the controller reads, ``None`` when podcost must write one anyway (no annotation,
-    or an invalid one, whoever set it)."""
+    """What the controller reads (0 for a pod without the annotation), ``None`` when podcost
+    must write one anyway (an invalid value, whoever set it, or one of ours it would not write
+    that way)."""
     foreign: bool = False
     """Set by someone else: kept as it is unless ``overwrite_foreign``."""
 
@@ -100,9 +107,12 @@ def current_costs(pods: Iterable[Pod]) -> dict[PodUID, CurrentCost]:
     result: dict[PodUID, CurrentCost] = {}
     for pod in pods:
         raw = pod.deletion_cost_raw
-        if raw is None or deletion_cost_error(raw) is not None:
-            # None, or an invalid value (the controller reads 0), whoever set it: no cost to
-            # keep, so podcost writes one.
+        if raw is None:
+            # No annotation reads as 0: a cost like any other, kept when 0 is where it belongs.
+            result[pod.uid] = CurrentCost(0)
+        elif deletion_cost_error(raw) is not None:
+            # An invalid value (the controller reads 0 too), whoever set it: no cost to keep,
+            # so podcost writes one.
             result[pod.uid] = CurrentCost()
         elif pod.cost_owner is CostOwner.OTHER:
             result[pod.uid] = CurrentCost(pod.deletion_cost, foreign=True)
@@ -216,7 +226,10 @@ def _label_replicaset(
         previous.append(before)
         tree.update(spot, (best + weight, item))
     kept: set[int] = set()
-    item = max(range(len(candidates)), key=lambda i: scores[i], default=-1)
+    # Of equally good choices, the one ending latest in the order: a first costing then keeps
+    # the last of equal groups at 0 and writes the others below it, first deleted lowest, so
+    # writing them first-deleted first makes small scale-ins right early (``urgency``).
+    item = max(range(len(candidates)), key=lambda i: (scores[i], i), default=-1)
     while item >= 0:
         kept.add(item)
         item = previous[item]
@@ -288,7 +301,8 @@ def label_costs(
     """Costs realising ``order`` inside every ReplicaSet with the fewest changed pods.
 
     ``order`` is the combiner's ascending order of groups of pod UIDs, ``replicaset_of`` each
-    pod's ReplicaSet, ``current`` the costs on the pods now (missing = none).
+    pod's ReplicaSet, ``current`` the costs on the pods now (a pod missing from it gets a
+    cost written; ``current_costs`` reads a pod without the annotation as 0, which may stay).
     """
     _check_order(order)
     costs: dict[PodUID, int] = {}

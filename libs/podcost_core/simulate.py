@@ -2,8 +2,9 @@
 
 Pure: a snapshot in, a ``SimulationResult`` out. ``podcost simulate`` (services/podcost/commands/
 simulate.py) is its caller. With a policy, podcost ranks the workload (``combine.rank``), labels
-the costs it would write (``labels.label_costs``), puts them on the pods, and asks the victim
-model (``victims.scale_in``) what the ReplicaSet controller then deletes. Without one
+the costs it would write (``labels.label_costs``, less what ``implied.drop_implied`` leaves to the
+controller), puts them on the pods, and asks the victim model (``victims.scale_in``) what the
+ReplicaSet controller then deletes. Without one
 (baseline), the pods keep the costs they have: what Kubernetes does today.
 
 Which ReplicaSet scales. A ReplicaSet scales itself. A Deployment with one ReplicaSet holding
@@ -29,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from podcost_core.combine import rank
+from podcost_core.implied import drop_implied
 from podcost_core.labels import DEFAULT_BAND, CostBand, band_for, current_costs, label_costs
 from podcost_core.model import (
     DELETION_COST_ANNOTATION,
@@ -307,12 +309,16 @@ def _simulate_once(
     writes: dict[PodUID, int] = {}
     if policy is not None:
         combined = rank(snapshot, policy)
+        current = current_costs(snapshot.pods)
         labelling = label_costs(
             combined.order,
             {p.uid: p.replicaset for p in snapshot.pods},
-            current_costs(snapshot.pods),
+            current,
             overwrite_foreign=overwrite_foreign,
             band=band_for(policy.non_negative_costs),
+        )
+        labelling = drop_implied(
+            labelling, combined.order, snapshot, current, band=band_for(policy.non_negative_costs)
         )
         writes = dict(labelling.writes)
         snapshot = replace(

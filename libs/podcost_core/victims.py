@@ -285,6 +285,22 @@ def _less(a: _View, b: _View, now_ns: int | None, cost_enabled: bool) -> bool:
     return False
 
 
+def clockless_key(pod: Pod, rank: int, cost: int | None = None) -> tuple[int, int, int, int, int]:
+    """Rules 1-5 of ``Less`` as a key, ascending = deleted first: assigned, phase, ready, the
+    deletion cost (``cost``, else the pod's), the co-location ``rank``. Two pods whose keys
+    differ are ordered by them whatever the controller's clock says and whichever sort it runs;
+    with equal keys the clock (rules 6 and 8) and the restarts decide, which a decision made now
+    cannot count on for later. ``podcost_core.implied`` relies on it to leave some costs to the
+    controller."""
+    return (
+        1 if pod.node else 0,
+        _PHASE_ORDINAL.get(pod.phase, 0),
+        1 if pod.ready else 0,
+        pod.deletion_cost if cost is None else cost,
+        -rank,
+    )
+
+
 def _now_ns(now: float | None) -> int | None:
     return None if now is None else to_ns(now)
 

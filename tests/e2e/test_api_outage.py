@@ -64,7 +64,8 @@ async def _costs(kube: Kube, namespace: str) -> dict[str, str | None]:
 
 
 async def _decided_costs_written(kube: Kube, namespace: str) -> bool:
-    """Every pod carries a cost, and podcost would write nothing more (the costs are its own)."""
+    """Every pod is there and podcost would write nothing more: each carries its decided cost
+    (a pod without the annotation reads as 0, which podcost may leave it)."""
     try:
         objects = load_objects(await kube.dump(namespace))
     except Exception:
@@ -72,11 +73,7 @@ async def _decided_costs_written(kube: Kube, namespace: str) -> bool:
     snapshot = snapshot_for_workload(objects, namespace, "web", "Deployment")
     active = [pod for pod in snapshot.pods if pod.active]
     result = simulate(snapshot, len(active), time.time(), policy=DEFAULT_POLICY)
-    return (
-        len(active) == PODS
-        and not result.writes
-        and all(pod.deletion_cost_raw is not None for pod in active)
-    )
+    return len(active) == PODS and not result.writes
 
 
 @pytest.mark.parametrize(

@@ -199,7 +199,9 @@ async def test_a_broker_outage_mid_run_ends_in_the_costs_of_an_undisturbed_twin(
                 supervise()
                 for run in runs:
                     costs = await _node_costs(kube, run)
-                    if len(costs) != count or None in costs.values():
+                    # A first costing leaves the last pod to go at the 0 a missing annotation
+                    # reads as (every node has its own price: one pod per group).
+                    if len(costs) != count or sum(cost is None for cost in costs.values()) > 1:
                         return False
                 return True
 

@@ -44,7 +44,7 @@ async def _nothing_left_to_write(kube: Kube, namespace: str) -> bool:
     snapshot = snapshot_for_workload(objects, namespace, "web", "Deployment")
     active = [pod for pod in snapshot.pods if pod.active]
     result = simulate(snapshot, len(active), time.time(), policy=DEFAULT_POLICY)
-    return not result.writes and all(pod.deletion_cost_raw is not None for pod in active)
+    return not result.writes  # a pod left without the annotation has the 0 podcost decided
 
 
 @pytest.mark.parametrize("transport", ["embedded", "kafka"])

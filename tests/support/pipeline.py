@@ -20,6 +20,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from podcost_bus import Bus, BusSettings, Consumer, Record
 from podcost_contracts.messages import Message, decode
 from podcost_core.combine import rank
+from podcost_core.implied import drop_implied
 from podcost_core.labels import current_costs, label_costs
 from podcost_core.model import PodUID, Snapshot
 from podcost_core.policy import Policy
@@ -131,8 +132,10 @@ class Reader(Generic[M]):
 
 
 def expected_costs(snapshot: Snapshot, policy: Policy) -> dict[PodUID, int]:
-    """What the pipeline must decide for ``snapshot``: ``rank`` then ``label_costs``."""
+    """What the pipeline must decide for ``snapshot``: ``rank``, ``label_costs``, then
+    ``drop_implied``."""
     combined = rank(snapshot, policy)
     replicaset_of: Mapping[PodUID, str | None] = {p.uid: p.replicaset for p in snapshot.pods}
-    labelled = label_costs(combined.order, replicaset_of, current_costs(snapshot.pods))
-    return dict(labelled.costs)
+    current = current_costs(snapshot.pods)
+    labelled = label_costs(combined.order, replicaset_of, current)
+    return dict(drop_implied(labelled, combined.order, snapshot, current).costs)

@@ -29,6 +29,7 @@ from podcost_core.aggregate import (
     score_problem,
 )
 from podcost_core.combine import rank
+from podcost_core.implied import drop_implied
 from podcost_core.labels import current_costs, label_costs
 from podcost_core.model import CostOwner, Node, NodeName, PodUID, Snapshot, WorkloadRef
 from podcost_core.policy import (
@@ -343,6 +344,7 @@ def test_a_complete_decision_is_rank_then_label_costs_against_the_costs_on_the_p
     expected = rank(snapshot, DEFAULT_POLICY)
     current = current_costs(snapshot.pods)
     labelled = label_costs(expected.order, {p.uid: p.replicaset for p in snapshot.pods}, current)
+    labelled = drop_implied(labelled, expected.order, snapshot, current)
     assert decision.complete
     assert decision.combined.order == expected.order
     assert decision.labelling == labelled
@@ -356,7 +358,7 @@ def test_a_complete_decision_is_rank_then_label_costs_against_the_costs_on_the_p
     assert {name for name, p in pods.items() if p.changes} == {
         snapshot.pods[i].name for i, p in enumerate(snapshot.pods) if p.uid in labelled.writes
     }
-    assert pods["c"].previous is None
+    assert pods["c"].previous == 0  # no annotation: the controller reads 0
     for p in pods.values():
         assert [term.strategy for term in p.breakdown] == [b.name for b in DEFAULT_POLICY.bound]
 

@@ -49,6 +49,10 @@ class Case:
 
 DECISIONS = [
     Case("a pod without a cost gets one", 5, state(None, CostOwner.NONE), False, Verdict.WRITE),
+    Case("a pod without a cost already has 0: the controller reads no annotation as 0", 0,
+         state(None, CostOwner.NONE), False, Verdict.UNCHANGED),
+    Case("an invalid value reads as 0 too, but is replaced by an explicit 0", 0,
+         state("abc", CostOwner.OTHER), False, Verdict.WRITE),
     Case("a pod with another cost of podcost's gets the new one", 5,
          state("3", CostOwner.PODCOST), False, Verdict.WRITE),
     Case("a pod that already has the cost is left alone", 5, state("5", CostOwner.PODCOST), False,

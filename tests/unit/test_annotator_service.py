@@ -562,6 +562,36 @@ async def test_event_to_annotation_is_measured_from_the_change_the_watcher_saw(
     assert 30 <= total < 30 + (time.time() - now) + 1
 
 
+async def test_the_most_urgent_decision_is_written_first_then_pod_by_pod_in_deletion_order(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    for workload in ("calm", "late", "soon"):
+        pods.view.apply("Deployment", ChangeType.ADDED, owned(workload, {ENABLED: "true"}))
+        pods.view.apply("ReplicaSet", ChangeType.ADDED, owned(f"{workload}-1", {}, "Deployment",
+                                                              workload))  # fmt: skip
+
+    def wants(workload: str) -> list[Desire]:
+        # Costs that go down (10 to 5): each pod is needed once the scale-in reaches its place.
+        names = [f"{workload[0]}{index}" for index in (1, 2, 3)]
+        return [Desire(name, pods.add(name, cost="10", replicaset=f"{workload}-1"), 5, 10)
+                for name in names]  # fmt: skip
+
+    calm, late, soon = wants("calm"), wants("late"), wants("soon")
+    run = await start(pods, qps=1, burst=1, max_in_flight=1)
+    pods.clock = run.clock
+    # Published least urgent first: nothing wrong; wrong from a scale-in of 3; wrong at once.
+    for workload, wants, first_wrong in (("calm", calm, None), ("late", late, 3),
+                                         ("soon", soon, 1)):  # fmt: skip
+        message = desired(NS, workload, wants).model_copy(update={"first_wrong": first_wrong})
+        await publish_costs(run.bus, TOPICS.costs_for("local"), message)
+    await run.clock.advance(60.0)
+    await until(lambda: run.committed() == 3, "every record committed")
+    # The smallest scale-in each write can set right, then arrival: s1 (1), s2 (2), then every
+    # pod of "late" and s3 (3: "late" is right below 3 already), the calm workload last.
+    assert pods.patched() == ["s1", "s2", "l1", "l2", "l3", "s3", "c1", "c2", "c3"]
+
+
 # --- refusals: the annotator's own view must back every write -----------------------------------
 
 

@@ -51,6 +51,28 @@ def test_a_fresh_workload_gets_evenly_spread_costs_in_the_middle_of_the_band() -
     assert set(result.writes) == {"a", "b", "c"}
 
 
+def test_pods_without_the_annotation_that_all_tie_need_no_write() -> None:
+    # The controller reads a missing annotation as 0: three tied pods already share a cost.
+    order = [uids("uid-a", "uid-b", "uid-c")]
+    result = label_costs(order, one_rs(order), current_costs(pod(n) for n in ("a", "b", "c")))
+    assert result.writes == {}
+    assert result.costs == {"uid-a": 0, "uid-b": 0, "uid-c": 0}
+
+
+def test_a_first_labelling_keeps_the_largest_group_at_0_and_writes_the_others() -> None:
+    order = [uids("a"), uids("b", "c"), uids("d")]
+    result = label_costs(order, one_rs(order), costs_of(a=0, b=0, c=0, d=0))
+    assert result.costs == {"a": -EDGE_STEP, "b": 0, "c": 0, "d": EDGE_STEP}
+    assert set(result.writes) == {"a", "d"}
+
+
+def test_with_non_negative_costs_only_the_first_group_can_keep_0() -> None:
+    order = [uids("a"), uids("b", "c")]
+    result = label_costs(order, one_rs(order), costs_of(a=0, b=0, c=0), band=NON_NEGATIVE_BAND)
+    assert result.costs == {"a": 0, "b": EDGE_STEP, "c": EDGE_STEP}
+    assert set(result.writes) == {"b", "c"}
+
+
 def test_costs_already_in_order_need_no_write() -> None:
     order = [uids("a"), uids("b", "c"), uids("d")]
     result = label_costs(order, one_rs(order), costs_of(a=-5, b=3, c=3, d=9))
@@ -160,7 +182,7 @@ def test_dense_baseline_numbers_the_groups_of_the_whole_order() -> None:
 @pytest.mark.parametrize(
     ("owner", "raw", "expected"),
     [
-        (None, None, CurrentCost()),
+        (None, None, CurrentCost(0)),  # no annotation: the controller reads 0, kept if it fits
         (CostOwner.PODCOST, "12", CurrentCost(12)),
         (CostOwner.OTHER, "12", CurrentCost(12, foreign=True)),
         (CostOwner.OTHER, "oops", CurrentCost()),  # invalid: no cost, whoever set it
@@ -333,6 +355,26 @@ def test_labelling_with_overwrite_foreign_never_leaves_a_conflict(
     _check_valid(result, order, replicasets, own, DEFAULT_BAND)
 
 
+@settings(max_examples=300, deadline=None)
+@given(labelling_cases(), st.booleans())
+def test_reading_a_missing_annotation_as_0_never_writes_more_and_still_realises_the_order(
+    case: tuple[list[list[PodUID]], dict[PodUID, str | None], dict[PodUID, CurrentCost], CostBand],
+    wide: bool,
+) -> None:
+    order, replicasets, before, narrow = case
+    band = DEFAULT_BAND if wide else narrow
+    # The same pods, those without a cost now read as the controller reads them: 0.
+    after = {uid: CurrentCost(0) if cost.value is None else cost for uid, cost in before.items()}
+    try:
+        old = label_costs(order, replicasets, before, band=band)
+    except ValueError:
+        return  # more groups than the band holds, either way
+    new = label_costs(order, replicasets, after, band=band)
+    _check_valid(new, order, replicasets, after, band)
+    assert len(new.writes) <= len(old.writes)
+    assert len(new.conflicts) == len(old.conflicts)
+
+
 @st.composite
 def previous_labellings(
     draw: st.DrawFn,
@@ -406,7 +448,11 @@ def test_written_costs_make_the_controller_delete_in_the_combined_order(
 ) -> None:
     order, _, pods = case
     result = label_costs(order, {p.uid: p.replicaset for p in pods}, current_costs(pods))
-    labelled = [with_cost(p, result.costs[p.uid]) for p in pods]
+    assert {p.uid for p in pods if p.deletion_cost == result.costs[p.uid]} >= (
+        {p.uid for p in pods} - set(result.writes)
+    )
+    # Only the writes are applied: a pod left alone keeps its annotation, or has none.
+    labelled = [with_cost(p, result.writes[p.uid]) if p.uid in result.writes else p for p in pods]
     position = {uid: index for index, group in enumerate(order) for uid in group}
     for diff in range(1, len(pods)):
         choice = pods_to_delete(labelled, labelled, diff, NOW)

@@ -102,7 +102,8 @@ MAX_POD_ATTRIBUTES = 1000
 
 
 def desired_costs(decision: Decision, *, emitted_at: float) -> DesiredCostsMessage:
-    """The message of ``decision``: every ranked pod's cost, previous cost and breakdown.
+    """The message of ``decision``: every ranked pod's cost, previous cost and breakdown, in the
+    decided order (first deleted first), which is the order the annotator writes them in.
 
     The per-pod parts are built without validation (``model_construct``): they come from the
     core, which keeps costs in int32 and normalized scores in [0, 100] by construction, and
@@ -123,7 +124,7 @@ def desired_costs(decision: Decision, *, emitted_at: float) -> DesiredCostsMessa
                 for term in pod.breakdown
             },
         )
-        for pod in decision.pods()
+        for pod in sorted(decision.pods(), key=lambda pod: pod.rank)
     )
     return DesiredCostsMessage(
         key=decision.key,
@@ -133,6 +134,7 @@ def desired_costs(decision: Decision, *, emitted_at: float) -> DesiredCostsMessa
         missing=decision.missing,
         emitted_at=emitted_at,
         changed_at=decision.changed_at,
+        first_wrong=decision.first_wrong,
     )
 
 
@@ -154,7 +156,10 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
         if bound.name in normalized
     ]  # fmt: skip
     pods = []
-    for index, uid in enumerate(combined.uids):
+    ranks = combined.ranks
+    uids = combined.uids
+    for index in sorted(range(len(uids)), key=lambda index: ranks[uids[index]]):
+        uid = uids[index]
         pod = by_uid[uid]
         now = current.get(uid)
         pods.append(
@@ -179,6 +184,7 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
                 "missing": decision.missing,
                 "emitted_at": float(emitted_at),
                 "changed_at": None if changed_at is None else float(changed_at),
+                "first_wrong": decision.first_wrong,
             }
         )
     except PydanticSerializationError as error:  # text that is not Unicode (a lone surrogate)

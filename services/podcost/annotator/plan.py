@@ -6,6 +6,8 @@ everything here directly. Three pieces:
 - :func:`decide`: given the cost a pod should carry and the pod as the API holds it now
   (:class:`PodState`, read by :func:`pod_state` from the pod's JSON), write, leave it (already
   right), leave it (someone else's cost), or skip it (the pod is gone).
+- :func:`write_priority`: the order the writes wait in, most urgent decision first
+  (``podcost_core.urgency``), which is the order a first costing spends the write budget in.
 - :class:`WriteQueue`: the pending writes, one slot per pod uid. A newer desired cost for a pod
   supersedes a queued older one, so only the newest is ever written; a desired cost the snapshot
   already saw on the pod is no write at all; a pod with a write in flight gets its next write
@@ -137,11 +139,8 @@ def decide(
     if state is None or state.uid != uid or state.deleting:
         # A recreated pod under the same name is another pod; a terminating one needs no cost.
         return Verdict.GONE
-    if (
-        state.value is not None
-        and state.invalid is None
-        and parse_deletion_cost(state.value) == cost
-    ):
+    if state.invalid is None and parse_deletion_cost(state.value) == cost:
+        # What the controller reads already, a missing annotation being 0: nothing to write.
         return Verdict.UNCHANGED
     # An invalid value is no cost (the controller reads 0), whoever set it: it is replaced.
     if state.owner is CostOwner.OTHER and state.invalid is None and not overwrite_foreign:
@@ -277,11 +276,38 @@ class Want(Generic[T]):
     name: str
     cost: int
     previous: int | None
-    """The cost the snapshot saw on the pod (``None``: none, or an invalid one)."""
+    """The cost the snapshot saw on the pod (0 without the annotation, ``None``: an invalid
+    one, or one of ours not written as podcost writes it)."""
     origin: T
     remove: bool = False
     """Remove the cost podcost wrote instead (its workload is no longer ranked); ``cost`` is
     then unused."""
+    first_wrong: int | None = None
+    """The decision's ``first_wrong``: the smallest scale-in that goes wrong until its costs
+    are written (``None``: none does). Orders the writes (:func:`write_priority`)."""
+    position: int = 0
+    """The pod's place in its decision, first deleted first (0-based)."""
+
+
+#: The priority of a decision no scale-in goes wrong without: after every other.
+NOT_URGENT = 2**31
+
+
+def write_priority(first_wrong: int | None, position: int = 0, *, rising: bool = False) -> int:
+    """Where a pod's write goes in the annotator's line, lowest first: the smallest scale-in it
+    can help set right. A pod whose cost goes down (or stays) waits too long now: that is the
+    scale-in its place in the order first reaches (``position + 1``). A ``rising`` one (its
+    cost goes up) may go too early now, at any scale-in: its decision's ``first_wrong``. Never
+    below ``first_wrong``: smaller scale-ins are right already. So a first costing, every
+    workload waiting at once, writes the first pod to go of every workload where a scale-in of
+    one would now do harm, then the second, and so on: scale-ins of one are right everywhere
+    after about one write per workload, not after all of them (``labels`` keeps the last of
+    equal groups at 0 and writes the others below it, so the pods written first are deleted
+    first). A decision no scale-in needs goes last. Writes of equal priority keep the order
+    they came in."""
+    if first_wrong is None:
+        return NOT_URGENT
+    return min(first_wrong if rising else max(position + 1, first_wrong), NOT_URGENT - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,6 +376,11 @@ class WriteQueue(Generic[T]):
         slot.queued = want
         self._queued += 1
         return Offer(tuple(settled), ready=slot.running is None and not announced)
+
+    def queued(self, uid: PodUID) -> Want[T] | None:
+        """The write of ``uid`` waiting for its turn, if any."""
+        slot = self._slots.get(uid)
+        return None if slot is None else slot.queued
 
     def take(self, uid: PodUID) -> Want[T] | None:
         """Start the queued write of ``uid`` (a writer calls this for a ready uid)."""

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import time
 from collections import Counter
@@ -90,6 +91,7 @@ from podcost.annotator.pacing import (
     backoff_delay,
 )
 from podcost.annotator.plan import (
+    NOT_URGENT,
     Decided,
     Freshness,
     Ledger,
@@ -108,6 +110,7 @@ from podcost.annotator.plan import (
     pod_state,
     verify,
     verify_release,
+    write_priority,
 )
 from podcost.annotator.settings import AnnotatorSettings
 from podcost.annotator.view import ClusterView, InformerView
@@ -236,7 +239,9 @@ class AnnotatorService:
         self._ledger: Ledger[_Batch] = Ledger()
         self._open: set[_Batch] = set()
         self._bucket: TokenBucket | None = None
-        self._ready: asyncio.Queue[PodUID] = asyncio.Queue()
+        # (write_priority, arrival, uid): the most urgent decision's pods first, then in order.
+        self._ready: asyncio.PriorityQueue[tuple[int, int, PodUID]] = asyncio.PriorityQueue()
+        self._arrivals = itertools.count()
         self._progress = asyncio.Event()
         self._consumer: Consumer | None = None
         self.decisions = DecisionLog()
@@ -315,7 +320,7 @@ class AnnotatorService:
         await self.bus.ensure_topics([self.topic, topics.deadletter])
         # A fresh start forgets what a previous run had in flight: it is read again from the bus.
         self._writes, self._ledger, self._open = WriteQueue(), Ledger(), set()
-        self._ready, self._progress = asyncio.Queue(), asyncio.Event()
+        self._ready, self._progress = asyncio.PriorityQueue(), asyncio.Event()
         self.guard, self._done = VersionGuard(), {}
         self._started_at = self._clock.now()
         self.marks = WaterMarks(self.config.high_water, self.config.low_water)
@@ -376,7 +381,7 @@ class AnnotatorService:
 
     async def _write_loop(self, kube: PodAPI) -> None:
         while True:
-            uid = await self._ready.get()
+            _, _, uid = await self._ready.get()
             want = self._writes.take(uid)
             if want is None:  # settled while waiting its turn (superseded by an unchanged cost)
                 continue
@@ -384,7 +389,7 @@ class AnnotatorService:
             again = self._writes.finish(want.uid)
             self._settle(want, result)
             if again:
-                self._ready.put_nowait(want.uid)
+                self._announce(want.uid)
             self._observe_depth()
 
     async def _commit_loop(self, consumer: Consumer) -> None:
@@ -474,8 +479,9 @@ class AnnotatorService:
         ticket = self._ledger.open(record.tp, record.offset, len(message.costs), batch)
         if not message.costs:
             self._finish(batch)
-        for pod in message.costs:
-            want = Want(pod.uid, pod.namespace, pod.name, pod.cost, pod.previous, ticket)
+        for position, pod in enumerate(message.costs):
+            want = Want(pod.uid, pod.namespace, pod.name, pod.cost, pod.previous, ticket,
+                        first_wrong=message.first_wrong, position=position)  # fmt: skip
             refused = self._refused_now(want, message)
             if refused is not None:
                 # Never queued: a forged decision cannot supersede a genuine one for that pod.
@@ -485,7 +491,7 @@ class AnnotatorService:
             for settled in offer.settled:
                 self._settle(settled.want, settled.result)
             if offer.ready:
-                self._ready.put_nowait(pod.uid)
+                self._announce(pod.uid)
 
     def _refused_now(
         self, want: Want[Ticket[_Batch]], message: DesiredCostsMessage
@@ -527,7 +533,17 @@ class AnnotatorService:
             for settled in offer.settled:
                 self._settle(settled.want, settled.result)
             if offer.ready:
-                self._ready.put_nowait(pod.uid)
+                self._announce(pod.uid)
+
+    def _announce(self, uid: PodUID) -> None:
+        """Hand ``uid``'s queued write to the writers, in the line of its decision's urgency."""
+        queued = self._writes.queued(uid)
+        priority = NOT_URGENT
+        if queued is not None:
+            # The controller reads a missing or invalid cost as 0.
+            rising = queued.cost > (queued.previous or 0)
+            priority = write_priority(queued.first_wrong, queued.position, rising=rising)
+        self._ready.put_nowait((priority, next(self._arrivals), uid))
 
     def _nothing_to_write(self, record: Record, message: DesiredCostsMessage | None) -> None:
         batch = _Batch(record, message, None)

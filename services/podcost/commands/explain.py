@@ -43,6 +43,7 @@ from podcost_core.aggregate import Decision
 from podcost_core.combine import ScoreContractError, rank
 from podcost_core.convert import ConversionError, ObjectMetaJSON, cost_owner
 from podcost_core.explain import Placement
+from podcost_core.implied import drop_implied
 from podcost_core.labels import band_for, current_costs, label_costs
 from podcost_core.model import DELETION_COST_ANNOTATION
 from podcost_core.policy import PolicyError
@@ -225,6 +226,7 @@ async def compute_now(
     replicaset_of = {p.uid: p.replicaset for p in snapshot.pods}
     band = band_for(policy.policy.non_negative_costs)
     labelling = label_costs(combined.order, replicaset_of, current, band=band)
+    labelling = drop_implied(labelling, combined.order, snapshot, current, band=band)
     decision = Decision(key.bus_key(settings.cluster), snapshot, combined, labelling, current)
     message = desired_costs(decision, emitted_at=now)
     uid = str(pod.get("metadata", {}).get("uid", ""))

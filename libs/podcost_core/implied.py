@@ -1,0 +1,107 @@
+"""Writes the controller's own order makes unnecessary: a labelling thinned against the pods.
+
+The aggregator, ``podcost simulate`` and ``podcost explain`` call ``drop_implied`` on the
+``labels.label_costs`` result, with the snapshot the order was made from. ``label_costs`` makes
+the costs alone realise the order; but the ReplicaSet controller compares costs only after
+rules 1-3 (unscheduled, pending, not ready first) and breaks equal costs by rule 5 (more related
+pods on the node first) before anything that depends on its clock (``victims.clockless_key``).
+A pod whose place those rules already give, with the cost it carries now, needs no write: a
+not-ready pod the order puts first, or a doubled-up pod the order deletes before its singly
+placed twin that has the same (often missing, so 0) cost.
+
+Exact, and for every scale-in: keeping a pod's current cost is allowed only when, with the
+costs of every other pod of its ReplicaSet as decided, the pods of different groups of the
+order have different clockless keys ordered like the groups, and pods of one key belong to one
+group. Then for every k the controller's sort (whatever it does with equal keys, whenever it
+runs) deletes a set the order admits. Pods with equal keys are ordered by the clock (log2 age
+buckets that merge as time goes on) and the restarts, so nothing is left to those. Writes are
+tried in the order's order and dropped greedily; a ReplicaSet is left as ``label_costs`` made it
+when its costs do not realise the order to begin with (a foreign cost in the way, a pin), when
+a pod of it is not in the order, or when it has more than ``BURST_REPLICAS`` active pods (a
+scale-in of more takes several syncs, and the co-location ranks change between them).
+
+What this relies on changes only with the pods: scheduling, phase, readiness and the pods on a
+node are all in the next snapshot, and the next decision writes the costs it then needs. The
+price is that window: a pod that turns ready carries its cost only once that decision is
+written, where a full labelling had it already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from itertools import pairwise
+
+from podcost_core.labels import DEFAULT_BAND, CostBand, CurrentCost, Labelling
+from podcost_core.model import PodUID, Snapshot
+from podcost_core.victims import BURST_REPLICAS, clockless_key, colocation_ranks, victim_inputs
+
+Key = tuple[int, int, int, int, int]
+
+
+def _fits(key: Key, group: int, others: Sequence[tuple[Key, int]]) -> bool:
+    """Whether a pod of ``group`` with ``key`` keeps the order with ``others`` (key, group)."""
+    for other_key, other_group in others:
+        if other_key == key:
+            if other_group != group:
+                return False  # a tie the clock would break
+        elif other_key < key:
+            if other_group > group:
+                return False
+        elif other_group < group:
+            return False
+    return True
+
+
+def _realised(entries: Mapping[PodUID, tuple[Key, int]]) -> bool:
+    """Whether keys order the groups: sorted by key, groups never decrease and a key is one
+    group."""
+    ordered = sorted(entries.values())
+    for (key_a, group_a), (key_b, group_b) in pairwise(ordered):
+        if group_b < group_a or (key_a == key_b and group_a != group_b):
+            return False
+    return True
+
+
+def drop_implied(
+    labelling: Labelling,
+    order: Sequence[Sequence[PodUID]],
+    snapshot: Snapshot,
+    current: Mapping[PodUID, CurrentCost],
+    *,
+    band: CostBand = DEFAULT_BAND,
+) -> Labelling:
+    """``labelling`` without the writes whose pods the controller's own order already places
+    (module docstring); ``costs`` then holds the cost such a pod keeps. Only a current cost
+    inside ``band`` (the one ``label_costs`` wrote in) is kept."""
+    if not labelling.writes:
+        return labelling
+    group_of = {uid: index for index, group in enumerate(order) for uid in group}
+    costs = dict(labelling.costs)
+    writes = dict(labelling.writes)
+    written_sets = {pod.replicaset for pod in snapshot.pods if pod.uid in writes}
+    for replicaset in sorted(rs for rs in written_sets if rs is not None):
+        pods, related = victim_inputs(snapshot, replicaset)
+        if len(pods) > BURST_REPLICAS or any(pod.uid not in group_of for pod in pods):
+            continue
+        ranks = colocation_ranks(pods, related)
+        by_uid = {pod.uid: pod for pod in pods}
+        entries = {
+            pod.uid: (clockless_key(pod, ranks[pod.uid], costs[pod.uid]), group_of[pod.uid])
+            for pod in pods
+        }
+        if not _realised(entries):
+            continue
+        for uid in sorted((uid for uid in entries if uid in writes), key=group_of.__getitem__):
+            kept = current.get(uid, CurrentCost()).value
+            if kept is None or kept not in band:
+                continue  # an invalid value is always replaced, one beyond the band too
+            key = clockless_key(by_uid[uid], ranks[uid], kept)
+            others = [entry for other, entry in entries.items() if other != uid]
+            if _fits(key, group_of[uid], others):
+                entries[uid] = (key, group_of[uid])
+                costs[uid] = kept
+                del writes[uid]
+    if len(writes) == len(labelling.writes):
+        return labelling
+    return replace(labelling, costs=costs, writes=writes)
