@@ -118,9 +118,10 @@ def test_the_demo_compares_two_workloads_and_its_tables_chart_and_record_agree(
         assert _tally(item["remaining"], "zone") == {
             zone: count for zone, count in item["with_podcost"]["zones_after"].items() if count
         }
-        # podcost's costs decided it: every pod had one, and no kept pod was cheaper to delete.
-        costs = {pod: before[pod]["cost"] for pod in before}
-        assert all(cost is not None for cost in costs.values()), costs
+        # podcost's costs decided it: no kept pod was cheaper to delete. A pod without the
+        # annotation reads as 0, and podcost leaves it off where 0 is the cost it wants.
+        costs = {pod: before[pod]["cost"] or 0 for pod in before}
+        assert any(before[pod]["cost"] is not None for pod in before), "podcost wrote nothing"
         assert max(costs[pod] for pod in deleted) <= min(costs[pod] for pod in left)
         # The "without" column is the model on the same pods.
         without = [pod["name"] for pod in item["without_podcost"]["deleted"]]

@@ -170,11 +170,12 @@ async def _wait_settled(kube: Kube, step: Step, replicas: int) -> None:
 
 
 def _unconverged(snapshot: Snapshot) -> int:
-    """How many active pods still lack the cost podcost's current decision gives them."""
+    """How many active pods still lack the cost podcost's current decision gives them (a pod
+    without the annotation reads as 0, and podcost leaves it so where 0 is what it wants)."""
     active = [pod for pod in snapshot.pods if pod.active]
     policy = policy_from_annotations(snapshot.annotations, default=DEFAULT_POLICY)
     writes = simulate(snapshot, len(active), time.time(), policy=policy).writes
-    return sum(pod.name in writes or pod.deletion_cost_raw is None for pod in active)
+    return sum(pod.name in writes for pod in active)
 
 
 @contextlib.asynccontextmanager
