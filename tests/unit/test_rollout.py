@@ -114,3 +114,57 @@ def test_simulate_splits_a_scale_in_of_a_deployment_mid_rollout() -> None:
     assert unchanged.victims == ()
     assert unchanged.replicasets == {}
     assert unchanged.rollout_goes_on
+
+
+def test_a_dump_keeps_what_the_deployment_controller_scales_by() -> None:
+    # Found by the differential test: validating a dump dropped the Deployment's strategy,
+    # ``paused`` and status, so every Deployment read as 25 %/25 %, unpaused, and no new
+    # ReplicaSet as saturated (its availableReplicas gone).
+    def workload(kind: str, name: str, spec: dict[str, Any], status: dict[str, Any],
+                 **meta: Any) -> dict[str, Any]:  # fmt: skip
+        return {
+            "apiVersion": "apps/v1", "kind": kind, "spec": spec, "status": status,
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", **meta},
+        }  # fmt: skip
+
+    def owned(name: str, revision: str, replicas: int, available: int) -> dict[str, Any]:
+        return workload(
+            "ReplicaSet", name, {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}}},
+            {"replicas": replicas, "availableReplicas": available},
+            creationTimestamp=f"2024-05-01T11:00:0{revision}Z",
+            annotations={"deployment.kubernetes.io/revision": revision,
+                         "deployment.kubernetes.io/desired-replicas": "7",
+                         "deployment.kubernetes.io/max-replicas": "7"},
+            ownerReferences=[{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                              "uid": "uid-web", "controller": True}],
+        )  # fmt: skip
+
+    spec = {
+        "replicas": 7, "selector": {"matchLabels": {"app": "web"}}, "paused": True,
+        "strategy": {"type": "RollingUpdate",
+                     "rollingUpdate": {"maxSurge": "0%", "maxUnavailable": 2}},
+    }  # fmt: skip
+    dump = {"apiVersion": "v1", "kind": "List", "items": [
+        workload("Deployment", "web", spec, {"replicas": 7, "availableReplicas": 5},
+                 annotations={"deployment.kubernetes.io/revision": "2"}),
+        owned("web-old", "1", 5, 5),
+        owned("web-new", "2", 2, 0),
+    ]}  # fmt: skip
+    objects = load_objects(dump)
+    rollout = rollout_for(objects, snapshot_for_workload(objects, "ns", "web", "Deployment"))
+    assert rollout is not None
+    assert (rollout.max_surge, rollout.max_unavailable) == ("0%", 2)
+    assert rollout.paused
+    assert rollout.rolling
+    assert rollout.new == "web-new"
+    assert rollout.status_replicas == 7
+    assert {rs.name: rs.available for rs in rollout.replicasets} == {"web-old": 5, "web-new": 0}
+    # Stalled at R + maxSurge = 7: scaling at 7 (what pausing does) moves nothing.
+    assert scaled_sizes(rollout, 7) == {"web-old": 5, "web-new": 2}
+    recreate = {**spec, "strategy": {"type": "Recreate"}}
+    dump["items"][0] = workload("Deployment", "web", recreate, {"replicas": 7},
+                                annotations={"deployment.kubernetes.io/revision": "2"})  # fmt: skip
+    objects = load_objects(dump)
+    rollout = rollout_for(objects, snapshot_for_workload(objects, "ns", "web", "Deployment"))
+    assert rollout is not None
+    assert not rollout.rolling
