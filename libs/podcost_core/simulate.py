@@ -239,7 +239,8 @@ def simulate(
     if mid_rollout:
         for rs, (_, size) in sorted(split.items()):
             pods, related = victim_inputs(snapshot, rs)
-            rounds += scale_in(pods, related, size, now)
+            maybe = _maybe_gone(snapshot, split, rs)
+            rounds += scale_in(pods, related, size, now, maybe_gone=maybe)
     elif replicaset is not None:  # refused above when there is none
         pods, related = victim_inputs(snapshot, replicaset)
         rounds = scale_in(pods, related, replicas, now)
@@ -275,6 +276,25 @@ def simulate(
         replicasets=split,
         rollout_goes_on=mid_rollout and rollout is not None and not rollout.paused,
     )
+
+
+def _maybe_gone(
+    snapshot: Snapshot, split: Mapping[str, tuple[int, int]], replicaset: str
+) -> dict[str, int]:
+    """Per node ("" for unscheduled pods), how many related pods the other shrinking
+    ReplicaSets may have deleted already when ``replicaset`` sorts its pods: their syncs run
+    concurrently with its own, and its rank (rule 5) counts only the pods still active."""
+    gone: dict[str, int] = {}
+    for other, (before, after) in split.items():
+        if other == replicaset:
+            continue
+        on_node: dict[str, int] = {}
+        for pod in snapshot.pods:
+            if pod.active and pod.replicaset == other:
+                on_node[pod.node or ""] = on_node.get(pod.node or "", 0) + 1
+        for node, count in on_node.items():
+            gone[node] = gone.get(node, 0) + min(count, before - after)
+    return gone
 
 
 def _proportional_split(rollout: Rollout, replicas: int, name: str) -> dict[str, tuple[int, int]]:
