@@ -9,10 +9,12 @@ model (``victims.scale_in``) what the ReplicaSet controller then deletes. Withou
 Which ReplicaSet scales. A ReplicaSet scales itself. A Deployment with one ReplicaSet holding
 replicas scales that one to N (``FindActiveOrLatest`` in the deployment controller's
 ``scale``), exactly. With several (mid-rollout) the deployment controller splits the change
-proportionally across them (``rollout.scaled_sizes``, given the Deployment's ``Rollout``), and
-each ReplicaSet that shrinks picks its own victims; without the ``Rollout``, or when the split
-would grow one of them, ``SimulationError`` says so rather than guess. A rollout that is not
-paused goes on afterwards and may move more replicas: that is the rollout, not this scale-in.
+proportionally across them (``rollout.settled_sizes``, given the Deployment's ``Rollout``), and
+each ReplicaSet that shrinks picks its own victims (their syncs run concurrently, so one's
+co-location rank may or may not count another's victims as gone: the pods that could flip are
+tied, ``_maybe_gone``); without the ``Rollout``, or when the split would grow one of them,
+``SimulationError`` says so rather than guess. A rollout that is not paused goes on afterwards
+and may move more replicas: that is the rollout, not this scale-in.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from podcost_core.model import (
     Snapshot,
 )
 from podcost_core.policy import Policy
-from podcost_core.rollout import Rollout, RolloutError, scaled_sizes
+from podcost_core.rollout import Rollout, RolloutError, settled_sizes
 from podcost_core.strategies import topology_spread
 from podcost_core.victims import Now, VictimChoice, scale_in, victim_inputs
 
@@ -302,7 +304,7 @@ def _proportional_split(rollout: Rollout, replicas: int, name: str) -> dict[str,
     current = {rs.name: rs.replicas for rs in rollout.replicasets}
     total = sum(current.values())
     try:
-        sizes = scaled_sizes(rollout, replicas)
+        sizes = settled_sizes(rollout, replicas)
     except RolloutError as error:
         raise SimulationError(f"{name}: {error}") from None
     grown = sorted(rs for rs, size in sizes.items() if size > current[rs])

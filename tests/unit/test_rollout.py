@@ -6,6 +6,7 @@ bounds it keeps for any sizes. The real controller's agreement is in
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,14 @@ from tests.support.pods import NOW, pod
 
 from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.model import ReplicaSetInfo, Snapshot, WorkloadRef
-from podcost_core.rollout import Rollout, RolloutReplicaSet, max_surge, rollout_for, scaled_sizes
+from podcost_core.rollout import (
+    Rollout,
+    RolloutReplicaSet,
+    max_surge,
+    rollout_for,
+    scaled_sizes,
+    settled_sizes,
+)
 from podcost_core.simulate import simulate
 
 DATA = Path(__file__).parent / "data"
@@ -205,3 +213,24 @@ def test_a_shrinking_replicaset_may_sort_after_another_deleted_pods_on_its_nodes
     assert result.admits(["old-1", "old-2", "new-d"])
     assert result.admits(["old-1", "old-2", "new-a"])
     assert not result.admits(["old-1", "old-2", "new-b"])
+
+
+def test_a_paused_deployment_scales_again_until_nothing_changes() -> None:
+    # Found by the differential test (seeds 18 and 90 of the long run). Old 1 + new 5 (R 3,
+    # surge 100 %), to 1: allowed 1 + 1 = 2; new round(5 * 2 / 6) - 5 = -3, old -1: new 2.
+    sets = (rs("old", 1, 1.0, max_replicas=6, desired_replicas="3", available=1),
+            rs("new", 5, 2.0, max_replicas=6, desired_replicas="3"))  # fmt: skip
+    rollout = Rollout(sets, new="new", max_surge="100%", max_unavailable=2)
+    assert scaled_sizes(rollout, 1) == {"old": 0, "new": 2}
+    assert settled_sizes(rollout, 1) == {"old": 0, "new": 2}  # unpaused: the rollout goes on
+    # Paused, the next sync finds one ReplicaSet holding replicas and gives it exactly 1.
+    paused = replace(rollout, paused=True)
+    assert settled_sizes(paused, 1) == {"old": 0, "new": 1}
+    # Old 8 + new 1 (surge 1), to 1: old round(8 * 2 / 9) - 8 = -6 → 2, new → 0; then old 1.
+    sets = (rs("old", 8, 1.0, max_replicas=9, desired_replicas="8", available=8),
+            rs("new", 1, 2.0, max_replicas=9, desired_replicas="8"))  # fmt: skip
+    paused = Rollout(sets, new="new", max_surge=1, max_unavailable=0, paused=True)
+    assert scaled_sizes(paused, 1) == {"old": 2, "new": 0}
+    assert settled_sizes(paused, 1) == {"old": 1, "new": 0}
+    # When the split leaves several holding at replicas + surge, once is enough.
+    assert settled_sizes(paused, 5) == scaled_sizes(paused, 5)
