@@ -17,9 +17,12 @@ Pure. Read from Kubernetes v1.36 ``pkg/controller/deployment/sync.go`` (``scale`
    is not scaled this way (the controller leaves its sizes alone).
 
 Each ReplicaSet that shrinks then deletes its own victims (``victims.scale_in``). The deployment
-controller calls ``scale`` on a scaling event; a paused rollout stops there, while one that is
-not paused goes on (``rolloutRolling``) and may move more replicas afterwards: that is the
-rollout, not the scale-in, and ``podcost simulate`` says so.
+controller calls ``scale`` on a scaling event; a paused rollout stops there, but runs ``scale``
+on every sync, its own updates trigger the next, and with the annotations it just wrote it may
+move more (one ReplicaSet left holding replicas takes exactly N): ``settled_sizes`` repeats it
+until nothing changes. One that is not paused goes on (``rolloutRolling``) and may move more
+replicas afterwards: that is the rollout, not the scale-in, and ``podcost simulate`` says so.
+``tests/integration/test_rollout_differential.py`` holds this against the real controller.
 """
 
 from __future__ import annotations
