@@ -203,13 +203,28 @@ class NodeJSON(TypedDict, total=False):
     status: NodeStatusJSON
 
 
+class RollingUpdateJSON(TypedDict, total=False):
+    maxSurge: Int64 | str | None
+    maxUnavailable: Int64 | str | None
+
+
+class StrategyJSON(TypedDict, total=False):
+    type: str
+    rollingUpdate: RollingUpdateJSON | None
+
+
 class WorkloadSpecJSON(TypedDict, total=False):
     replicas: Int64
     selector: LabelSelectorJSON | None
+    # A Deployment's, for the deployment controller's scaling mid-rollout (``rollout``).
+    strategy: StrategyJSON
+    paused: bool
 
 
 class WorkloadStatusJSON(TypedDict, total=False):
     conditions: list[ConditionJSON]
+    replicas: Int64
+    availableReplicas: Int64
 
 
 class WorkloadJSON(TypedDict, total=False):

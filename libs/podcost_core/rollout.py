@@ -17,9 +17,12 @@ Pure. Read from Kubernetes v1.36 ``pkg/controller/deployment/sync.go`` (``scale`
    is not scaled this way (the controller leaves its sizes alone).
 
 Each ReplicaSet that shrinks then deletes its own victims (``victims.scale_in``). The deployment
-controller calls ``scale`` on a scaling event; a paused rollout stops there, while one that is
-not paused goes on (``rolloutRolling``) and may move more replicas afterwards: that is the
-rollout, not the scale-in, and ``podcost simulate`` says so.
+controller calls ``scale`` on a scaling event; a paused rollout stops there, but runs ``scale``
+on every sync, its own updates trigger the next, and with the annotations it just wrote it may
+move more (one ReplicaSet left holding replicas takes exactly N): ``settled_sizes`` repeats it
+until nothing changes. One that is not paused goes on (``rolloutRolling``) and may move more
+replicas afterwards: that is the rollout, not the scale-in, and ``podcost simulate`` says so.
+``tests/integration/test_rollout_differential.py`` holds this against the real controller.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 
 from podcost_core.convert import ClusterObjects, parse_time
@@ -148,7 +151,43 @@ def _saturated(rs: RolloutReplicaSet | None, replicas: int) -> bool:
 
 def scaled_sizes(rollout: Rollout, replicas: int) -> dict[str, int]:
     """Each ReplicaSet's ``spec.replicas`` once the deployment controller has scaled the
-    Deployment to ``replicas`` (``scale`` in sync.go); ReplicaSets it leaves alone keep theirs."""
+    Deployment to ``replicas`` (one call of ``scale`` in sync.go); ReplicaSets it leaves alone
+    keep theirs. See ``settled_sizes`` for a paused Deployment."""
+    return _scale(rollout, replicas)[0]
+
+
+def settled_sizes(rollout: Rollout, replicas: int) -> dict[str, int]:
+    """Each ReplicaSet's ``spec.replicas`` once the deployment controller is done scaling.
+
+    A paused Deployment runs ``scale`` on every sync, and its own updates of the ReplicaSets
+    trigger the next: so it scales again, with the annotations it just wrote, until nothing
+    changes. That matters when the split leaves one ReplicaSet holding replicas (it then takes
+    exactly ``replicas``, not ``replicas + maxSurge``) or the largest was clamped at 0. An
+    unpaused Deployment scales once; then the rollout (``rolloutRolling``) takes over.
+    """
+    sizes = scaled_sizes(rollout, replicas)
+    if not rollout.paused:
+        return sizes
+    for _ in range(100):
+        current = {rs.name: rs.replicas for rs in rollout.replicasets}
+        sizes, annotated = _scale(rollout, replicas)
+        if sizes == current:
+            return sizes
+        maximum = replicas + max_surge(rollout, replicas)
+        updated = tuple(
+            replace(rs, replicas=sizes[rs.name], desired_replicas=str(replicas),
+                    max_replicas=maximum)
+            if rs.name in annotated
+            else rs
+            for rs in rollout.replicasets
+        )  # fmt: skip
+        rollout = replace(rollout, replicasets=updated)
+    raise RolloutError(f"scaling to {replicas} does not settle")
+
+
+def _scale(rollout: Rollout, replicas: int) -> tuple[dict[str, int], set[str]]:
+    """``scale``: the sizes, and the ReplicaSets whose replicas annotations it writes
+    (``scaleReplicaSet`` writes them with every update it makes)."""
     if not 0 <= replicas <= INT32_MAX:
         raise RolloutError(f"{replicas} replicas is outside 0..{INT32_MAX}")
     sizes = {rs.name: rs.replicas for rs in rollout.replicasets}
@@ -163,16 +202,18 @@ def scaled_sizes(rollout: Rollout, replicas: int) -> dict[str, int]:
         elif rollout.replicasets:
             chosen = max(rollout.replicasets, key=_age_key)
         else:
-            return sizes
+            return sizes, set()
+        if chosen.replicas == replicas:
+            return sizes, set()
         sizes[chosen.name] = replicas
-        return sizes
+        return sizes, {chosen.name}
     if _saturated(new, replicas):
         for rs in active:
             if rs is not new:
                 sizes[rs.name] = 0
-        return sizes
+        return sizes, {rs.name for rs in active if rs is not new and rs.replicas != 0}
     if not rollout.rolling:
-        return sizes
+        return sizes, set()
     allowed = replicas + max_surge(rollout, replicas) if replicas > 0 else 0
     to_add = allowed - sum(rs.replicas for rs in active)
     if to_add > 0:  # ReplicaSetsBySizeNewer: larger first, then newer first
@@ -189,7 +230,8 @@ def scaled_sizes(rollout: Rollout, replicas: int) -> dict[str, int]:
     if to_add != 0:
         first = ordered[0].name
         sizes[first] = max(0, sizes[first] + to_add - added)
-    return sizes
+    # forceUpdate: every active ReplicaSet is updated when its size or annotations differ.
+    return sizes, {rs.name for rs in active}
 
 
 def shrinking(rollout: Rollout, replicas: int) -> dict[str, int]:

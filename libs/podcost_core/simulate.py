@@ -10,10 +10,12 @@ ReplicaSet controller then deletes. Without one
 Which ReplicaSet scales. A ReplicaSet scales itself. A Deployment with one ReplicaSet holding
 replicas scales that one to N (``FindActiveOrLatest`` in the deployment controller's
 ``scale``), exactly. With several (mid-rollout) the deployment controller splits the change
-proportionally across them (``rollout.scaled_sizes``, given the Deployment's ``Rollout``), and
-each ReplicaSet that shrinks picks its own victims; without the ``Rollout``, or when the split
-would grow one of them, ``SimulationError`` says so rather than guess. A rollout that is not
-paused goes on afterwards and may move more replicas: that is the rollout, not this scale-in.
+proportionally across them (``rollout.settled_sizes``, given the Deployment's ``Rollout``), and
+each ReplicaSet that shrinks picks its own victims (their syncs run concurrently, so one's
+co-location rank may or may not count another's victims as gone: the pods that could flip are
+tied, ``_maybe_gone``); without the ``Rollout``, or when the split would grow one of them,
+``SimulationError`` says so rather than guess. A rollout that is not paused goes on afterwards
+and may move more replicas: that is the rollout, not this scale-in.
 
 What podcost cannot change. A cost someone else set (a person with ``kubectl annotate``, a tool
 whose field manager podcost does not adopt) is kept: never rewritten, fitted around inside the
@@ -40,7 +42,7 @@ from podcost_core.model import (
     Snapshot,
 )
 from podcost_core.policy import Policy
-from podcost_core.rollout import Rollout, RolloutError, scaled_sizes
+from podcost_core.rollout import Rollout, RolloutError, settled_sizes
 from podcost_core.strategies import topology_spread
 from podcost_core.victims import Now, VictimChoice, scale_in, victim_inputs
 
@@ -332,7 +334,8 @@ def _simulate_once(
     if mid_rollout:
         for rs, (_, size) in sorted(split.items()):
             pods, related = victim_inputs(snapshot, rs)
-            rounds += scale_in(pods, related, size, now)
+            maybe = _maybe_gone(snapshot, split, rs)
+            rounds += scale_in(pods, related, size, now, maybe_gone=maybe)
     elif replicaset is not None:  # refused above when there is none
         pods, related = victim_inputs(snapshot, replicaset)
         rounds = scale_in(pods, related, replicas, now)
@@ -370,12 +373,31 @@ def _simulate_once(
     )
 
 
+def _maybe_gone(
+    snapshot: Snapshot, split: Mapping[str, tuple[int, int]], replicaset: str
+) -> dict[str, int]:
+    """Per node ("" for unscheduled pods), how many related pods the other shrinking
+    ReplicaSets may have deleted already when ``replicaset`` sorts its pods: their syncs run
+    concurrently with its own, and its rank (rule 5) counts only the pods still active."""
+    gone: dict[str, int] = {}
+    for other, (before, after) in split.items():
+        if other == replicaset:
+            continue
+        on_node: dict[str, int] = {}
+        for pod in snapshot.pods:
+            if pod.active and pod.replicaset == other:
+                on_node[pod.node or ""] = on_node.get(pod.node or "", 0) + 1
+        for node, count in on_node.items():
+            gone[node] = gone.get(node, 0) + min(count, before - after)
+    return gone
+
+
 def _proportional_split(rollout: Rollout, replicas: int, name: str) -> dict[str, tuple[int, int]]:
     """The ReplicaSets a mid-rollout scale to ``replicas`` shrinks: name → (before, after)."""
     current = {rs.name: rs.replicas for rs in rollout.replicasets}
     total = sum(current.values())
     try:
-        sizes = scaled_sizes(rollout, replicas)
+        sizes = settled_sizes(rollout, replicas)
     except RolloutError as error:
         raise SimulationError(f"{name}: {error}") from None
     grown = sorted(rs for rs, size in sizes.items() if size > current[rs])

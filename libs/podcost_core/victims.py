@@ -35,8 +35,8 @@ import functools
 import math
 import re
 import struct
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from podcost_core.model import Phase, Pod, PodUID, Snapshot
 
@@ -219,6 +219,8 @@ class _View:
     restarts: int
     sidecar_restarts: int
     created_ns: int | None
+    rank_low: int = 0
+    """The lowest rank the pod may have when the controller sorts (``rank`` when certain)."""
 
 
 def _view(ranked: RankedPod) -> _View:
@@ -235,6 +237,7 @@ def _view(ranked: RankedPod) -> _View:
         restarts=pod.restarts,
         sidecar_restarts=pod.sidecar_restarts,
         created_ns=to_ns(pod.created) if pod.created is not None else None,
+        rank_low=ranked.rank,
     )
 
 
@@ -460,6 +463,8 @@ def _coarse_keys(
                 created_ranges[view.uid] = found
     ready_cluster = clusters(ready_ranges)
     created_cluster = clusters(created_ranges)
+    # Rule 5 by clusters of the ranks a pod may have: a certain rank is a cluster of its own.
+    rank_cluster = clusters({view.uid: (view.rank_low, view.rank) for view in views})
 
     keys: dict[str, tuple[int, ...]] = {}
     for view in views:
@@ -468,7 +473,7 @@ def _coarse_keys(
             view.phase,
             1 if view.ready else 0,
             view.cost if cost else 0,
-            -view.rank,
+            -rank_cluster[view.uid],
         )
         if ref_now is None:
             tail: tuple[int, ...] = ()  # a zero Now: no buckets; leave it all to pairwise
@@ -490,7 +495,8 @@ def _ordered_classes(
     of "may come before"), which every comparison sort emits in this order."""
     if len(group) == 1:
         return [group]
-    if ref_now is not None and not any(breaks.get(view.uid) for view in group):
+    certain_ranks = all(view.rank_low == view.rank == group[0].rank for view in group)
+    if certain_ranks and ref_now is not None and not any(breaks.get(v.uid) for v in group):
         # Fast path for the common big group: one bucket (no window, so a coarse cluster is one
         # bucket) and all the deciding times distinct, so the UID alone orders every pair.
         times = {view.ready_ns if view.ready else view.created_ns for view in group}
@@ -507,12 +513,24 @@ def _ordered_classes(
 
     ordered = sorted(group, key=functools.cmp_to_key(compare))
 
-    def may_precede(a: _View, b: _View) -> bool:
-        """Whether ``a`` may be sorted before ``b``: ``b`` is not certainly less than ``a``."""
+    def may_precede_at_ranks(a: _View, b: _View) -> bool:
         if not less_at(b, a, ref_now):
             return True
         instants = (*breaks.get(a.uid, ()), *breaks.get(b.uid, ()))
         return any(not less_at(b, a, instant) for instant in instants)
+
+    def may_precede(a: _View, b: _View) -> bool:
+        """Whether ``a`` may be sorted before ``b``: ``b`` is not certainly less than ``a``,
+        for any ``now`` in the window and any ranks the two may have."""
+        if a.rank_low == a.rank and b.rank_low == b.rank:
+            return may_precede_at_ranks(a, b)
+        if a.rank > b.rank_low:
+            return True  # rule 5 can put ``a`` first
+        if max(a.rank_low, b.rank_low) <= min(a.rank, b.rank):
+            # The ranks may be equal: rule 5 falls through to the later rules.
+            rank = max(a.rank_low, b.rank_low)
+            return may_precede_at_ranks(replace(a, rank=rank), replace(b, rank=rank))
+        return False
 
     size = len(ordered)
     # earliest[j]: the first position i < j that ordered[j] may precede (j if none).
@@ -542,6 +560,7 @@ def pods_to_delete(
     now: Now,
     *,
     cost_enabled: bool = True,
+    maybe_gone: Mapping[str, int] | None = None,
 ) -> VictimChoice:
     """``getPodsToDelete(filteredPods, relatedPods, diff)``: the ``diff`` pods one sync deletes.
 
@@ -549,6 +568,11 @@ def pods_to_delete(
     ReplicaSet with the same owner (empty for a ReplicaSet without one), ``now`` the
     controller's clock (``metav1.Now()`` when it sorts). ``diff`` is not capped here: the
     controller caps it at ``BURST_REPLICAS`` before the call (see ``scale_in``).
+
+    ``maybe_gone``: per node name ("" for unscheduled pods), how many of the related pods there
+    may already be deleted when the controller sorts (another ReplicaSet of the same owner
+    shrinking at the same time, mid-rollout): a pod's rank is then anywhere from its rank less
+    that many up to its rank, and pods whose rule 5 could go either way count as tied.
     """
     if not 0 <= diff <= len(pods):
         raise ValueError(f"diff {diff} outside 0..{len(pods)}")
@@ -564,6 +588,11 @@ def pods_to_delete(
 
     ranks = colocation_ranks(pods, related_pods)
     views = [_view(RankedPod(pod, ranks[pod.uid])) for pod in pods]
+    if maybe_gone:
+        views = [
+            replace(view, rank_low=max(0, view.rank - maybe_gone.get(view.node, 0)))
+            for view in views
+        ]
     ref_now, breaks = _critical_nows(views, now)
     keys = _coarse_keys(views, ref_now, breaks, cost_enabled)
     groups: dict[tuple[int, ...], list[_View]] = {}
@@ -602,6 +631,7 @@ def scale_in(
     *,
     burst: int = BURST_REPLICAS,
     cost_enabled: bool = True,
+    maybe_gone: Mapping[str, int] | None = None,
 ) -> tuple[VictimChoice, ...]:
     """The syncs of ``manageReplicas`` that bring ``pods`` down to ``replicas``, one choice each.
 
@@ -617,7 +647,9 @@ def scale_in(
     rounds: list[VictimChoice] = []
     while len(remaining) > replicas:
         diff = min(len(remaining) - replicas, burst)
-        choice = pods_to_delete(remaining, related, diff, now, cost_enabled=cost_enabled)
+        choice = pods_to_delete(
+            remaining, related, diff, now, cost_enabled=cost_enabled, maybe_gone=maybe_gone
+        )
         rounds.append(choice)
         gone = {pod.uid for pod in choice.victims}
         remaining = [pod for pod in remaining if pod.uid not in gone]

@@ -6,14 +6,24 @@ bounds it keeps for any sizes. The real controller's agreement is in
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.support.pods import NOW, pod
 
 from podcost_core.convert import load_objects, snapshot_for_workload
-from podcost_core.rollout import Rollout, RolloutReplicaSet, max_surge, rollout_for, scaled_sizes
+from podcost_core.model import ReplicaSetInfo, Snapshot, WorkloadRef
+from podcost_core.rollout import (
+    Rollout,
+    RolloutReplicaSet,
+    max_surge,
+    rollout_for,
+    scaled_sizes,
+    settled_sizes,
+)
 from podcost_core.simulate import simulate
 
 DATA = Path(__file__).parent / "data"
@@ -114,3 +124,113 @@ def test_simulate_splits_a_scale_in_of_a_deployment_mid_rollout() -> None:
     assert unchanged.victims == ()
     assert unchanged.replicasets == {}
     assert unchanged.rollout_goes_on
+
+
+def test_a_dump_keeps_what_the_deployment_controller_scales_by() -> None:
+    # Found by the differential test: validating a dump dropped the Deployment's strategy,
+    # ``paused`` and status, so every Deployment read as 25 %/25 %, unpaused, and no new
+    # ReplicaSet as saturated (its availableReplicas gone).
+    def workload(kind: str, name: str, spec: dict[str, Any], status: dict[str, Any],
+                 **meta: Any) -> dict[str, Any]:  # fmt: skip
+        return {
+            "apiVersion": "apps/v1", "kind": kind, "spec": spec, "status": status,
+            "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", **meta},
+        }  # fmt: skip
+
+    def owned(name: str, revision: str, replicas: int, available: int) -> dict[str, Any]:
+        return workload(
+            "ReplicaSet", name, {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}}},
+            {"replicas": replicas, "availableReplicas": available},
+            creationTimestamp=f"2024-05-01T11:00:0{revision}Z",
+            annotations={"deployment.kubernetes.io/revision": revision,
+                         "deployment.kubernetes.io/desired-replicas": "7",
+                         "deployment.kubernetes.io/max-replicas": "7"},
+            ownerReferences=[{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                              "uid": "uid-web", "controller": True}],
+        )  # fmt: skip
+
+    spec = {
+        "replicas": 7, "selector": {"matchLabels": {"app": "web"}}, "paused": True,
+        "strategy": {"type": "RollingUpdate",
+                     "rollingUpdate": {"maxSurge": "0%", "maxUnavailable": 2}},
+    }  # fmt: skip
+    dump = {"apiVersion": "v1", "kind": "List", "items": [
+        workload("Deployment", "web", spec, {"replicas": 7, "availableReplicas": 5},
+                 annotations={"deployment.kubernetes.io/revision": "2"}),
+        owned("web-old", "1", 5, 5),
+        owned("web-new", "2", 2, 0),
+    ]}  # fmt: skip
+    objects = load_objects(dump)
+    rollout = rollout_for(objects, snapshot_for_workload(objects, "ns", "web", "Deployment"))
+    assert rollout is not None
+    assert (rollout.max_surge, rollout.max_unavailable) == ("0%", 2)
+    assert rollout.paused
+    assert rollout.rolling
+    assert rollout.new == "web-new"
+    assert rollout.status_replicas == 7
+    assert {rs.name: rs.available for rs in rollout.replicasets} == {"web-old": 5, "web-new": 0}
+    # Stalled at R + maxSurge = 7: scaling at 7 (what pausing does) moves nothing.
+    assert scaled_sizes(rollout, 7) == {"web-old": 5, "web-new": 2}
+    recreate = {**spec, "strategy": {"type": "Recreate"}}
+    dump["items"][0] = workload("Deployment", "web", recreate, {"replicas": 7},
+                                annotations={"deployment.kubernetes.io/revision": "2"})  # fmt: skip
+    objects = load_objects(dump)
+    rollout = rollout_for(objects, snapshot_for_workload(objects, "ns", "web", "Deployment"))
+    assert rollout is not None
+    assert not rollout.rolling
+
+
+def test_a_shrinking_replicaset_may_sort_after_another_deleted_pods_on_its_nodes() -> None:
+    # Found by the differential test (seed 98 of the long run): the old ReplicaSet's victims
+    # were gone from node-1 before the new one sorted, so the new one's cost-0 pod on node-0
+    # had more related pods there, and went instead of the one the snapshot ranks first.
+    old = [pod(f"old-{i}", node="node-1", replicaset="old", cost=c) for i, c in enumerate(
+        (10, 0, 0, 0))] + [pod(f"old-{i}", node="node-0", replicaset="old", cost=c)
+                           for i, c in ((4, 0), (5, 10), (6, 10))]  # fmt: skip
+    new = [
+        pod("new-a", node="node-0", replicaset="new"),
+        pod("new-b", node="node-0", replicaset="new", cost=5),
+        pod("new-c", node="node-1", replicaset="new", cost=5),
+        pod("new-d", node="node-1", replicaset="new"),
+    ]
+    infos = {
+        name: ReplicaSetInfo(name, uid=name, replicas=size, controller_uid="web", created=t)
+        for name, size, t in (("old", 7, 1.0), ("new", 4, 2.0))
+    }
+    snapshot = Snapshot(
+        WorkloadRef("local", "shop", "Deployment", "web"), (*old, *new), replicasets=infos
+    )
+    rollout = Rollout(
+        (rs("old", 7, 1.0, max_replicas=11, desired_replicas="7", available=7),
+         rs("new", 4, 2.0, max_replicas=11, desired_replicas="7")),
+        new="new", max_surge="50%", max_unavailable=0, paused=True,
+    )  # fmt: skip
+    # 7 → 5: allowed 8, to remove 3: old round(7 * 8 / 11) - 7 = -2, new round(4 * 8 / 11) - 4 = -1.
+    result = simulate(snapshot, 5, NOW, policy=None, rollout=rollout)
+    assert result.replicasets == {"old": (7, 5), "new": (4, 3)}
+    # The snapshot ranks new-d (6 on node-1) before new-a (5 on node-0); two of old's cost-0
+    # pods may be gone from node-1 and from node-0 when new sorts: either may go.
+    assert result.admits(["old-1", "old-2", "new-d"])
+    assert result.admits(["old-1", "old-2", "new-a"])
+    assert not result.admits(["old-1", "old-2", "new-b"])
+
+
+def test_a_paused_deployment_scales_again_until_nothing_changes() -> None:
+    # Found by the differential test (seeds 18 and 90 of the long run). Old 1 + new 5 (R 3,
+    # surge 100 %), to 1: allowed 1 + 1 = 2; new round(5 * 2 / 6) - 5 = -3, old -1: new 2.
+    sets = (rs("old", 1, 1.0, max_replicas=6, desired_replicas="3", available=1),
+            rs("new", 5, 2.0, max_replicas=6, desired_replicas="3"))  # fmt: skip
+    rollout = Rollout(sets, new="new", max_surge="100%", max_unavailable=2)
+    assert scaled_sizes(rollout, 1) == {"old": 0, "new": 2}
+    assert settled_sizes(rollout, 1) == {"old": 0, "new": 2}  # unpaused: the rollout goes on
+    # Paused, the next sync finds one ReplicaSet holding replicas and gives it exactly 1.
+    paused = replace(rollout, paused=True)
+    assert settled_sizes(paused, 1) == {"old": 0, "new": 1}
+    # Old 8 + new 1 (surge 1), to 1: old round(8 * 2 / 9) - 8 = -6 → 2, new → 0; then old 1.
+    sets = (rs("old", 8, 1.0, max_replicas=9, desired_replicas="8", available=8),
+            rs("new", 1, 2.0, max_replicas=9, desired_replicas="8"))  # fmt: skip
+    paused = Rollout(sets, new="new", max_surge=1, max_unavailable=0, paused=True)
+    assert scaled_sizes(paused, 1) == {"old": 2, "new": 0}
+    assert settled_sizes(paused, 1) == {"old": 1, "new": 0}
+    # When the split leaves several holding at replicas + surge, once is enough.
+    assert settled_sizes(paused, 5) == scaled_sizes(paused, 5)

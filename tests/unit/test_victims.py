@@ -513,3 +513,27 @@ def test_less_agrees_with_the_real_controller_on_recorded_cases() -> None:
         for i, a in enumerate(ranked):
             for j, b in enumerate(ranked):
                 assert less(a, b, now) == (case["less"][i * size + j] == "1"), (i, j, case)
+
+
+def test_a_rank_that_other_deletions_may_have_lowered_ties_rule_5() -> None:
+    # Equal cost: the pod on node-b (6 related pods) goes before the one on node-a (5)...
+    mine = [pod("on-a", node="node-a"), pod("on-b", node="node-b")]
+    related = [
+        *mine,
+        *(pod(f"a{i}", node="node-a", replicaset="web-0") for i in range(4)),
+        *(pod(f"b{i}", node="node-b", replicaset="web-0") for i in range(5)),
+    ]
+    certain = pods_to_delete(mine, related, 1, NOW)
+    assert [p.name for p in certain.certain] == ["on-b"]
+    # ... unless up to 2 of node-b's may already be gone (ranks 4-6 against 5): either goes.
+    either = pods_to_delete(mine, related, 1, NOW, maybe_gone={"node-b": 2})
+    assert either.certain == ()
+    assert {p.name for p in either.tied} == {"on-a", "on-b"}
+    assert either.tie_picks == 1
+    # One gone at most (5-6 against 5): they may be equal, then rules 6-8 decide, and here
+    # nothing does: either goes.
+    assert pods_to_delete(mine, related, 1, NOW, maybe_gone={"node-b": 1}).tie_picks == 1
+    # Ranks that cannot meet stay certain: node-b 6, node-a at most 3 after two went.
+    fewer = [p for p in related if p.name not in ("a0", "a1")]
+    kept = pods_to_delete(mine, fewer, 1, NOW, maybe_gone={"node-b": 2})
+    assert [p.name for p in kept.certain] == ["on-b"]
