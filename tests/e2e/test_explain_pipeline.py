@@ -89,7 +89,7 @@ async def test_explain_shows_the_written_cost_and_the_trace_that_wrote_it(
             await kube.create_deployment(
                 namespace, "web", 4, opt_in=True, node_selector={"explain": namespace}
             )
-            pods = await kube.wait_ready(namespace, "web", 4)
+            await kube.wait_ready(namespace, "web", 4)
 
             async def settled() -> bool:
                 """Every pod carries the cost of the annotator's last decision about it."""
@@ -97,7 +97,8 @@ async def test_explain_shows_the_written_cost_and_the_trace_that_wrote_it(
                     task.result()
                 for pod in await kube.active_pods(namespace, "web"):
                     known = annotator.decisions.get(namespace, pod.name)
-                    cost = (pod.raw.metadata.annotations or {}).get(COST_ANNOTATION)
+                    # No annotation reads as 0, and podcost leaves it so where 0 is wanted.
+                    cost = (pod.raw.metadata.annotations or {}).get(COST_ANNOTATION, "0")
                     if known is None or known.result not in ("ok", "unchanged"):
                         return False
                     if cost != str(known.cost):
@@ -105,7 +106,12 @@ async def test_explain_shows_the_written_cost_and_the_trace_that_wrote_it(
                 return True
 
             await kube.wait_for(settled, "every pod annotated with its last decision", 90)
-            pod = pods[0].name
+            # A pod whose cost podcost wrote (not one it left at the 0 it reads as).
+            pod = next(
+                p.name
+                for p in await kube.active_pods(namespace, "web")
+                if COST_ANNOTATION in (p.raw.metadata.annotations or {})
+            )
             report = await _explain(
                 control_plane, f"{namespace}/{pod}", "--url", f"http://127.0.0.1:{port}"
             )
