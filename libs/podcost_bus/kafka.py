@@ -136,8 +136,10 @@ class KafkaBus(Lifecycle):
 
         On a broker with ACLs a principal may create only the topics it writes: a creation the
         broker refuses (``TopicAuthorizationFailed``) is left to the principal that may, and
-        the topic is waited for like the others. A topic this principal may not even describe
-        is an error that no retry mends."""
+        the topic is waited for like the others. Until its writer has created it, the broker
+        answers a principal without the right to create it ``TopicAuthorizationFailed`` for it
+        too (the metadata request may auto-create), so that is waited for as well; still so at
+        the deadline, it is an error that names the missing ACL or the missing writer."""
         wanted = list(dict.fromkeys(topics))
         if not wanted:
             return
@@ -235,11 +237,11 @@ async def _wait_for_leaders(admin: Any, topics: list[str], within: float) -> Non
             for topic in described
             if topic["error_code"] == TopicAuthorizationFailedError.errno
         )
-        if hidden:
+        if hidden and loop.time() >= deadline:
             raise BusError(
-                f"the topics {hidden} are not authorized for this principal (no ACL lets it "
-                "describe them)",
-                retriable=False,
+                f"the topics {hidden} are not authorized for this principal after {within:g}s "
+                "(no ACL lets it describe them, or their writer has not created them yet)",
+                retriable=True,
             )
         leaderless = sorted(
             topic["topic"]
