@@ -67,9 +67,11 @@ async def test_scaling_20_pods_on_5_nodes_to_10_with_podcosts_costs_empties_2_no
         snapshot = snapshot_for_workload(objects, namespace, "web", "Deployment")
         policy = policy_from_annotations(snapshot.annotations, default=DEFAULT_POLICY)
         planned = simulate(snapshot, 10, time.time(), policy=policy)
-        # The pods of one node take one run of costs: nodes are drained one after the other.
+        # The pods of one node take one run of costs: nodes are drained one after the other
+        # (the costs as the controller reads them once written; a pod podcost leaves without
+        # one reads as 0).
         node_of = {pod.name: pod.node for pod in pods}
-        runs = [node_of[name] for name, _ in sorted(planned.writes.items(), key=lambda i: i[1])]
+        runs = [node_of[name] for name, _ in sorted(planned.costs.items(), key=lambda i: i[1])]
         assert [len(list(run)) for _, run in itertools.groupby(runs)] == [4] * 5
         for name, cost in planned.writes.items():
             await kube.set_deletion_cost(namespace, name, cost)
