@@ -292,10 +292,10 @@ async def _read_decisions(bootstrap: str, topic: str, watch: Watch) -> None:
                     headers = {name: bytes(value) for name, value in record.headers}
                     message = decode(DesiredCostsMessage, record.value or b"", headers,
                                      key=record.key)  # fmt: skip
-                    watch.decisions.append(Decision(
-                        (message.version, message.emitted_at),
-                        {str(pod.uid): pod.cost for pod in message.costs},
-                    ))  # fmt: skip
+                    order = (message.changed_at or 0.0, message.version, message.complete,
+                             message.emitted_at)  # fmt: skip
+                    costs = {str(pod.uid): pod.cost for pod in message.costs}
+                    watch.decisions.append(Decision(order, costs, message.emitted_at))
     finally:
         await consumer.stop()
 
@@ -387,13 +387,13 @@ async def _play(
             replicas = {app.name: app.replicas for app in plan.apps}
             for index, step in enumerate(plan.steps):
                 if step.kind == "scale-in":
-                    await _quiet(a, b, apps, f"before step {index} ({step})", fault)
+                    await _quiet(a, b, apps, f"before step {index} ({step})", fault, victim)
                 reached[index].set()
                 await asyncio.gather(*(_apply(side, run, plan, index, replicas) for side in (a, b)))
                 replicas = _after(replicas, step)
             await fault
             await asyncio.wait_for(measuring, 180)
-            await _quiet(a, b, apps, "at the end", fault)
+            await _quiet(a, b, apps, "at the end", fault, victim)
             await _judge(plan, a, b, apps, watch, kafka is not None)
         finally:
             for task in (fault, measuring):
@@ -405,7 +405,12 @@ async def _play(
 
 
 async def _quiet(
-    a: Side, b: Side, apps: Sequence[str], when: str, fault: asyncio.Task[None]
+    a: Side,
+    b: Side,
+    apps: Sequence[str],
+    when: str,
+    fault: asyncio.Task[None],
+    victim: ServiceProcess,
 ) -> None:
     """Until both clusters have nothing left to write and their costs stay put for
     ``QUIET_SECONDS``."""
@@ -414,7 +419,9 @@ async def _quiet(
     while True:
         if fault.done():
             fault.result()
-        assert_alive([*a.procs.values(), *b.procs.values()])
+        # The victim is down on purpose between its kill and its restart.
+        assert_alive([p for p in [*a.procs.values(), *b.procs.values()]
+                      if p is not victim or fault.done()])  # fmt: skip
         left = {side.name: await _left_to_write(side, apps) for side in (a, b)}
         if not any(left.values()):
             before = [await _costs(side) for side in (a, b)]
@@ -462,7 +469,7 @@ async def _judge(
         }  # fmt: skip
         raise AssertionError(
             f"seed {plan.seed}: costs rewound: {rewound}; the decisions naming those pods "
-            f"(index, (version, emitted_at), cost): {told}"
+            f"(index, order, cost): {told}"
         )
 
 

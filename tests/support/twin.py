@@ -118,12 +118,14 @@ def scenario(seed: int, victims: Sequence[str]) -> Scenario:
 class Decision:
     """One decision about a workload, as the costs topic carries it."""
 
-    order: tuple[int, float]
-    """``(version, emitted_at)``: the snapshot version decided (it grows across watcher
-    restarts: its incarnation leads), then when the aggregator published it (a replayed or
-    deadline-then-complete decision of one version)."""
+    order: tuple[float, int, bool, float]
+    """``(changed_at, version, complete, emitted_at)``: the aggregator's and annotator's order
+    of a workload's decisions (when the watcher saw the change, the snapshot version, a
+    deadline's incomplete decision before the complete one), then when it was published."""
     costs: Mapping[str, int]
     """pod uid → cost."""
+    emitted_at: float
+    """When the aggregator published it (POSIX seconds; the test's processes share a clock)."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,7 @@ def rewinds(
         for at, value in values:
             if value is None:
                 continue
-            sources = [i for i, d in naming if d.costs[pod] == value and d.order[1] <= at]
+            sources = [i for i, d in naming if d.costs[pod] == value and d.emitted_at <= at]
             if not sources:
                 found.append(Rewind(pod, value, value, "no decision desired this value by then"))
                 continue

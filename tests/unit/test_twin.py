@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from tests.support.twin import Decision, newest_costs, percentile, rewinds, scenario
 
-D1 = Decision((1, 10.0), {"p": 5, "q": 1})
-D2 = Decision((2, 11.0), {"p": 7, "q": 1})
-D3 = Decision((3, 12.0), {"p": 9})
+D1 = Decision((9.0, 1, True, 10.0), {"p": 5, "q": 1}, 10.0)
+D2 = Decision((10.0, 2, True, 11.0), {"p": 7, "q": 1}, 11.0)
+D3 = Decision((11.0, 3, True, 12.0), {"p": 9}, 12.0)
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ def test_a_cost_is_rewound_when_it_goes_back_to_an_older_decisions_value(
 
 
 def test_a_value_a_newer_decision_desires_again_is_not_a_rewind() -> None:
-    again = Decision((4, 13.0), {"p": 5})
+    again = Decision((12.0, 4, True, 13.0), {"p": 5}, 13.0)
     # 5 read at 10.5 (from D1), 9 at 12.5 (D3), 5 again at 13.5 (the newer decision's).
     assert rewinds([D1, D2, D3, again], {"p": [(10.5, 5), (12.5, 9), (13.5, 5)]}) == []
 
