@@ -26,6 +26,7 @@ from podcost.annotator.plan import (
     decide,
     gives_up,
     pod_state,
+    superseded,
 )
 from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER, CostOwner, PodUID
 
@@ -362,3 +363,37 @@ def test_only_conflicts_are_given_up_an_unavailable_or_throttling_server_is_wait
     reason: Retry, attempt: int, ends: bool
 ) -> None:
     assert gives_up(reason, attempt, max_attempts=5) is ends
+
+
+@pytest.mark.parametrize(
+    ("decisions", "older"),
+    [
+        pytest.param([], set(), id="nothing-read"),
+        pytest.param([(KEY, Decided(1, 90.0, True))], set(), id="one-decision"),
+        pytest.param(
+            [(KEY, Decided(1, 90.0, True)), (KEY, Decided(2, 100.0, True))], {0}, id="in-order"
+        ),
+        pytest.param(
+            [(KEY, Decided(2, 100.0, True)), (KEY, Decided(1, 90.0, True))], {1}, id="out-of-order"
+        ),
+        pytest.param(
+            [(KEY, Decided(2, 100.0, True)), None, (KEY, Decided(2, 100.0, True))],
+            set(),
+            id="a-duplicate-of-the-newest-and-an-undecodable-record",
+        ),
+        pytest.param(
+            [(KEY, Decided(2, 100.0, False)), (KEY, Decided(2, 100.0, True))],
+            {0},
+            id="the-deadlines-decision-then-the-complete-one",
+        ),
+        pytest.param(
+            [(KEY, Decided(1, 90.0, True)), ("local/shop/Deployment/api", Decided(1, 50.0, True))],
+            set(),
+            id="workloads-apart",
+        ),
+    ],
+)
+def test_a_decision_read_ahead_is_superseded_by_a_newer_one_of_its_workload(
+    decisions: list[tuple[str, Decided] | None], older: set[int]
+) -> None:
+    assert superseded(decisions) == older

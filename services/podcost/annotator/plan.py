@@ -26,7 +26,7 @@ uncommitted until its own write is done, so a crash replays the newer value, nev
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar, cast
@@ -321,6 +321,30 @@ class VersionGuard:
     def latest(self, key: str) -> Decided | None:
         """The newest decision accepted for ``key``."""
         return self._latest.get(key)
+
+
+def superseded(decisions: Sequence[tuple[str, Decided] | None]) -> set[int]:
+    """The indexes of the decisions in ``decisions`` (workload key and order, ``None`` for a
+    record that does not decode) that are older than another of the same workload in it.
+
+    The annotator asks this of the records a restart finds already on its topic past the
+    committed offsets, read in full before any is written: a previous run may have written a
+    newer decision of that tail and died before committing it, so writing the older ones again
+    in partition order would rewind those pods' costs until the newer one is read again. Only
+    the newest decision of each workload is worth writing; a duplicate of it is not superseded.
+    """
+    newest: dict[str, Decided] = {}
+    for entry in decisions:
+        if entry is not None:
+            key, decided = entry
+            known = newest.get(key)
+            if known is None or _compare(decided, known) > 0:
+                newest[key] = decided
+    return {
+        index
+        for index, entry in enumerate(decisions)
+        if entry is not None and _compare(entry[1], newest[entry[0]]) < 0
+    }
 
 
 # --- commit ledger ----------------------------------------------------------------------------

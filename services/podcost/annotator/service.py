@@ -30,6 +30,11 @@ one's writes are still under way, and the same decision again writes nothing
 before the newer decision's writes are done (a duplicate read again while its first reading's
 writes are under way is queued behind them, and finds nothing left to write). The guard lives
 as long as one run (what a restart can and cannot refuse is in ``VersionGuard``'s docstring).
+After a start, the records already on the topic past the committed offsets are read in full
+before any is written, and only the newest decision of each workload among them is (the older
+ones are stale: ``plan.superseded``): the run before may have written a newer decision of that
+tail and been killed before it committed, and writing the tail in order would rewind those
+pods' costs until the newer decision is read again.
 
 Readiness (``ready``, served on ``/readyz``): consuming; not in an API server outage (every
 request failing for ``unready_after`` seconds, logged when it begins to count and when the
@@ -80,6 +85,7 @@ from podcost.annotator.plan import (
     decide,
     gives_up,
     pod_state,
+    superseded,
 )
 from podcost.annotator.settings import AnnotatorSettings
 from podcost.runtime.metrics import Metrics
@@ -110,7 +116,7 @@ from podcost_bus import (
     open_bus,
 )
 from podcost_bus.messaging import decode_or_dead_letter
-from podcost_contracts.messages import DesiredCostsMessage
+from podcost_contracts.messages import DecodeError, DesiredCostsMessage, decode
 from podcost_core.model import PodUID
 from podcost_kube.client import CostChanged, KubeError, PodGone, connect
 
@@ -286,11 +292,17 @@ class AnnotatorService:
         loop = asyncio.get_running_loop()
         next_lag = loop.time()
         failures = 0
+        replay = True  # until the first assignment: the tail a previous run left uncommitted
         while True:
             try:
                 records = await consumer.poll(max_wait=POLL_WAIT_S)
-                for record in records:
-                    await self._accept(record)
+                older: set[int] = set()
+                if replay and consumer.assignment():
+                    replay = False
+                    records = await self._read_ahead(consumer, records)
+                    older = superseded([_order_of(record) for record in records])
+                for index, record in enumerate(records):
+                    await self._accept(record, superseded=index in older)
                 self._observe_depth()
                 self._check_caught_up()
                 if loop.time() >= next_lag:
@@ -308,6 +320,18 @@ class AnnotatorService:
                 log.warning("consuming %s failed (%d in a row), again in %.1fs: %s", topic,
                             failures, delay, error)  # fmt: skip
                 await self._clock.sleep(delay)
+
+    async def _read_ahead(self, consumer: Consumer, records: list[Record]) -> list[Record]:
+        """``records`` and every record already on the topic after them (up to the high-water
+        mark's worth): after a start, the tail past the committed offsets, read in full so that
+        only the newest decision of each workload in it is written (``plan.superseded``)."""
+        read = list(records)
+        while len(read) < self.marks.high and sum((await consumer.lag()).values()) > 0:
+            more = await consumer.poll(max_wait=POLL_WAIT_S)
+            if not more:
+                break
+            read.extend(more)
+        return read
 
     async def _write_loop(self, kube: PodAPI) -> None:
         while True:
@@ -338,8 +362,10 @@ class AnnotatorService:
 
     # --- consuming ------------------------------------------------------------------------
 
-    async def _accept(self, record: Record) -> None:
-        """Queue the writes of one record (or dead-letter it); never waits for the writes."""
+    async def _accept(self, record: Record, *, superseded: bool = False) -> None:
+        """Queue the writes of one record (or dead-letter it); never waits for the writes.
+        ``superseded``: a newer decision of the same workload follows in what was read ahead
+        after a start, so this one is skipped as stale."""
         topics = self.bus_settings.topics
         message = await retry_transient(
             lambda: decode_or_dead_letter(
@@ -363,7 +389,7 @@ class AnnotatorService:
             self._nothing_to_write(record, message)
             return
         decided = Decided(message.version, message.changed_at, message.complete)
-        freshness = self.guard.admit(message.key, decided)
+        freshness = Freshness.STALE if superseded else self.guard.admit(message.key, decided)
         if freshness is not Freshness.NEW:
             self.metrics.consumed.labels(record.topic, freshness.value).inc()
         if freshness is Freshness.STALE or (
@@ -376,7 +402,7 @@ class AnnotatorService:
             log.info(
                 "skipping %s decision %d of %s: version %s accepted already",
                 freshness.value, message.version, message.key,
-                newest.version if newest is not None else "?",
+                "newer, read ahead," if superseded else newest.version if newest else "?",
                 extra={"workload": message.key, "version": message.version,
                        "result": freshness.value},
             )  # fmt: skip
@@ -692,3 +718,13 @@ def bootstrap(
         otel=tracer(tracer_provider),
         catch_up=catch_up,
     )
+
+
+def _order_of(record: Record) -> tuple[str, Decided] | None:
+    """The workload and order of the decision a record carries (``None`` if it does not decode:
+    ``_accept`` dead-letters it)."""
+    try:
+        message = decode(DesiredCostsMessage, record.value, record.headers, key=record.key)
+    except DecodeError:
+        return None
+    return message.key, Decided(message.version, message.changed_at, message.complete)
