@@ -19,6 +19,7 @@ from podcost.annotator.plan import (
     PodState,
     Result,
     Retry,
+    TailDecision,
     Verdict,
     VersionGuard,
     Want,
@@ -365,35 +366,45 @@ def test_only_conflicts_are_given_up_an_unavailable_or_throttling_server_is_wait
     assert gives_up(reason, attempt, max_attempts=5) is ends
 
 
+API = "local/shop/Deployment/api"
+
+
+def tail(key: str, version: int, changed_at: float, *pods: str, complete: bool = True) -> Any:
+    return TailDecision(key, Decided(version, changed_at, complete), frozenset(pods))
+
+
 @pytest.mark.parametrize(
-    ("decisions", "older"),
+    ("decisions", "dropped"),
     [
-        pytest.param([], set(), id="nothing-read"),
-        pytest.param([(KEY, Decided(1, 90.0, True))], set(), id="one-decision"),
+        pytest.param([], {}, id="nothing-read"),
+        pytest.param([tail(KEY, 1, 90.0, "a")], {}, id="one-decision"),
         pytest.param(
-            [(KEY, Decided(1, 90.0, True)), (KEY, Decided(2, 100.0, True))], {0}, id="in-order"
+            [tail(KEY, 1, 90.0, "a", "b"), tail(KEY, 2, 100.0, "a", "b")],
+            {0: {"a", "b"}},
+            id="in-order",
         ),
         pytest.param(
-            [(KEY, Decided(2, 100.0, True)), (KEY, Decided(1, 90.0, True))], {1}, id="out-of-order"
+            [tail(KEY, 2, 100.0, "a"), tail(KEY, 1, 90.0, "a")], {1: {"a"}}, id="out-of-order"
         ),
         pytest.param(
-            [(KEY, Decided(2, 100.0, True)), None, (KEY, Decided(2, 100.0, True))],
-            set(),
-            id="a-duplicate-of-the-newest-and-an-undecodable-record",
+            [tail(KEY, 2, 100.0, "a"), None, tail(KEY, 2, 100.0, "a")],
+            {},
+            id="a-duplicate-and-an-undecodable-record",
         ),
         pytest.param(
-            [(KEY, Decided(2, 100.0, False)), (KEY, Decided(2, 100.0, True))],
-            {0},
+            [tail(KEY, 2, 100.0, "a", complete=False), tail(KEY, 2, 100.0, "a")],
+            {0: {"a"}},
             id="the-deadlines-decision-then-the-complete-one",
         ),
         pytest.param(
-            [(KEY, Decided(1, 90.0, True)), ("local/shop/Deployment/api", Decided(1, 50.0, True))],
-            set(),
-            id="workloads-apart",
+            [tail(KEY, 1, 90.0, "a", "gone"), tail(KEY, 2, 100.0, "a", "new")],
+            {0: {"a"}},
+            id="only-the-pods-a-newer-one-names",
         ),
+        pytest.param([tail(KEY, 1, 90.0, "a"), tail(API, 2, 100.0, "a")], {}, id="workloads-apart"),
     ],
 )
-def test_a_decision_read_ahead_is_superseded_by_a_newer_one_of_its_workload(
-    decisions: list[tuple[str, Decided] | None], older: set[int]
+def test_a_pods_cost_read_ahead_is_superseded_by_a_newer_decision_of_its_workload_naming_it(
+    decisions: list[TailDecision | None], dropped: dict[int, set[str]]
 ) -> None:
-    assert superseded(decisions) == older
+    assert superseded(decisions) == {index: frozenset(pods) for index, pods in dropped.items()}

@@ -323,28 +323,44 @@ class VersionGuard:
         return self._latest.get(key)
 
 
-def superseded(decisions: Sequence[tuple[str, Decided] | None]) -> set[int]:
-    """The indexes of the decisions in ``decisions`` (workload key and order, ``None`` for a
-    record that does not decode) that are older than another of the same workload in it.
+@dataclass(frozen=True, slots=True)
+class TailDecision:
+    """One decision read ahead after a start: its workload, its order and the pods it names."""
 
-    The annotator asks this of the records a restart finds already on its topic past the
-    committed offsets, read in full before any is written: a previous run may have written a
-    newer decision of that tail and died before committing it, so writing the older ones again
-    in partition order would rewind those pods' costs until the newer one is read again. Only
-    the newest decision of each workload is worth writing; a duplicate of it is not superseded.
+    key: str
+    decided: Decided
+    pods: frozenset[str]
+
+
+def superseded(decisions: Sequence[TailDecision | None]) -> dict[int, frozenset[str]]:
+    """Per index of ``decisions`` (``None`` for a record that does not decode), the pods it
+    names that a newer decision of the same workload in ``decisions`` names too.
+
+    The annotator asks this of the records a start finds already on its topic past the committed
+    offsets, read in full before any is written: the run before may have written a newer
+    decision of that tail and been killed before it committed, so writing an older one again in
+    partition order would rewind those pods' costs until the newer one is read again. A pod's
+    cost from an older decision is therefore dropped when a newer one names the pod; a
+    duplicate of a decision supersedes nothing.
     """
-    newest: dict[str, Decided] = {}
-    for entry in decisions:
+    by_key: dict[str, list[int]] = {}
+    for index, entry in enumerate(decisions):
         if entry is not None:
-            key, decided = entry
-            known = newest.get(key)
-            if known is None or _compare(decided, known) > 0:
-                newest[key] = decided
-    return {
-        index
-        for index, entry in enumerate(decisions)
-        if entry is not None and _compare(entry[1], newest[entry[0]]) < 0
-    }
+            by_key.setdefault(entry.key, []).append(index)
+    dropped: dict[int, frozenset[str]] = {}
+    for indexes in by_key.values():
+        for index in indexes:
+            older = decisions[index]
+            assert older is not None
+            covered: set[str] = set()
+            for other in indexes:
+                newer = decisions[other]
+                assert newer is not None
+                if _compare(newer.decided, older.decided) > 0:
+                    covered |= newer.pods & older.pods
+            if covered:
+                dropped[index] = frozenset(covered)
+    return dropped
 
 
 # --- commit ledger ----------------------------------------------------------------------------

@@ -31,10 +31,11 @@ before the newer decision's writes are done (a duplicate read again while its fi
 writes are under way is queued behind them, and finds nothing left to write). The guard lives
 as long as one run (what a restart can and cannot refuse is in ``VersionGuard``'s docstring).
 After a start, the records already on the topic past the committed offsets are read in full
-before any is written, and only the newest decision of each workload among them is (the older
-ones are stale: ``plan.superseded``): the run before may have written a newer decision of that
-tail and been killed before it committed, and writing the tail in order would rewind those
-pods' costs until the newer decision is read again.
+before any is written, and a pod's cost is written only from the newest decision of its
+workload among them that names it (an older decision whose every pod a newer one names is
+stale: ``plan.superseded``): the run before may have written a newer decision of that tail and
+been killed before it committed, and writing the tail in order would rewind those pods' costs
+until the newer decision is read again.
 
 Readiness (``ready``, served on ``/readyz``): consuming; not in an API server outage (every
 request failing for ``unready_after`` seconds, logged when it begins to count and when the
@@ -77,6 +78,7 @@ from podcost.annotator.plan import (
     Ledger,
     Result,
     Retry,
+    TailDecision,
     Ticket,
     Verdict,
     VersionGuard,
@@ -296,13 +298,13 @@ class AnnotatorService:
         while True:
             try:
                 records = await consumer.poll(max_wait=POLL_WAIT_S)
-                older: set[int] = set()
+                dropped: dict[int, frozenset[str]] = {}
                 if replay and consumer.assignment():
                     replay = False
-                    records = await self._read_ahead(consumer, records)
-                    older = superseded([_order_of(record) for record in records])
+                    records, tail = await self._read_ahead(consumer, records)
+                    dropped = superseded(tail)
                 for index, record in enumerate(records):
-                    await self._accept(record, superseded=index in older)
+                    await self._accept(record, dropped=dropped.get(index, frozenset()))
                 self._observe_depth()
                 self._check_caught_up()
                 if loop.time() >= next_lag:
@@ -321,17 +323,25 @@ class AnnotatorService:
                             failures, delay, error)  # fmt: skip
                 await self._clock.sleep(delay)
 
-    async def _read_ahead(self, consumer: Consumer, records: list[Record]) -> list[Record]:
-        """``records`` and every record already on the topic after them (up to the high-water
-        mark's worth): after a start, the tail past the committed offsets, read in full so that
-        only the newest decision of each workload in it is written (``plan.superseded``)."""
-        read = list(records)
-        while len(read) < self.marks.high and sum((await consumer.lag()).values()) > 0:
+    async def _read_ahead(
+        self, consumer: Consumer, records: list[Record]
+    ) -> tuple[list[Record], list[TailDecision | None]]:
+        """``records`` and every record already on the topic after them (until their pods reach
+        the high-water mark), with the decisions they carry: after a start, the tail past the
+        committed offsets, read in full so that a pod's cost is written only from the newest
+        decision of its workload there that names it (``plan.superseded``)."""
+        read, tail = list(records), [_tail_decision(record) for record in records]
+
+        def writes() -> int:  # at most what the high-water mark lets wait
+            return sum(len(decision.pods) for decision in tail if decision is not None)
+
+        while writes() < self.marks.high and sum((await consumer.lag()).values()) > 0:
             more = await consumer.poll(max_wait=POLL_WAIT_S)
             if not more:
                 break
             read.extend(more)
-        return read
+            tail.extend(_tail_decision(record) for record in more)
+        return read, tail
 
     async def _write_loop(self, kube: PodAPI) -> None:
         while True:
@@ -362,10 +372,10 @@ class AnnotatorService:
 
     # --- consuming ------------------------------------------------------------------------
 
-    async def _accept(self, record: Record, *, superseded: bool = False) -> None:
+    async def _accept(self, record: Record, *, dropped: frozenset[str] = frozenset()) -> None:
         """Queue the writes of one record (or dead-letter it); never waits for the writes.
-        ``superseded``: a newer decision of the same workload follows in what was read ahead
-        after a start, so this one is skipped as stale."""
+        ``dropped``: the pods a newer decision of the same workload, read ahead after a start,
+        names too; their costs here are not written (all of them: the record is stale)."""
         topics = self.bus_settings.topics
         message = await retry_transient(
             lambda: decode_or_dead_letter(
@@ -389,7 +399,11 @@ class AnnotatorService:
             self._nothing_to_write(record, message)
             return
         decided = Decided(message.version, message.changed_at, message.complete)
-        freshness = Freshness.STALE if superseded else self.guard.admit(message.key, decided)
+        stale = bool(dropped) and all(pod.uid in dropped for pod in message.costs)
+        if dropped and not stale:
+            kept = tuple(pod for pod in message.costs if pod.uid not in dropped)
+            message = message.model_copy(update={"costs": kept})
+        freshness = Freshness.STALE if stale else self.guard.admit(message.key, decided)
         if freshness is not Freshness.NEW:
             self.metrics.consumed.labels(record.topic, freshness.value).inc()
         if freshness is Freshness.STALE or (
@@ -402,7 +416,7 @@ class AnnotatorService:
             log.info(
                 "skipping %s decision %d of %s: version %s accepted already",
                 freshness.value, message.version, message.key,
-                "newer, read ahead," if superseded else newest.version if newest else "?",
+                "newer, read ahead," if stale else newest.version if newest else "?",
                 extra={"workload": message.key, "version": message.version,
                        "result": freshness.value},
             )  # fmt: skip
@@ -720,11 +734,12 @@ def bootstrap(
     )
 
 
-def _order_of(record: Record) -> tuple[str, Decided] | None:
-    """The workload and order of the decision a record carries (``None`` if it does not decode:
-    ``_accept`` dead-letters it)."""
+def _tail_decision(record: Record) -> TailDecision | None:
+    """The workload, order and pods of the decision a record carries (``None`` if it does not
+    decode: ``_accept`` dead-letters it)."""
     try:
         message = decode(DesiredCostsMessage, record.value, record.headers, key=record.key)
     except DecodeError:
         return None
-    return message.key, Decided(message.version, message.changed_at, message.complete)
+    decided = Decided(message.version, message.changed_at, message.complete)
+    return TailDecision(message.key, decided, frozenset(pod.uid for pod in message.costs))
