@@ -253,13 +253,14 @@ async def _costs(side: Side) -> dict[str, int | None]:
 
 
 async def _zones_per_k(side: Side, app: str) -> dict[int, dict[str, int] | None]:
-    """For every ``k``: the pods per zone the real controller's victim selection leaves after
-    deleting ``k`` pods by the costs written (``None`` where the written costs tie)."""
+    """For every ``k`` (0: the zones as they are, which the scale-ins so far left): the pods per
+    zone the real controller's victim selection leaves after deleting ``k`` pods by the costs
+    written (``None`` where the written costs tie)."""
     objects = load_objects(await Kube(side.kube.api).dump(side.namespace))
     snapshot = snapshot_for_workload(objects, side.namespace, app, "Deployment")
     active = [pod for pod in snapshot.pods if pod.active]
     verdict: dict[int, dict[str, int] | None] = {}
-    for k in range(1, len(active)):
+    for k in range(len(active)):
         result = simulate(snapshot, len(active) - k, time.time(), policy=None,
                           topology_key=ZONE_LABEL)  # fmt: skip
         verdict[k] = None if result.tie_picks else dict(result.domains_after)
