@@ -401,6 +401,7 @@ async def _play(
                 task.cancel()
             await asyncio.gather(fault, measuring, return_exceptions=True)
     print(f"seed {plan.seed}: {plan.fault} kills before ready {crash.before_ready}; "
+          f"the last start ready after {victim.ready_after or 0:.1f}s; "
           f"kill → nothing left to write {recovered[0]:.1f}s")  # fmt: skip
     return recovered[0]
 
