@@ -19,6 +19,11 @@ taint, a zone turned spot, scale-ins last).
 - The ``podcost run`` variant: ``a`` runs ``podcost run`` as one process, embedded or with
   ``--kafka``; the one process is the victim.
 
+A process that exits by itself is started again, as the kubelet restarts a container
+(``Kubelet``); each such exit is printed with its last log line. (The faust aggregator exits on
+purpose when it finds faust skipped records after a restart, ``podcost_bus.faust_app.
+SkippedRecords``, so that a restart reads them.)
+
 Once both clusters are quiet (nothing left to write, and nothing changes for a few seconds):
 
 - ``a`` converged: every active pod of every opted-in Deployment carries a cost podcost wrote;
