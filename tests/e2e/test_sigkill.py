@@ -559,23 +559,27 @@ async def _seeds(
             rankers = sorted(name for name in a.procs if "/ranker-" in name)
             kubelet = Kubelet(list(procs.values()))
             supervising = asyncio.create_task(kubelet.run())
-            for seed in seeds:
-                plan = scenario(seed, FLEET_VICTIMS if shape == "fleet" else ("a/embedded",))
-                victim = plan.fault.victim
-                if victim == "a/ranker":
-                    victim = rankers[seed % len(rankers)]
-                    plan = dataclasses.replace(plan, fault=dataclasses.replace(
-                        plan.fault, victim=victim))  # fmt: skip
-                reads = None if shape == "embedded" else (kafka_bootstrap, topics.costs_for("a"))
-                try:
-                    exits = len(kubelet.exits)
-                    times.append(await _play(plan, run, a, b, a.procs[victim], reads, kubelet))
-                    for exit in kubelet.exits[exits:]:
-                        print(f"seed {seed}: the kubelet restarted {exit}")
-                finally:
-                    await asyncio.gather(_clean(a, plan), _clean(b, plan))
-            supervising.cancel()
-            await asyncio.gather(supervising, return_exceptions=True)
+            try:
+                for seed in seeds:
+                    plan = scenario(seed, FLEET_VICTIMS if shape == "fleet" else ("a/embedded",))
+                    victim = plan.fault.victim
+                    if victim == "a/ranker":
+                        victim = rankers[seed % len(rankers)]
+                        plan = dataclasses.replace(plan, fault=dataclasses.replace(
+                            plan.fault, victim=victim))  # fmt: skip
+                    reads = (
+                        None if shape == "embedded" else (kafka_bootstrap, topics.costs_for("a"))
+                    )
+                    try:
+                        exits = len(kubelet.exits)
+                        times.append(await _play(plan, run, a, b, a.procs[victim], reads, kubelet))
+                        for exit in kubelet.exits[exits:]:
+                            print(f"seed {seed}: the kubelet restarted {exit}")
+                    finally:
+                        await asyncio.gather(_clean(a, plan), _clean(b, plan))
+            finally:  # never restart what the end of the test stops
+                supervising.cancel()
+                await asyncio.gather(supervising, return_exceptions=True)
     finally:
         await asyncio.gather(a.kube.delete_namespace(run), b.kube.delete_namespace(run))
     print(f"{shape}: seeds {list(seeds)}: kill → every cost current again: "
