@@ -316,6 +316,11 @@ class ServiceProcess:
                 )
             await asyncio.sleep(0.25)
 
+    async def is_ready(self) -> bool:
+        """Whether ``GET /readyz`` answers 200 now (``False`` while nothing listens)."""
+        status, _ = await self._get("/readyz")
+        return status == 200
+
     def kill(self) -> None:
         """SIGKILL: a real crash, nothing flushed, no goodbye to the broker."""
         if self.alive:

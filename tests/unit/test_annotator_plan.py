@@ -19,6 +19,7 @@ from podcost.annotator.plan import (
     PodState,
     Result,
     Retry,
+    TailDecision,
     Verdict,
     VersionGuard,
     Want,
@@ -26,6 +27,7 @@ from podcost.annotator.plan import (
     decide,
     gives_up,
     pod_state,
+    superseded,
 )
 from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER, CostOwner, PodUID
 
@@ -389,3 +391,47 @@ def test_only_conflicts_are_given_up_an_unavailable_or_throttling_server_is_wait
     reason: Retry, attempt: int, ends: bool
 ) -> None:
     assert gives_up(reason, attempt, max_attempts=5) is ends
+
+
+API = "local/shop/Deployment/api"
+
+
+def tail(key: str, version: int, changed_at: float, *pods: str, complete: bool = True) -> Any:
+    return TailDecision(key, Decided(version, changed_at, complete), frozenset(pods))
+
+
+@pytest.mark.parametrize(
+    ("decisions", "dropped"),
+    [
+        pytest.param([], {}, id="nothing-read"),
+        pytest.param([tail(KEY, 1, 90.0, "a")], {}, id="one-decision"),
+        pytest.param(
+            [tail(KEY, 1, 90.0, "a", "b"), tail(KEY, 2, 100.0, "a", "b")],
+            {0: {"a", "b"}},
+            id="in-order",
+        ),
+        pytest.param(
+            [tail(KEY, 2, 100.0, "a"), tail(KEY, 1, 90.0, "a")], {1: {"a"}}, id="out-of-order"
+        ),
+        pytest.param(
+            [tail(KEY, 2, 100.0, "a"), None, tail(KEY, 2, 100.0, "a")],
+            {},
+            id="a-duplicate-and-an-undecodable-record",
+        ),
+        pytest.param(
+            [tail(KEY, 2, 100.0, "a", complete=False), tail(KEY, 2, 100.0, "a")],
+            {0: {"a"}},
+            id="the-deadlines-decision-then-the-complete-one",
+        ),
+        pytest.param(
+            [tail(KEY, 1, 90.0, "a", "gone"), tail(KEY, 2, 100.0, "a", "new")],
+            {0: {"a"}},
+            id="only-the-pods-a-newer-one-names",
+        ),
+        pytest.param([tail(KEY, 1, 90.0, "a"), tail(API, 2, 100.0, "a")], {}, id="workloads-apart"),
+    ],
+)
+def test_a_pods_cost_read_ahead_is_superseded_by_a_newer_decision_of_its_workload_naming_it(
+    decisions: list[TailDecision | None], dropped: dict[int, set[str]]
+) -> None:
+    assert superseded(decisions) == {index: frozenset(pods) for index, pods in dropped.items()}

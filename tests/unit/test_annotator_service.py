@@ -224,9 +224,10 @@ async def start() -> AsyncIterator[Start]:
         *,
         provider: TracerProvider | None = None,
         dry_run: bool = False,
+        bus: MemoryBus | None = None,
         **config: Any,
     ) -> Harness:
-        bus, clock = MemoryBus(), FakeClock()
+        bus, clock = bus or MemoryBus(), FakeClock()
         options = {"backoff_initial": 1.0, "backoff_max": 8.0, **config}
         service = bootstrap(
             ServiceSettings(http_port=0, dry_run=dry_run),
@@ -373,6 +374,39 @@ async def test_an_older_decision_after_a_newer_one_is_skipped_as_stale_even_mid_
         )
         for outcome in ("ok", "stale", "duplicate")
     ] == [1, 1, 1]
+
+
+async def test_after_a_start_only_the_newest_decision_of_the_uncommitted_tail_is_written(
+    start: Start,
+) -> None:
+    # The run before consumed v1 and v2, wrote v2's costs and was killed before it committed:
+    # both are read again. Written in order, v1 would rewind the costs until v2 is read.
+    pods = FakePods()
+    a, b = pods.add("a"), pods.add("b")
+    pods.set_cost("a", "20", FIELD_MANAGER)
+    pods.set_cost("b", "21", FIELD_MANAGER)
+    bus, now = MemoryBus(), time.time()
+    for version, costs in ((1, (10, 11)), (2, (20, 21)), (3, (20, 22))):
+        decision = [Desire("a", a, costs[0]), Desire("b", b, costs[1])]
+        await publish_costs(bus, TOPICS.costs_for("local"),
+                            desired(NS, "web", decision, version=version,
+                                    changed_at=now - 10 + version))  # fmt: skip
+    # One record per poll: the tail is read over three polls before anything is written. (Over
+    # the in-memory bus the writes would coalesce even without the read-ahead, since nothing
+    # yields between polls; over Kafka each poll is a fetch, and the e2e SIGKILL test saw the
+    # replayed older decision written: tests/e2e/test_sigkill.py.)
+    run = await start(pods, bus=bus, poll_records=1)
+    await until(lambda: run.committed() == 3, "the three records committed")
+    assert (pods.cost("a"), pods.cost("b")) == ("20", "22")
+    assert pods.patched() == ["b"]  # v3's one change; nothing of v1 or v2
+    consumed = run.service.metrics.registry.get_sample_value
+    assert [
+        consumed(
+            "podcost_messages_consumed_total",
+            {"topic": TOPICS.costs_for("local"), "outcome": outcome},
+        )
+        for outcome in ("ok", "stale")
+    ] == [1, 2]
 
 
 async def test_a_permanent_error_is_not_retried(start: Start) -> None:
@@ -542,14 +576,18 @@ async def test_event_to_annotation_is_measured_from_the_change_the_watcher_saw(
     start: Start,
 ) -> None:
     pods = FakePods()
-    uids = [pods.add(name) for name in ("a", "b")]
+    pods.view.apply("Deployment", ChangeType.ADDED, owned("api", {ENABLED: "true"}))
+    pods.view.apply("ReplicaSet", ChangeType.ADDED, owned("api-1", {}, "Deployment", "api"))
+    uids = [pods.add("a"), pods.add("b", replicaset="api-1")]
     harness = await start(pods)
     now = time.time()
     # The watcher saw the change 30 s before the aggregator published its decision.
     message = desired(NS, "web", [Desire("a", uids[0], 5)], emitted_at=now, changed_at=now - 30)
     await publish_costs(harness.bus, TOPICS.costs_for("local"), message)
-    # A decision from an aggregator older than changed_at says nothing to measure from.
-    older = desired(NS, "web", [Desire("b", uids[1], 6)], version=2).model_copy(
+    # A decision from an aggregator older than changed_at says nothing to measure from (of
+    # another workload: read with the first after a start, a newer decision of the same one
+    # would supersede the first).
+    older = desired(NS, "api", [Desire("b", uids[1], 6)], version=2).model_copy(
         update={"changed_at": None}
     )
     await publish_costs(harness.bus, TOPICS.costs_for("local"), older)

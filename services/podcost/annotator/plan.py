@@ -31,7 +31,7 @@ uncommitted until its own write is done, so a crash replays the newer value, nev
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Hashable, Mapping
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar, cast
@@ -481,6 +481,46 @@ class VersionGuard:
     def latest(self, key: str) -> Decided | None:
         """The newest decision accepted for ``key``."""
         return self._latest.get(key)
+
+
+@dataclass(frozen=True, slots=True)
+class TailDecision:
+    """One decision read ahead after a start: its workload, its order and the pods it names."""
+
+    key: str
+    decided: Decided
+    pods: frozenset[str]
+
+
+def superseded(decisions: Sequence[TailDecision | None]) -> dict[int, frozenset[str]]:
+    """Per index of ``decisions`` (``None`` for a record that does not decode), the pods it
+    names that a newer decision of the same workload in ``decisions`` names too.
+
+    The annotator asks this of the records a start finds already on its topic past the committed
+    offsets, read in full before any is written: the run before may have written a newer
+    decision of that tail and been killed before it committed, so writing an older one again in
+    partition order would rewind those pods' costs until the newer one is read again. A pod's
+    cost from an older decision is therefore dropped when a newer one names the pod; a
+    duplicate of a decision supersedes nothing.
+    """
+    by_key: dict[str, list[int]] = {}
+    for index, entry in enumerate(decisions):
+        if entry is not None:
+            by_key.setdefault(entry.key, []).append(index)
+    dropped: dict[int, frozenset[str]] = {}
+    for indexes in by_key.values():
+        for index in indexes:
+            older = decisions[index]
+            assert older is not None
+            covered: set[str] = set()
+            for other in indexes:
+                newer = decisions[other]
+                assert newer is not None
+                if _compare(newer.decided, older.decided) > 0:
+                    covered |= newer.pods & older.pods
+            if covered:
+                dropped[index] = frozenset(covered)
+    return dropped
 
 
 # --- commit ledger ----------------------------------------------------------------------------

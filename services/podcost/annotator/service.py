@@ -30,6 +30,12 @@ one's writes are still under way, and the same decision again writes nothing
 before the newer decision's writes are done (a duplicate read again while its first reading's
 writes are under way is queued behind them, and finds nothing left to write). The guard lives
 as long as one run (what a restart can and cannot refuse is in ``VersionGuard``'s docstring).
+After a start, the records already on the topic past the committed offsets are read in full
+before any is written, and a pod's cost is written only from the newest decision of its
+workload among them that names it (an older decision whose every pod a newer one names is
+stale: ``plan.superseded``): the run before may have written a newer decision of that tail and
+been killed before it committed, and writing the tail in order would rewind those pods' costs
+until the newer decision is read again.
 
 Readiness (``ready``, served on ``/readyz``): consuming; not in an API server outage (every
 request failing for ``unready_after`` seconds, logged when it begins to count and when the
@@ -100,6 +106,7 @@ from podcost.annotator.plan import (
     Result,
     Retry,
     Scope,
+    TailDecision,
     Ticket,
     Verdict,
     VersionGuard,
@@ -108,6 +115,7 @@ from podcost.annotator.plan import (
     decide,
     gives_up,
     pod_state,
+    superseded,
     verify,
     verify_release,
     write_priority,
@@ -143,8 +151,10 @@ from podcost_bus import (
 )
 from podcost_bus.messaging import decode_or_dead_letter
 from podcost_contracts.messages import (
+    DecodeError,
     DesiredCostsMessage,
     ReleaseCostsMessage,
+    decode,
     decode_costs_record,
 )
 from podcost_core.convert import ObjectMetaJSON, own_cost
@@ -356,11 +366,17 @@ class AnnotatorService:
         loop = asyncio.get_running_loop()
         next_lag = loop.time()
         failures = 0
+        replay = True  # until the first assignment: the tail a previous run left uncommitted
         while True:
             try:
                 records = await consumer.poll(max_wait=POLL_WAIT_S)
-                for record in records:
-                    await self._accept(record)
+                dropped: dict[int, frozenset[str]] = {}
+                if replay and consumer.assignment():
+                    replay = False
+                    records, tail = await self._read_ahead(consumer, records)
+                    dropped = superseded(tail)
+                for index, record in enumerate(records):
+                    await self._accept(record, dropped=dropped.get(index, frozenset()))
                 self._observe_depth()
                 self._check_caught_up()
                 if loop.time() >= next_lag:
@@ -378,6 +394,26 @@ class AnnotatorService:
                 log.warning("consuming %s failed (%d in a row), again in %.1fs: %s", topic,
                             failures, delay, error)  # fmt: skip
                 await self._clock.sleep(delay)
+
+    async def _read_ahead(
+        self, consumer: Consumer, records: list[Record]
+    ) -> tuple[list[Record], list[TailDecision | None]]:
+        """``records`` and every record already on the topic after them (until their pods reach
+        the high-water mark), with the decisions they carry: after a start, the tail past the
+        committed offsets, read in full so that a pod's cost is written only from the newest
+        decision of its workload there that names it (``plan.superseded``)."""
+        read, tail = list(records), [_tail_decision(record) for record in records]
+
+        def writes() -> int:  # at most what the high-water mark lets wait
+            return sum(len(decision.pods) for decision in tail if decision is not None)
+
+        while writes() < self.marks.high and sum((await consumer.lag()).values()) > 0:
+            more = await consumer.poll(max_wait=POLL_WAIT_S)
+            if not more:
+                break
+            read.extend(more)
+            tail.extend(_tail_decision(record) for record in more)
+        return read, tail
 
     async def _write_loop(self, kube: PodAPI) -> None:
         while True:
@@ -408,8 +444,10 @@ class AnnotatorService:
 
     # --- consuming ------------------------------------------------------------------------
 
-    async def _accept(self, record: Record) -> None:
-        """Queue the writes of one record (or dead-letter it); never waits for the writes."""
+    async def _accept(self, record: Record, *, dropped: frozenset[str] = frozenset()) -> None:
+        """Queue the writes of one record (or dead-letter it); never waits for the writes.
+        ``dropped``: the pods a newer decision of the same workload, read ahead after a start,
+        names too; their costs here are not written (all of them: the record is stale)."""
         topics = self.bus_settings.topics
         message = await retry_transient(
             lambda: decode_or_dead_letter(
@@ -438,7 +476,11 @@ class AnnotatorService:
             self._release(record, message)
             return
         decided = Decided(message.version, message.changed_at, message.complete)
-        freshness = self.guard.admit(message.key, decided)
+        stale = bool(dropped) and all(pod.uid in dropped for pod in message.costs)
+        if dropped and not stale:
+            kept = tuple(pod for pod in message.costs if pod.uid not in dropped)
+            message = message.model_copy(update={"costs": kept})
+        freshness = Freshness.STALE if stale else self.guard.admit(message.key, decided)
         if freshness is not Freshness.NEW:
             self.metrics.consumed.labels(record.topic, freshness.value).inc()
         if freshness is Freshness.STALE or (
@@ -451,7 +493,7 @@ class AnnotatorService:
             log.info(
                 "skipping %s decision %d of %s: version %s accepted already",
                 freshness.value, message.version, message.key,
-                newest.version if newest is not None else "?",
+                "newer, read ahead," if stale else newest.version if newest else "?",
                 extra={"workload": message.key, "version": message.version,
                        "result": freshness.value},
             )  # fmt: skip
@@ -955,3 +997,14 @@ def bootstrap(
         scope=scope,
         view=view,
     )
+
+
+def _tail_decision(record: Record) -> TailDecision | None:
+    """The workload, order and pods of the decision a record carries (``None`` if it does not
+    decode: ``_accept`` dead-letters it)."""
+    try:
+        message = decode(DesiredCostsMessage, record.value, record.headers, key=record.key)
+    except DecodeError:
+        return None
+    decided = Decided(message.version, message.changed_at, message.complete)
+    return TailDecision(message.key, decided, frozenset(pod.uid for pod in message.costs))
