@@ -26,7 +26,8 @@ SkippedRecords``, so that a restart reads them.)
 
 Once both clusters are quiet (nothing left to write, and nothing changes for a few seconds):
 
-- ``a`` converged: every active pod of every opted-in Deployment carries a cost podcost wrote;
+- ``a`` converged: podcost has nothing left to write, and every cost on an active pod of an
+  opted-in Deployment is one podcost wrote (a pod without one reads as 0, where podcost wants 0);
 - the twin's verdict: for every Deployment and every ``k``, the zones left after the real
   controller's victim selection deletes ``k`` pods by the written costs
   (``podcost_core.simulate`` with ``policy=None``: the controller model, not podcost's ranking)
@@ -241,9 +242,8 @@ async def _left_to_write(side: Side, apps: Sequence[str]) -> dict[str, Any]:
         snapshot = snapshot_for_workload(objects, side.namespace, app, "Deployment")
         active = [pod for pod in snapshot.pods if pod.active]
         result = simulate(snapshot, len(active), time.time(), policy=DEFAULT_POLICY)
-        uncosted = [pod.name for pod in active if pod.deletion_cost_raw is None]
-        if result.writes or uncosted:
-            left[app] = {"writes": dict(result.writes), "without a cost": uncosted}
+        if result.writes:  # a pod without the annotation may keep the 0 it reads as
+            left[app] = {"writes": dict(result.writes)}
     return left
 
 
@@ -478,8 +478,17 @@ async def _judge(
 ) -> None:
     for app in apps:
         pods = await a.kube.active_pods(a.namespace, app)
-        uncosted = [pod.name for pod in pods if not _costed_by_podcost(pod.raw)]
-        assert not uncosted, f"seed {plan.seed}: {app} pods without podcost's cost: {uncosted}"
+        # podcost's cost on every pod, or none: the 0 a missing annotation reads as, where 0 is
+        # what podcost wants (nothing left to write says so).
+        foreign = [
+            pod.name
+            for pod in pods
+            if COST_ANNOTATION in (pod.raw.metadata.annotations or {})
+            and not _costed_by_podcost(pod.raw)
+        ]
+        assert not foreign, f"seed {plan.seed}: {app} pods with a cost podcost did not write"
+        left = await _left_to_write(a, [app])
+        assert not left, f"seed {plan.seed}: {app}: podcost still has to write {left}"
         mine, twin = await _zones_per_k(a, app), await _zones_per_k(b, app)
         assert mine.keys() == twin.keys(), (plan.seed, app, mine, twin)
         differ = {
@@ -496,7 +505,12 @@ async def _judge(
     final = await _costs(a)
     newest = newest_costs(watch.decisions)
     active = {pod.uid for app in apps for pod in await a.kube.active_pods(a.namespace, app)}
-    lost = {uid: (final[uid], newest.get(uid)) for uid in active if final[uid] != newest.get(uid)}
+    # No annotation reads as 0, as does a pod no decision named.
+    lost = {
+        uid: (final[uid], newest.get(uid))
+        for uid in active
+        if (final[uid] or 0) != (newest.get(uid) or 0)
+    }
     assert not lost, f"seed {plan.seed}: pods whose cost is not the newest decision's: {lost}"
     rewound = rewinds(watch.decisions, watch.observed)
     if rewound:
