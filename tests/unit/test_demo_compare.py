@@ -47,8 +47,10 @@ def uneven(strategies: str) -> Snapshot:
         },
         annotations=annotations,
     )
-    writes = simulate(snapshot, 12, NOW, policy=policy_from_annotations(annotations)).writes
-    return replace(snapshot, pods=tuple(with_cost(p, writes[p.name]) for p in snapshot.pods))
+    # The costs as the controller reads them once podcost wrote (a pod it leaves without one
+    # reads as 0): each pod carries its cost, as the demo reads them back.
+    costs = simulate(snapshot, 12, NOW, policy=policy_from_annotations(annotations)).costs
+    return replace(snapshot, pods=tuple(with_cost(p, costs[p.name]) for p in snapshot.pods))
 
 
 def test_without_podcost_is_the_model_on_the_same_pods_with_no_costs() -> None:
