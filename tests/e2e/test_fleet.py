@@ -37,7 +37,7 @@ from typing import Any
 import pytest
 from tests.conftest import ControlPlane
 from tests.support.costs import Desire, desired, publish_costs
-from tests.support.kube import COST_ANNOTATION, KubeTestCluster
+from tests.support.kube import COST_ANNOTATION, KubeTestCluster, costed_by_podcost
 from tests.support.services import (
     ServiceProcess,
     ServiceSpec,
@@ -52,7 +52,6 @@ from tests.support.tools import require_helm
 
 from podcost_bus import BusSettings, KafkaBus
 from podcost_core.convert import load_objects, snapshot_for_workload
-from podcost_core.model import FIELD_MANAGER
 from podcost_core.policy import DEFAULT_POLICY, policy_from_annotations
 from podcost_core.simulate import simulate
 from podcost_kube.client import Kube
@@ -139,17 +138,6 @@ async def _zones(cluster: Cluster, namespace: str, app: str) -> dict[str, int]:
         assert pod.node is not None
         counts[cluster.nodes[pod.node]] += 1
     return counts
-
-
-def _costed_by_podcost(pod: Any) -> bool:
-    """Whether the pod carries a deletion cost whose field podcost's field manager owns."""
-    if COST_ANNOTATION not in (pod.metadata.annotations or {}):
-        return False
-    for entry in pod.metadata.managed_fields or []:
-        owned = (entry.fields_v1 or {}).get("f:metadata", {}).get("f:annotations", {})
-        if entry.manager == FIELD_MANAGER and f"f:{COST_ANNOTATION}" in owned:
-            return True
-    return False
 
 
 async def _left_to_write(cluster: Cluster, namespace: str) -> dict[str, Any]:
@@ -293,10 +281,10 @@ async def _fleet_checks(
         for app in LAYOUTS[cluster.name]:
             pods = await cluster.kube.active_pods(namespace, app)
             # podcost's cost, or none: the 0 a missing annotation reads as, where 0 fits.
-            assert all(_costed_by_podcost(pod.raw)
+            assert all(costed_by_podcost(pod.raw)
                        or COST_ANNOTATION not in (pod.raw.metadata.annotations or {})
                        for pod in pods), (cluster.name, app)  # fmt: skip
-            costed += sum(_costed_by_podcost(pod.raw) for pod in pods)
+            costed += sum(costed_by_podcost(pod.raw) for pod in pods)
         assert costed, f"podcost wrote no cost in cluster {cluster.name}"
 
     # 2. Each cluster's annotator read its own costs topic, every record about its own cluster.

@@ -20,13 +20,12 @@ from typing import Any
 
 import pytest
 from tests.conftest import ControlPlane
-from tests.support.kube import COST_ANNOTATION, KubeTestCluster
+from tests.support.kube import COST_ANNOTATION, KubeTestCluster, costed_by_podcost
 from tests.support.secure_kafka import SecureBroker
 from tests.support.services import ServiceSpec, assert_alive, chart_specs, processes, series
 from tests.support.snapshots import CLUSTER
 from tests.support.tools import require_helm
 
-from podcost_core.model import FIELD_MANAGER
 from podcost_localinfra.kafka_secure import annotator_user
 
 pytestmark = pytest.mark.e2e
@@ -44,17 +43,6 @@ SECRETS = {
 def _user_of(spec: ServiceSpec) -> str:
     component = spec.name.split("/", 1)[1]
     return SECRETS["ranker" if component.startswith("ranker-") else component][1]
-
-
-def _costed_by_podcost(pod: Any) -> bool:
-    if COST_ANNOTATION not in (pod.metadata.annotations or {}):
-        return False
-    return any(
-        entry.manager == FIELD_MANAGER
-        and f"f:{COST_ANNOTATION}"
-        in (entry.fields_v1 or {}).get("f:metadata", {}).get("f:annotations", {})
-        for entry in pod.metadata.managed_fields or []
-    )
 
 
 async def test_every_component_with_its_own_credentials_costs_the_pods_over_tls_and_scram(
@@ -113,7 +101,7 @@ async def test_every_component_with_its_own_credentials_costs_the_pods_over_tls_
                 assert_alive(running)
                 pods = await kube.active_pods(run, "web")
                 # Pods may keep the 0 a missing annotation reads as: one write proves the path.
-                return len(pods) == 4 and any(_costed_by_podcost(pod.raw) for pod in pods)
+                return len(pods) == 4 and any(costed_by_podcost(pod.raw) for pod in pods)
 
             await kube.wait_for(costed, "the pods costed by podcost", 180, 0.5)
             metrics = await running["agent/annotator"].metrics()

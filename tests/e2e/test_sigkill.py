@@ -59,7 +59,13 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from kubernetes_asyncio.client.exceptions import ApiException
 from tests.conftest import ControlPlane
-from tests.support.kube import CAPACITY_LABEL, COST_ANNOTATION, ZONE_LABEL, KubeTestCluster
+from tests.support.kube import (
+    CAPACITY_LABEL,
+    COST_ANNOTATION,
+    ZONE_LABEL,
+    KubeTestCluster,
+    costed_by_podcost,
+)
 from tests.support.services import ServiceProcess, ServiceSpec, chart_specs
 from tests.support.services import processes as started_processes
 from tests.support.tools import require_helm
@@ -78,7 +84,6 @@ from tests.support.twin import (
 from podcost_contracts.messages import DesiredCostsMessage, decode
 from podcost_contracts.topics import Topics
 from podcost_core.convert import load_objects, snapshot_for_workload
-from podcost_core.model import FIELD_MANAGER
 from podcost_core.policy import DEFAULT_POLICY
 from podcost_core.simulate import simulate
 from podcost_kube.client import Kube
@@ -222,16 +227,6 @@ def _after(replicas: Mapping[str, int], step: Step) -> dict[str, int]:
 
 
 # --- observing a cluster -------------------------------------------------------------------------
-
-
-def _costed_by_podcost(pod: Any) -> bool:
-    if COST_ANNOTATION not in (pod.metadata.annotations or {}):
-        return False
-    for entry in pod.metadata.managed_fields or []:
-        owned = (entry.fields_v1 or {}).get("f:metadata", {}).get("f:annotations", {})
-        if entry.manager == FIELD_MANAGER and f"f:{COST_ANNOTATION}" in owned:
-            return True
-    return False
 
 
 async def _left_to_write(side: Side, apps: Sequence[str]) -> dict[str, Any]:
@@ -484,7 +479,7 @@ async def _judge(
             pod.name
             for pod in pods
             if COST_ANNOTATION in (pod.raw.metadata.annotations or {})
-            and not _costed_by_podcost(pod.raw)
+            and not costed_by_podcost(pod.raw)
         ]
         assert not foreign, f"seed {plan.seed}: {app} pods with a cost podcost did not write"
         left = await _left_to_write(a, [app])

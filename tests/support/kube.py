@@ -17,9 +17,23 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from podcost_core.model import FIELD_MANAGER
+
 ZONE_LABEL = "topology.kubernetes.io/zone"
 CAPACITY_LABEL = "karpenter.sh/capacity-type"
 COST_ANNOTATION = "controller.kubernetes.io/pod-deletion-cost"
+
+
+def costed_by_podcost(pod: Any) -> bool:
+    """Whether ``pod`` (a kubernetes-asyncio ``V1Pod``) carries a deletion cost whose field
+    podcost's field manager owns."""
+    if COST_ANNOTATION not in (pod.metadata.annotations or {}):
+        return False
+    for entry in pod.metadata.managed_fields or []:
+        owned = (entry.fields_v1 or {}).get("f:metadata", {}).get("f:annotations", {})
+        if entry.manager == FIELD_MANAGER and f"f:{COST_ANNOTATION}" in owned:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
