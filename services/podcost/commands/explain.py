@@ -87,7 +87,8 @@ class Report(BaseModel):
     annotation: str | None
     """The deletion cost on the pod now, as written (``None``: none)."""
     set_by: str
-    """``podcost``, ``other`` (a person or another tool) or ``none``."""
+    """``podcost`` (its own field manager, or one it adopts: ``PODCOST_ADOPT_FIELD_MANAGERS``),
+    ``other`` (a person or another tool) or ``none``."""
     asked: str
     """Where the decision was looked up: the annotator's URL or the costs topic."""
     decision: Explanation | None
@@ -289,7 +290,7 @@ async def explain(
             pod=name,
             uid=uid,
             annotation=(meta.get("annotations") or {}).get(DELETION_COST_ANNOTATION),
-            set_by=cost_owner(cast(ObjectMetaJSON, meta)).value,
+            set_by=cost_owner(cast(ObjectMetaJSON, meta), settings.adopted).value,
             asked=asked,
             decision=decision,
         )
