@@ -3,23 +3,29 @@
 ``podcost run`` (embedded: every service, one in-memory bus) and the per-service commands
 (``podcost ranker`` ...) call ``serve``. A service that fails stops the others, so the process
 exits non-zero and its supervisor restarts it; nothing fails silently.
+
+The services start first: the HTTP stack (FastAPI, uvicorn: a few tenths of a second of imports)
+is imported in a worker thread while they list the cluster, so serving ``/healthz`` does not
+delay the first cost write; ``/readyz`` says whether the services are ready either way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import signal
 from collections.abc import Sequence
-from typing import Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Protocol
 
-import uvicorn
-
-from podcost.runtime.http import Routed, make_app
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost_bus import Bus
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger("podcost.runner")
 
@@ -54,42 +60,25 @@ async def serve(
     if bus is not None:
         await bus.start()
     tasks: list[asyncio.Task[None]] = []
+    http: list[asyncio.Task[None]] = []
     server: uvicorn.Server | None = None
     try:
-        if settings.http_port:
-            name = "+".join(service.name for service in services)
-            app = make_app(
-                name,
-                lambda: all(service.ready() for service in services),
-                [service.metrics for service in services],
-                [service.routes() for service in services if isinstance(service, Routed)],
-                token=(
-                    settings.explain_token.get_secret_value()
-                    if settings.explain_token is not None
-                    else None
-                ),
-            )
-            config = uvicorn.Config(
-                app, host=settings.http_host, port=settings.http_port, log_level="warning",
-                lifespan="off",
-            )  # fmt: skip
-            server = uvicorn.Server(config)
-            tasks.append(asyncio.create_task(server.serve(), name="http"))
         for service in services:
             tasks.append(asyncio.create_task(service.run(), name=service.name))
+        if settings.http_port:
+            server = await _http_server(services, settings)
+            http.append(asyncio.create_task(server.serve(), name="http"))
         stopper = asyncio.create_task(stop.wait(), name="stop")
-        done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait([stopper, *http, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             if task is not stopper and not task.cancelled() and task.exception() is not None:
                 log.error("service %s failed", task.get_name(), exc_info=task.exception())
                 raise task.exception()  # type: ignore[misc]
         stopper.cancel()
     finally:
-        http = [task for task in tasks if task.get_name() == "http"]
         for task in reversed(tasks):
-            if task not in http:
-                task.cancel()
-        await asyncio.gather(*tasks[len(http) :], return_exceptions=True)
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         if server is not None:
             # Let uvicorn close its sockets itself; cancelling it would leak them.
             server.should_exit = True
@@ -100,3 +89,33 @@ async def serve(
                 loop.remove_signal_handler(sig)
         if bus is not None:
             await bus.stop()
+
+
+async def _http_server(services: Sequence[Service], settings: ServiceSettings) -> uvicorn.Server:
+    """The HTTP server of ``services`` (``/healthz``, ``/readyz``, ``/metrics`` and their
+    routes), not started; its modules are imported in a worker thread, so the services that are
+    already running go on meanwhile."""
+    http, server_lib = await asyncio.to_thread(_import_http)
+    name = "+".join(service.name for service in services)
+    app = http.make_app(
+        name,
+        lambda: all(service.ready() for service in services),
+        [service.metrics for service in services],
+        [service.routes() for service in services if isinstance(service, http.Routed)],
+        token=(
+            settings.explain_token.get_secret_value()
+            if settings.explain_token is not None
+            else None
+        ),
+    )
+    config = server_lib.Config(
+        app, host=settings.http_host, port=settings.http_port, log_level="warning", lifespan="off"
+    )
+    server: uvicorn.Server = server_lib.Server(config)
+    return server
+
+
+def _import_http() -> tuple[ModuleType, ModuleType]:
+    # One thread, one module after the other: two threads importing modules that import each
+    # other could deadlock on their import locks.
+    return importlib.import_module("podcost.runtime.http"), importlib.import_module("uvicorn")
