@@ -4,20 +4,21 @@
 (``podcost ranker`` ...) call ``serve``. A service that fails stops the others, so the process
 exits non-zero and its supervisor restarts it; nothing fails silently.
 
-The services start first: the HTTP stack (FastAPI, uvicorn: a few tenths of a second of imports)
-is imported in a worker thread while they list the cluster, so serving ``/healthz`` does not
-delay the first cost write; ``/readyz`` says whether the services are ready either way.
+The services start first. The HTTP server (FastAPI and uvicorn: a few tenths of a second of
+imports, which would block the event loop the services share) starts once every service is
+ready, or :data:`HTTP_DEFER_S` after the start if that comes first: after a restart of
+``podcost run`` that is once the first pass's costs are written, so serving ``/healthz`` does
+not delay the first cost writes. Until then nothing listens on the port, which probes read as
+not ready (the chart's startup probe allows a minute).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import signal
 from collections.abc import Sequence
-from types import ModuleType
 from typing import TYPE_CHECKING, Protocol
 
 from podcost.runtime.metrics import Metrics
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
     import uvicorn
 
 log = logging.getLogger("podcost.runner")
+
+#: The longest the HTTP server waits for the services to be ready before it starts anyway.
+HTTP_DEFER_S = 2.0
 
 
 class Service(Protocol):
@@ -61,13 +65,12 @@ async def serve(
         await bus.start()
     tasks: list[asyncio.Task[None]] = []
     http: list[asyncio.Task[None]] = []
-    server: uvicorn.Server | None = None
+    servers: list[uvicorn.Server] = []
     try:
         for service in services:
             tasks.append(asyncio.create_task(service.run(), name=service.name))
         if settings.http_port:
-            server = await _http_server(services, settings)
-            http.append(asyncio.create_task(server.serve(), name="http"))
+            http.append(asyncio.create_task(_serve_http(services, settings, servers), name="http"))
         stopper = asyncio.create_task(stop.wait(), name="stop")
         done, _ = await asyncio.wait([stopper, *http, *tasks], return_when=asyncio.FIRST_COMPLETED)
         for task in done:
@@ -79,11 +82,15 @@ async def serve(
         for task in reversed(tasks):
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if server is not None:
+        if servers:
             # Let uvicorn close its sockets itself; cancelling it would leak them.
-            server.should_exit = True
+            servers[0].should_exit = True
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(asyncio.gather(*http), 5)
+        else:  # still waiting to start
+            for task in http:
+                task.cancel()
+            await asyncio.gather(*http, return_exceptions=True)
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)
@@ -91,31 +98,36 @@ async def serve(
             await bus.stop()
 
 
-async def _http_server(services: Sequence[Service], settings: ServiceSettings) -> uvicorn.Server:
-    """The HTTP server of ``services`` (``/healthz``, ``/readyz``, ``/metrics`` and their
-    routes), not started; its modules are imported in a worker thread, so the services that are
-    already running go on meanwhile."""
-    http, server_lib = await asyncio.to_thread(_import_http)
+async def _serve_http(
+    services: Sequence[Service], settings: ServiceSettings, servers: list[uvicorn.Server]
+) -> None:
+    """Serve the HTTP endpoints of ``services`` (``/healthz``, ``/readyz``, ``/metrics`` and
+    their routes) once they are ready or :data:`HTTP_DEFER_S` has passed; the server goes into
+    ``servers`` when it starts."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + HTTP_DEFER_S
+    # ``ready()`` is a predicate each service answers; none signals a change, so it is polled.
+    while loop.time() < deadline and not all(service.ready() for service in services):  # noqa: ASYNC110
+        await asyncio.sleep(0.05)
+    import uvicorn
+
+    from podcost.runtime.http import Routed, make_app
+
     name = "+".join(service.name for service in services)
-    app = http.make_app(
+    app = make_app(
         name,
         lambda: all(service.ready() for service in services),
         [service.metrics for service in services],
-        [service.routes() for service in services if isinstance(service, http.Routed)],
+        [service.routes() for service in services if isinstance(service, Routed)],
         token=(
             settings.explain_token.get_secret_value()
             if settings.explain_token is not None
             else None
         ),
     )
-    config = server_lib.Config(
+    config = uvicorn.Config(
         app, host=settings.http_host, port=settings.http_port, log_level="warning", lifespan="off"
     )
-    server: uvicorn.Server = server_lib.Server(config)
-    return server
-
-
-def _import_http() -> tuple[ModuleType, ModuleType]:
-    # One thread, one module after the other: two threads importing modules that import each
-    # other could deadlock on their import locks.
-    return importlib.import_module("podcost.runtime.http"), importlib.import_module("uvicorn")
+    server = uvicorn.Server(config)
+    servers.append(server)
+    await server.serve()
