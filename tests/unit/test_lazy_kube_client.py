@@ -139,3 +139,19 @@ def test_the_generated_init_shape_is_read_as_lazy_names() -> None:
     ) or ({}, {})
     assert names == {"C": "a.b.c.C", "F": "a.d.E"}
     assert values == {"__version__": "1", "__all__": ["C", "F"]}
+
+
+def test_podcost_run_imports_none_of_what_its_first_write_does_not_need() -> None:
+    # The start of ``podcost run`` (issue 12: process start to first write): no generated model
+    # or API class, no Kafka client for the in-process bus, no HTTP stack before it serves.
+    out = _python(
+        """
+        import sys
+        import podcost.cli, podcost.commands.run
+        client = "kubernetes_asyncio.client"
+        heavy = (f"{client}.models.v1_pod", f"{client}.api.core_v1_api",
+                 "aiokafka", "faust", "fastapi", "uvicorn")
+        print(sorted(name for name in heavy if name in sys.modules))
+        """
+    )
+    assert out.strip() == "[]"
