@@ -4,11 +4,15 @@ Services import from here: the ``Bus`` / ``Consumer`` protocols and ``Record``, 
 get the bus their settings ask for (``KafkaBus`` when ``PODCOST_KAFKA`` is set, else the
 in-process ``MemoryBus``), and the typed helpers that publish contract messages and dead-letter
 what cannot be decoded.
+
+``KafkaBus`` and ``KafkaConsumer`` are imported on first use (PEP 562): aiokafka costs about half
+a second, which an embedded ``podcost run`` (the in-process bus) does not pay.
 """
 
 from __future__ import annotations
 
-from podcost_bus.kafka import KafkaBus, KafkaConsumer
+from typing import TYPE_CHECKING, Any
+
 from podcost_bus.memory import MemoryBus, MemoryConsumer
 from podcost_bus.messaging import dead_letter, decode_or_dead_letter, publish_message
 from podcost_bus.protocol import (
@@ -21,6 +25,9 @@ from podcost_bus.protocol import (
     TopicPartition,
 )
 from podcost_bus.settings import BusSettings
+
+if TYPE_CHECKING:
+    from podcost_bus.kafka import KafkaBus, KafkaConsumer
 
 __all__ = [
     "Bus",
@@ -46,5 +53,15 @@ def open_bus(settings: BusSettings) -> Bus:
     """The bus ``settings`` ask for, not started: Kafka if bootstrap servers are set, else an
     in-process bus (embedded mode: call this once and hand the same bus to every service)."""
     if settings.bootstrap_servers:
+        from podcost_bus.kafka import KafkaBus
+
         return KafkaBus(settings)
     return MemoryBus(partitions=settings.partitions)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("KafkaBus", "KafkaConsumer"):
+        from podcost_bus import kafka
+
+        return getattr(kafka, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -122,6 +122,23 @@ class Debouncer(Generic[K]):
         for key in keys:
             self.touch(key)
 
+    def take(self, keys: Iterable[K]) -> list[Emission[K]]:
+        """Emit ``keys`` now, without waiting for their window: each key's pending burst (or a
+        new one-touch burst) as one emission, in the order given; a key given twice once.
+
+        For work that is due at once, such as the watcher's first pass after a start, where a
+        quiet window would only delay the first decisions.
+        """
+        now = self._clock.now()
+        emissions: list[Emission[K]] = []
+        for key in dict.fromkeys(keys):
+            burst = self._bursts.pop(key, None) or _Burst(now, now, 1)
+            version = self._versions.get(key, 0) + 1
+            self._versions[key] = version
+            emissions.append(Emission(key, version, burst.touches, burst.first, burst.last))
+        # Their queue entries stay; ``next`` drops an entry whose key has no burst left.
+        return emissions
+
     def _deadline(self, burst: _Burst) -> float:
         return min(burst.last + self.window, burst.first + self.max_delay)
 
@@ -133,7 +150,10 @@ class Debouncer(Generic[K]):
                 await self._touched.wait()
                 continue
             noted, _, key = self._due[0]
-            burst = self._bursts[key]
+            burst = self._bursts.get(key)
+            if burst is None:  # emitted by ``take``
+                heapq.heappop(self._due)
+                continue
             due = self._deadline(burst)
             if due > noted:  # touched since it was queued: it is due later now
                 heapq.heapreplace(self._due, (due, next(self._order), key))

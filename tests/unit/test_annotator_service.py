@@ -225,6 +225,7 @@ async def start() -> AsyncIterator[Start]:
         provider: TracerProvider | None = None,
         dry_run: bool = False,
         bus: MemoryBus | None = None,
+        catch_up: Callable[[], dict[str, int] | None] | None = None,
         **config: Any,
     ) -> Harness:
         bus, clock = bus or MemoryBus(), FakeClock()
@@ -238,9 +239,13 @@ async def start() -> AsyncIterator[Start]:
             clock=clock,
             tracer_provider=provider,
             view=pods.view,
+            catch_up=catch_up,
         )
         tasks.append(asyncio.create_task(service.run(), name="annotator-under-test"))
-        await until(service.ready, "the annotator to start consuming")
+        if catch_up is None:
+            await until(service.ready, "the annotator to start consuming")
+        else:  # not ready until it has caught up: the test waits for what it consumes
+            await asyncio.sleep(0)
         return Harness(service, bus, pods, clock)
 
     async with leak_check():
@@ -374,6 +379,33 @@ async def test_an_older_decision_after_a_newer_one_is_skipped_as_stale_even_mid_
         )
         for outcome in ("ok", "stale", "duplicate")
     ] == [1, 1, 1]
+
+
+async def test_after_a_start_it_is_ready_only_once_the_first_pass_is_written(
+    start: Start,
+) -> None:
+    # Embedded mode: ``catch_up`` is the watcher's first pass (None until it is published).
+    pods = FakePods()
+    a, b = pods.add("a"), pods.add("b")
+    key = desired(NS, "web", [Desire("a", a, 1)], version=2).key
+    first_pass: dict[str, int] | None = None
+    run = await start(pods, catch_up=lambda: first_pass, max_in_flight=1)
+    await run.publish(Desire("a", a, 1), Desire("b", b, 2), version=1)  # an older decision
+    await until(lambda: run.committed() == 1, "the older decision written")
+    assert not run.service.caught_up  # the first pass is not known yet
+    assert not run.service.ready()
+    first_pass = {key: 2}
+    await run.publish(Desire("a", a, 1), Desire("b", b, 3), version=1)  # a duplicate
+    await until(lambda: run.committed() == 2, "the duplicate committed")
+    assert not run.service.ready()  # version 1 is not the first pass's version 2
+    pods.fail("read", KubeError("HTTP 503", status=503, retriable=True))
+    await run.publish(Desire("a", a, 5), Desire("b", b, 6), version=2)
+    await until(lambda: run.patches("unavailable") == 1, "the first pass's first read fails")
+    assert not run.service.ready()  # its writes are under way
+    await run.clock.advance(1.0)
+    await until(run.service.ready, "ready once the first pass is written")
+    assert run.service.caught_up
+    assert (pods.cost("a"), pods.cost("b")) == ("5", "6")
 
 
 async def test_after_a_start_only_the_newest_decision_of_the_uncommitted_tail_is_written(

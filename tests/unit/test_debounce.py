@@ -152,3 +152,22 @@ async def test_a_consumer_waits_without_sleeping_until_the_first_touch() -> None
 def test_a_debouncer_refuses(window: float, max_delay: float) -> None:
     with pytest.raises(ValueError, match=r"window|max_delay"):
         Debouncer[str](window=window, max_delay=max_delay)
+
+
+async def test_take_emits_at_once_what_would_have_waited_for_its_window() -> None:
+    clock = FakeClock()
+    debouncer: Debouncer[str] = Debouncer(
+        window=WINDOW, max_delay=MAX_DELAY, clock=clock, versions={"b": 6}
+    )
+    debouncer.touch("a")
+    await clock.advance(0.25)
+    debouncer.touch("a")
+    taken = debouncer.take(["a", "b", "a"])
+    assert [(e.key, e.version, e.touches) for e in taken] == [("a", 1, 2), ("b", 7, 1)]
+    assert (taken[0].first_touch, taken[0].last_touch) == (0.0, 0.25)
+    assert debouncer.pending == 0
+    # The queue entry of the burst taken is dropped; later touches debounce as before.
+    emitted = await run_timeline(debouncer, clock, [(0.5, "a"), (0.5, "c")], until=10.0)
+    got = [(at, e.key, e.version, e.touches) for at, e in emitted]
+    assert got == [(1.5, "a", 2, 1), (1.5, "c", 1, 1)]
+    assert debouncer.pending == 0

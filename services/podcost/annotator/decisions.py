@@ -14,15 +14,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from fastapi import APIRouter, HTTPException
 from opentelemetry import trace
 from pydantic import BaseModel, ConfigDict
 
 from podcost.runtime.telemetry import extract
 from podcost_contracts.messages import DesiredCostsMessage
 from podcost_core.explain import placements, tier_sums
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
 
 #: How many pods the annotator remembers a decision for (about 2 KB each).
 DEFAULT_CAPACITY = 20_000
@@ -194,6 +196,8 @@ class DecisionLog:
 
     def router(self) -> APIRouter:
         """``GET /explain/{namespace}/{pod}``: the pod's :class:`Explanation`, or 404."""
+        from fastapi import APIRouter, HTTPException  # only with the HTTP server: not at start
+
         router = APIRouter()
 
         @router.get("/explain/{namespace}/{pod}")

@@ -81,9 +81,8 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from fastapi import APIRouter
 from opentelemetry import trace
 
 from podcost.annotator.decisions import DecisionLog, Written, trace_id_of
@@ -160,6 +159,9 @@ from podcost_contracts.messages import (
 from podcost_core.convert import ObjectMetaJSON, own_cost
 from podcost_core.model import DELETION_COST_ANNOTATION, PodUID
 from podcost_kube.client import CostChanged, Kube, KubeError, PodGone, connect
+
+if TYPE_CHECKING:
+    from fastapi import APIRouter
 
 log = logging.getLogger("podcost.annotator")
 

@@ -18,6 +18,7 @@ import typer
 
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings
 from podcost.embedded import bootstrap
+from podcost.runtime.heap import freeze_imports
 from podcost.runtime.logs import configure_logging
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
@@ -76,6 +77,7 @@ def run_command(
     watcher_settings = load_settings("run", WatcherSettings)
     configure_logging(settings.log_level, settings.log_format)
     setup_tracing("podcost")
+    freeze_imports()
     try:
         asyncio.run(_run(settings, bus_settings, watcher_settings, strategy or None))
     except (BusError, KubeError) as error:

@@ -270,6 +270,8 @@ class WatcherService:
         """The API server has failed the informer's requests for too long (not ready)."""
         self._pass_pending: set[WorkloadKey] | None = None
         self._pass: dict[str, int] = {}
+        #: The first pass's workloads, which the publishing loop emits before any other.
+        self._due_now: list[WorkloadKey] = []
         self._change_seen_at: dict[WorkloadKey, float] = {}
         self.pods = PodCache(on_convert=self._check_pod, adopt=self.adopt)
         self._published: set[WorkloadKey] = set()
@@ -396,7 +398,8 @@ class WatcherService:
         if self.leading():
             for key in keys:
                 self._change_seen_at.setdefault(key, self.clock.now())
-                self.debouncer.touch(key)
+            # Due now: the cache is whole, a quiet window would only delay the first costs.
+            self._due_now = list(keys)
 
     def _passed(self, key: WorkloadKey, version: int | None) -> None:
         """``key`` was published at ``version`` (``None``: nothing to publish for it)."""
@@ -424,6 +427,13 @@ class WatcherService:
             await asyncio.sleep(min(1.0, limit / 4))
 
     async def _publish_forever(self) -> None:
+        first, self._due_now = self.debouncer.take(self._due_now), []
+        for emission in first:
+            if self.leading():
+                await self.publish(emission)
+            else:
+                self._change_seen_at.pop(emission.key, None)
+            await asyncio.sleep(0)
         async for emission in self.debouncer:
             if self.leading():
                 await self.publish(emission)
