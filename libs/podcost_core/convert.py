@@ -20,7 +20,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from fractions import Fraction
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from pydantic import Field, TypeAdapter, ValidationError
 
@@ -371,6 +371,28 @@ def cost_managers(meta: ObjectMetaJSON) -> tuple[str, ...]:
         if owns and manager not in managers:
             managers.append(manager)
     return tuple(managers)
+
+
+def slim_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` (changed in place, and returned) with of its ``metadata.managedFields`` only what
+    podcost reads of them: which managers own the deletion cost (:func:`cost_managers`, in the
+    same order), one minimal entry each; none when no manager owns it. What an informer keeps
+    per object: the entries of a pod are about a third of its JSON, those of a node more."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict) or "managedFields" not in meta:
+        return obj
+    entries = meta["managedFields"]
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        return obj  # not what the API serves: left for the readers to refuse
+    owners = cost_managers(cast(ObjectMetaJSON, meta))
+    if owners:
+        meta["managedFields"] = [
+            {"manager": manager, "fieldsV1": {"f:metadata": {"f:annotations": {_COST_FIELD: {}}}}}
+            for manager in owners
+        ]
+    else:
+        del meta["managedFields"]
+    return obj
 
 
 def cost_owner(meta: ObjectMetaJSON, adopt: Collection[str] = ()) -> CostOwner:

@@ -25,7 +25,10 @@ What it does, per resource, as client-go's reflector does:
 
 Objects stay raw JSON from the socket to the store: responses are read with
 ``_preload_content=False`` and parsed with ``json.loads``, never deserialised into client-library
-models (``tests/bench/bench_informer.py`` measures why). Handlers run synchronously in the
+models (``tests/bench/bench_informer.py`` measures why). Of each object's ``managedFields`` the
+store keeps only who owns the deletion cost (``podcost_core.convert.slim_managed_fields``), as
+client-go informers are told to drop them with a transform: all podcost reads of them, and a
+third of a pod's JSON (more of a node's). Handlers run synchronously in the
 informer's task, after the store has been updated, and must be quick; a handler that raises
 fails the informer.
 """
@@ -43,6 +46,7 @@ from typing import Any
 
 import aiohttp
 
+from podcost_core.convert import slim_managed_fields
 from podcost_kube.client import Kube, KubeError
 from podcost_kube.store import Change, ChangeType, RawObject, Store, resource_version
 
@@ -495,7 +499,7 @@ class Informer:
                 # List items come without their kind; the store keeps them as kubectl prints them.
                 item.setdefault("apiVersion", resource.api_version)
                 item.setdefault("kind", resource.kind)
-                items.append(item)
+                items.append(slim_managed_fields(item))
             meta = page.get("metadata") or {}
             version = str(meta.get("resourceVersion", ""))
             token = str(meta.get("continue") or "")
@@ -547,7 +551,8 @@ class Informer:
                     state.stats.bookmarks += 1
                     continue
                 state.stats.events += 1
-                change = self.store.apply(resource.kind, ChangeType(event.type), event.obj)
+                obj = slim_managed_fields(event.obj)
+                change = self.store.apply(resource.kind, ChangeType(event.type), obj)
                 if change is not None:
                     self._dispatch(state, [change])
         finally:

@@ -25,6 +25,7 @@ from podcost_core.convert import (
     pod_from_json,
     quantity_milli,
     quantity_value,
+    slim_managed_fields,
     snapshot_for_workload,
 )
 from podcost_core.model import (
@@ -681,3 +682,54 @@ def test_an_invalid_deletion_cost_is_a_fact_of_the_pod_not_an_error(
     )
     assert invalid_deletion_cost(pod) == problem
     assert pod.deletion_cost == (int(value) if problem is None and value else 0)
+
+
+LABELS_FIELDS = {"f:metadata": {"f:labels": {".": {}, "f:app": {}}}, "f:spec": {"f:x": {}}}
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [],
+        [managed("kube-controller-manager", LABELS_FIELDS)],
+        [managed("kube-controller-manager", LABELS_FIELDS), managed("podcost", COST_FIELDS)],
+        [
+            managed("kubectl", COST_FIELDS),
+            managed("kwok", LABELS_FIELDS),
+            managed("manager", COST_FIELDS),
+        ],
+        [managed("podcost", COST_FIELDS), managed("podcost", COST_FIELDS)],
+    ],
+)
+def test_slimmed_managed_fields_keep_exactly_who_owns_the_cost_and_nothing_else(
+    entries: list[dict[str, Any]],
+) -> None:
+    annotations = {"controller.kubernetes.io/pod-deletion-cost": "3"}
+    meta: dict[str, Any] = {"name": "p", "annotations": annotations, "managedFields": entries}
+    pod = raw_pod(metadata=meta)
+    before = (
+        cost_managers(meta),
+        pod_from_json(pod).cost_owner,
+        pod_from_json(pod, adopt={"manager"}).cost_owner,
+    )
+    slim = slim_managed_fields(pod)
+    assert slim is pod
+    after = (
+        cost_managers(pod["metadata"]),
+        pod_from_json(pod).cost_owner,
+        pod_from_json(pod, adopt={"manager"}).cost_owner,
+    )
+    assert after == before
+    kept = pod["metadata"].get("managedFields")
+    assert kept is None if not before[0] else [e["manager"] for e in kept] == list(before[0])
+    assert "kube-controller-manager" not in json.dumps(pod)  # nothing of the other entries
+    assert pod["metadata"]["annotations"] == annotations
+    assert pod["metadata"]["name"] == "p"
+
+
+@pytest.mark.parametrize("entries", [None, "x", [1, 2], {"manager": "podcost"}])
+def test_managed_fields_the_api_would_never_serve_are_left_alone(entries: object) -> None:
+    obj: dict[str, Any] = {"metadata": {"managedFields": entries}}
+    assert slim_managed_fields(obj) == {"metadata": {"managedFields": entries}}
+    assert slim_managed_fields({"metadata": "x"}) == {"metadata": "x"}
+    assert slim_managed_fields({}) == {}
