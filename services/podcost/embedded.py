@@ -25,6 +25,7 @@ from podcost.annotator.plan import Scope
 from podcost.annotator.service import PodAPI
 from podcost.annotator.service import bootstrap as bootstrap_annotator
 from podcost.annotator.settings import AnnotatorSettings
+from podcost.annotator.view import SharedView
 from podcost.runtime.clock import Clock
 from podcost.runtime.runner import Service
 from podcost.runtime.settings import ServiceSettings
@@ -77,6 +78,11 @@ def bootstrap(
         settings, bus_settings, watcher_settings, kube=kube, bus=bus,
         tracer_provider=tracer_provider,
     )  # fmt: skip
+    # One cache of the cluster: the annotator verifies against the watcher's (both list and
+    # watch the same objects of the same scope from the same API server).
+    scope = Scope(watcher.settings.namespaces(), watcher.rules)
+    view = SharedView(scope, store=watcher.store, synced=watcher.synced)
+    watcher.observers.append(view.observe)
     return Pipeline(
         bus=bus,
         watcher=watcher,
@@ -94,6 +100,6 @@ def bootstrap(
         annotator=bootstrap_annotator(
             settings, bus_settings, annotator_settings or AnnotatorSettings(), bus=bus,
             kube=pods, tracer_provider=tracer_provider, catch_up=watcher.first_pass,
-            scope=Scope(watcher.settings.namespaces(), watcher.rules),
+            scope=scope, view=view,
         ),
     )  # fmt: skip

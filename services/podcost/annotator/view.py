@@ -91,6 +91,33 @@ class ClusterView:
         its owner has nothing to do."""
 
 
+class SharedView(ClusterView):
+    """A :class:`ClusterView` over the store another informer of the same process keeps current
+    (``podcost run``: the watcher's, so that one process holds the cluster once), trusted from
+    when that informer has listed everything (``synced``). The owner calls :meth:`observe` with
+    its changes. It reads the API server as the watcher does, never the bus: verification
+    against it still trusts nothing a record says."""
+
+    def __init__(
+        self,
+        scope: Scope,
+        *,
+        store: Store,
+        synced: Callable[[], bool],
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(scope, store=store, wall=wall)
+        self._source_synced = synced
+        self.synced_at = None
+
+    def synced(self) -> bool:
+        if not self._source_synced():
+            return False
+        if self.synced_at is None:
+            self.synced_at = self._wall()
+        return True
+
+
 class InformerView(ClusterView):
     """A :class:`ClusterView` an informer keeps current, over ``kube``."""
 

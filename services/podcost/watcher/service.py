@@ -59,7 +59,7 @@ import os
 import re
 import socket
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -259,6 +259,9 @@ class WatcherService:
 
     def __post_init__(self) -> None:
         self.store = Store()
+        self.observers: list[Callable[[Change], None]] = []
+        """More handlers of the informer's changes, called after the watcher's own (embedded
+        mode: the annotator's view, which shares :attr:`store`)."""
         self.incarnation = int(self.clock.now() * 1000)
         self.debouncer: Debouncer[WorkloadKey] = Debouncer(
             window=self.settings.debounce_seconds,
@@ -299,6 +302,10 @@ class WatcherService:
         """Synced and the API server answering; a standby replica is ready too (it takes over
         with a warm cache)."""
         return self._ready and not self._outage
+
+    def synced(self) -> bool:
+        """Whether :attr:`store` holds the whole cluster (listed since the informer started)."""
+        return self._ready
 
     def first_pass(self) -> dict[str, int] | None:
         """Per workload key, the version of the snapshot the first pass after the sync
@@ -360,7 +367,7 @@ class WatcherService:
             resources,
             namespaces=self.settings.namespaces(),
             store=self.store,
-            handlers=(self._on_change,),
+            handlers=(self._on_change, *self.observers),
             backoff=SERVICE_BACKOFF,
         )
         # Only what it writes: on a broker with ACLs it may not even see the ranks topic.
