@@ -201,6 +201,44 @@ def test_a_pod_with_a_write_in_flight_gets_its_next_write_only_after_it() -> Non
     assert queue.take(PodUID("a")) == want("a", 0, "r2", previous=0)
 
 
+def test_a_cost_the_snapshot_saw_is_written_when_a_write_of_ours_since_set_another() -> None:
+    """Issue 12: a decision made from a snapshot older than our last write to the pod says the
+    pod has what it wants; it has our write instead. The watcher ignores our own writes, so no
+    later snapshot would set it right: the pod must be read and written."""
+    queue: WriteQueue[str] = WriteQueue()
+    assert queue.offer(want("a", 5, "r1", previous=0)).ready
+    assert queue.take(PodUID("a")) == want("a", 5, "r1", previous=0)
+    assert queue.finish(PodUID("a")) is False  # written, nothing queued, idle
+    later = queue.offer(want("a", 0, "r2", previous=0))  # its snapshot predates the write
+    assert (later.settled, later.ready) == ((), True)
+    assert queue.take(PodUID("a")) == want("a", 0, "r2", previous=0)
+    queue.finish(PodUID("a"))
+    # Once the last write of ours was of that cost, the snapshot's word is good again.
+    again = queue.offer(want("a", 0, "r3", previous=0))
+    assert [(s.want.origin, s.result) for s in again.settled] == [("r3", Result.UNCHANGED)]
+
+
+def test_after_a_removal_a_cost_the_snapshot_saw_is_read_before_it_is_left() -> None:
+    queue: WriteQueue[str] = WriteQueue()
+    assert queue.offer(Want(PodUID("a"), "ns", "pod-a", 0, None, "release", remove=True)).ready
+    assert queue.take(PodUID("a")) is not None
+    queue.finish(PodUID("a"))
+    assert queue.offer(want("a", 3, "r1", previous=3)).ready
+
+
+def test_the_queue_forgets_the_oldest_writes_past_what_it_remembers() -> None:
+    queue: WriteQueue[str] = WriteQueue(remember=1)
+    for uid in ("a", "b"):
+        queue.offer(want(uid, 5, f"r-{uid}", previous=0))
+        queue.take(PodUID(uid))
+        queue.finish(PodUID(uid))
+    # a is forgotten: the snapshot's word is taken; b is remembered: read and written.
+    assert queue.offer(want("a", 0, "r2", previous=0)).settled[0].result is Result.UNCHANGED
+    assert queue.offer(want("b", 0, "r2", previous=0)).ready
+    with pytest.raises(ValueError, match="remember"):
+        WriteQueue(remember=0)
+
+
 def test_pods_are_coalesced_independently() -> None:
     queue: WriteQueue[str] = WriteQueue()
     ready = [queue.offer(want(uid, 1, f"r-{uid}")).ready for uid in ("a", "b", "c")]
@@ -269,7 +307,8 @@ def test_every_offer_is_settled_exactly_once_and_the_last_cost_of_each_pod_is_wh
         if mine:
             last, cost, _ = mine[-1]
             assert outcomes[last] in ("written", "unchanged")
-            if outcomes[last] == "written":
+            if outcomes[last] == "written" or uid in written:
+                # Left unchanged after a write of ours only if that write was of this cost.
                 assert written[uid] == cost
 
 

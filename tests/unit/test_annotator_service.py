@@ -441,6 +441,24 @@ async def test_after_a_start_only_the_newest_decision_of_the_uncommitted_tail_is
     ] == [1, 2]
 
 
+async def test_a_decision_whose_snapshot_predates_our_last_write_is_still_written(
+    start: Start,
+) -> None:
+    # Issue 12: v2 was decided from a snapshot made before v1's write landed (the watcher
+    # ignores podcost's own writes, so no newer snapshot follows it). It says the pod has the 0
+    # it wants; the pod has v1's 5. Over Kafka v2 arrives after v1's write is done.
+    pods = FakePods()
+    a = pods.add("a")
+    run = await start(pods)
+    await run.publish(Desire("a", a, 5, previous=0), version=1)
+    await until(lambda: run.committed() == 1, "v1 written and committed")
+    assert pods.cost("a") == "5"
+    await run.publish(Desire("a", a, 0, previous=0), version=2)
+    await until(lambda: run.committed() == 2, "v2 handled and committed")
+    assert pods.cost("a") == "0"
+    assert pods.requests == [("read", "a"), ("patch", "a"), ("read", "a"), ("patch", "a")]
+
+
 async def test_a_permanent_error_is_not_retried(start: Start) -> None:
     pods = FakePods()
     a = pods.add("a")

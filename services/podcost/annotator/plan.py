@@ -10,8 +10,9 @@ everything here directly. Three pieces:
   (``podcost_core.urgency``), which is the order a first costing spends the write budget in.
 - :class:`WriteQueue`: the pending writes, one slot per pod uid. A newer desired cost for a pod
   supersedes a queued older one, so only the newest is ever written; a desired cost the snapshot
-  already saw on the pod is no write at all; a pod with a write in flight gets its next write
-  only after that one is done, so writes to one pod never race each other.
+  already saw on the pod is no write at all, unless this annotator has since set out to write
+  another cost there (the snapshot may predate that write); a pod with a write in flight gets its
+  next write only after that one is done, so writes to one pod never race each other.
 - :class:`Ledger`: which consumed records are fully handled, so that offsets are committed only
   past records whose every write is done (or definitively skipped), in partition order.
 - :class:`VersionGuard`: the newest decision accepted per workload, so that an older one that
@@ -334,6 +335,12 @@ class _Slot(Generic[T]):
     running: Want[T] | None = None
 
 
+#: How many pods' last write :class:`WriteQueue` remembers (the oldest is forgotten first). A
+#: snapshot older than the write is one still in the pipeline when it was made: seconds; this
+#: many writes at the annotator's QPS take far longer.
+REMEMBERED_WRITES = 100_000
+
+
 class WriteQueue(Generic[T]):
     """Pending cost writes, at most one queued and one running per pod uid.
 
@@ -341,12 +348,26 @@ class WriteQueue(Generic[T]):
     :meth:`finish` say when a uid becomes ready, and a writer then calls :meth:`take` for it.
     A uid may be announced ready once and then have its queued write settled (superseded by an
     unchanged value); :meth:`take` then returns ``None``.
+
+    A desired cost equal to the cost its snapshot saw on the pod is settled ``unchanged``
+    without a request only when no write of this queue since could have changed the pod: the
+    last write taken for that pod (any outcome; at most ``remember`` pods are remembered) was of
+    that very cost, or there was none. The watcher ignores podcost's own cost writes, so a
+    snapshot made before one of them landed (or before the watcher's cache saw it) still shows
+    the cost the pod had before, and the decision made from it arrives after the write is done
+    (over Kafka, the watcher-to-annotator hops take long enough for that); skipping it would
+    leave the written cost in place for good, with no later snapshot to set it right.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, remember: int = REMEMBERED_WRITES) -> None:
+        if remember < 1:
+            raise ValueError(f"remember must be at least 1, got {remember}")
         self._slots: dict[PodUID, _Slot[T]] = {}
         self._queued = 0
         self._running = 0
+        self._taken: dict[PodUID, int | None] = {}
+        """Per pod, the cost of the last write taken (``None``: a removal), oldest first."""
+        self._remember = remember
 
     @property
     def depth(self) -> int:
@@ -366,10 +387,16 @@ class WriteQueue(Generic[T]):
             settled.append(Settled(slot.queued, Result.SUPERSEDED))
             slot.queued = None
             self._queued -= 1
-        if slot.running is None and not want.remove and want.previous == want.cost:
-            # The snapshot saw this very cost on the pod and nothing of ours is in flight that
-            # could change it: no request at all. A change by someone else since then makes the
-            # watcher publish a new snapshot, and the aggregator a new decision.
+        if (
+            slot.running is None
+            and not want.remove
+            and want.previous == want.cost
+            and self._taken.get(want.uid, want.cost) == want.cost
+        ):
+            # The snapshot saw this very cost on the pod, nothing of ours is in flight that
+            # could change it, and nothing of ours since can have (the last write we took for
+            # it, if any, was of this cost): no request at all. A change by someone else since
+            # then makes the watcher publish a new snapshot, and the aggregator a new decision.
             settled.append(Settled(want, Result.UNCHANGED))
             self._drop_if_idle(want.uid, slot)
             return Offer(tuple(settled), ready=False)
@@ -390,6 +417,10 @@ class WriteQueue(Generic[T]):
         slot.running, slot.queued = slot.queued, None
         self._queued -= 1
         self._running += 1
+        self._taken.pop(uid, None)  # re-inserted: the newest last
+        self._taken[uid] = None if slot.running.remove else slot.running.cost
+        if len(self._taken) > self._remember:
+            del self._taken[next(iter(self._taken))]
         return slot.running
 
     def finish(self, uid: PodUID) -> bool:
