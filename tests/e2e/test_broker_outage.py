@@ -27,10 +27,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from kubernetes_asyncio import config
 from tests.conftest import IN_CI, Broker, ControlPlane
+from tests.support.broker import consumer_lag
 from tests.support.kube import KubeTestCluster
 from tests.support.pipeline import fresh_kafka_settings
 
@@ -92,33 +91,6 @@ async def _node_costs(kube: KubeTestCluster, run: Run) -> dict[int, int | None]:
 def _order(costs: dict[int, int | None]) -> list[int]:
     """The node indices from first deleted to last (by cost; a missing cost counts as 0)."""
     return sorted(costs, key=lambda index: (costs[index] or 0, index))
-
-
-async def _lag(bootstrap_servers: str, settings: BusSettings, cluster: str) -> int:
-    """Records the run's consumer groups have not committed yet, over its topics, asked of the
-    broker itself (not of the services)."""
-    topics = {settings.topic_workloads, settings.topic_ranks, settings.topics.costs_for(cluster)}
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers)
-    await admin.start()
-    await consumer.start()
-    try:
-        partitions = [
-            TopicPartition(topic, p)
-            for topic in topics
-            for p in (consumer.partitions_for_topic(topic) or set())
-        ]
-        ends = await consumer.end_offsets(partitions)
-        total = 0
-        for group, _ in await admin.list_consumer_groups():
-            committed = await admin.list_consumer_group_offsets(group)
-            for tp, meta in committed.items():
-                if tp.topic in topics:
-                    total += max(0, ends.get(tp, meta.offset) - meta.offset)
-        return total
-    finally:
-        await consumer.stop()
-        await admin.close()
 
 
 @pytest.mark.parametrize(
@@ -238,9 +210,12 @@ async def test_a_broker_outage_mid_run_ends_in_the_costs_of_an_undisturbed_twin(
 
             await kube.wait_for(lambda: all_costed(NODES), "every pod's cost in both runs", 120)
 
+            topics = {bus_settings.topic_workloads, bus_settings.topic_ranks,
+                      bus_settings.topics.costs_for(cluster)}  # fmt: skip
+
             async def settled() -> bool:
                 supervise()
-                if await _lag(kafka_broker.bootstrap, bus_settings, cluster) > 0:
+                if await consumer_lag(kafka_broker.bootstrap, topics) != 0:
                     return False
                 orders = [_order(await _node_costs(kube, run)) for run in runs]
                 return orders[0] == orders[1]

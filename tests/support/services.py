@@ -318,8 +318,12 @@ class ServiceProcess:
 
     async def is_ready(self) -> bool:
         """Whether ``GET /readyz`` answers 200 now (``False`` while nothing listens)."""
+        return await self.readyz() == 200
+
+    async def readyz(self) -> int:
+        """The status ``GET /readyz`` answers now (0 while nothing listens)."""
         status, _ = await self._get("/readyz")
-        return status == 200
+        return status
 
     def kill(self) -> None:
         """SIGKILL: a real crash, nothing flushed, no goodbye to the broker."""
