@@ -401,7 +401,8 @@ class Bench:
                                                     * target.replicas) / 1000)  # fmt: skip
         max_pods = max(110, 2 * args.pods_per_node)
         sched_before = await self.plane.scrape("kube-scheduler", ["scheduler_schedule_attempts"])
-        start = time.monotonic()
+        cpu_before = {k: u for k, pid in self.plane.pids.items() if (u := usage(pid))}
+        grow_start = start = time.monotonic()
         new_nodes = range(self.nodes, target.nodes)
         stamp(f"creating {len(new_nodes):,} nodes ({self.nodes:,} → {target.nodes:,})")
         await bounded(args.concurrency, (
@@ -455,6 +456,10 @@ class Bench:
             step.numbers["scheduler pods/s"] = scheduled / took if sched_after else None
             step.numbers["scheduler unschedulable (total)"] = unschedulable if sched_after else None
             step.numbers["pods Running/s"] = len(new) * target.replicas / took if took else None
+            # Which daemon was busy while growing: a bottleneck shows as ~1 core or more.
+            grow_cpu = cpu_since(self.plane.pids, cpu_before, time.monotonic() - grow_start)
+            for name, cpu in sorted(grow_cpu.items(), key=lambda kv: -kv[1]):
+                step.numbers[f"growth CPU {name}"] = cpu
         step.grown = True
 
     async def control_plane_numbers(self, step: Step) -> None:
@@ -622,12 +627,14 @@ class Bench:
             stamp("  churn over; waiting until nothing is left to write")
             n["churn drained after s"] = await self.drained(proc, args.drain_timeout)
             own_churn = await self.podcost_metrics(proc)
+            api_churn = await apiserver_metrics(self.api, ["apiserver_request_total"])
             name = "podcost_event_to_annotation_seconds"
             deltas = bucket_deltas(own_after, own_churn, name)
             n["churn ops done"] = ops
             n["churn pod events/s"] = rate
             n["churn podcost patches"] = sample(own_churn, "podcost_patches_total") - sample(
                 own_after, "podcost_patches_total")  # fmt: skip
+            n["churn apiserver pod PATCHes"] = pod_patches(api_churn) - pod_patches(api_after)
             if ops:
                 n["churn podcost patches per op"] = n["churn podcost patches"] / ops
             n["churn costs written (histogram count)"] = sum(
@@ -768,7 +775,7 @@ def show(step: Step) -> None:
             text = fmt_bytes(value)
         elif key.startswith("podcost bytes/pod"):
             text = f"{value:,.0f} B/pod (goal <= 1,536)"
-        elif key.startswith(("idle CPU", "churn CPU")):
+        elif key.startswith(("idle CPU", "churn CPU", "growth CPU")):
             text = f"{value:.2f} cores"
         elif key.startswith("cores per 1k"):
             text = f"{value:.3f} cores"
@@ -786,6 +793,23 @@ def summary(steps: Sequence[Step], stopped_by: str | None) -> None:
     reached = grown[-1].target if grown else None
     if stopped_by is None:
         stopped_by = "nothing: every requested size was reached (ask for more with --pods)"
+    columns = [
+        ("pods Running s", "grow s", ".0f"),
+        ("podcost initial sync s", "sync s", ".1f"),
+        ("podcost bytes/pod", "B/pod", ",.0f"),
+        ("podcost first decision, every workload s", "decided s", ".0f"),
+        ("podcost nothing left to write s", "written s", ".0f"),
+        ("steady apiserver pod PATCHes", "idle PATCH", ".0f"),
+        ("churn pod events/s", "events/s", ".1f"),
+        ("event→cost p50 s", "p50 s", ".2f"),
+        ("event→cost p99 s", "p99 s", ".2f"),
+        (f"cores per 1k events/s {PODCOST}", "cores/1k ev/s", ".2f"),
+    ]
+    print("\n== summary")
+    print(f"{'pods':>9}{'nodes':>7}" + "".join(f"{title:>14}" for _, title, _ in columns))
+    for step in steps:
+        cells = "".join(f"{fmt(step.numbers.get(key), spec):>14}" for key, _, spec in columns)
+        print(f"{step.target.pods:>9,}{step.target.nodes:>7,}{cells}")
     print()
     if converged:
         top = converged[-1].target
@@ -840,7 +864,9 @@ async def bench(kubeconfig: str, args: argparse.Namespace, run_dir: Path | None,
 
 
 def _sigterm(*_: object) -> None:
-    raise KeyboardInterrupt
+    """SIGTERM as Ctrl-C: inside ``asyncio.run`` its SIGINT handler cancels the bench's task, so
+    every ``finally`` (podcost run stopped, the control plane stopped) runs."""
+    signal.raise_signal(signal.SIGINT)
 
 
 def main() -> None:

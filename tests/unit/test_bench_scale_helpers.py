@@ -8,12 +8,14 @@ import math
 
 import pytest
 from tests.bench.bench_scale import (
+    Step,
     bucket_deltas,
     histogram_quantile,
     layout,
     log_interval,
     parse_summed,
     per_thousand,
+    summary,
 )
 
 INF = math.inf
@@ -73,3 +75,19 @@ def test_log_interval_reads_the_log_timestamps() -> None:
     )
     assert log_interval(text, "podcost running", "watcher synced") == pytest.approx(2.868)
     assert log_interval(text, "podcost running", "absent") is None
+
+
+def test_summary_names_the_largest_size_reached_and_what_stopped_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    small = Step(layout(300, 30, 30), {"podcost bytes/pod": 1200.0}, grown=True, converged=True)
+    big = Step(layout(600, 30, 30), grown=True, failure="TimeoutError: x")
+    summary([small, big], "measuring podcost at 600 pods: TimeoutError: x")
+    out = capsys.readouterr().out
+    assert "podcost converged up to 300 pods / 10 nodes" in out
+    assert out.rstrip().endswith(
+        "largest reached: 600 pods / 20 nodes; stopped by: measuring podcost at 600 pods: "
+        "TimeoutError: x"
+    )
+    assert "1,200" in out
+    assert "n/a" in out
