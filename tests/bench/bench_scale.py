@@ -29,7 +29,10 @@ Method, for each size of ``--pods`` in turn (the cluster grows step by step, nev
    every 0.1 s). *First decision for every workload* is the time until ``/readyz`` answers 200:
    the embedded annotator is not ready until it has written the decisions of the watcher's first
    pass (every opted-in workload once). *Nothing left to write* is the time until
-   ``podcost_queue_depth`` is 0 and ``podcost_patches_total`` has not moved for 5 s.
+   ``podcost_queue_depth`` and ``podcost_consumer_lag`` are 0 and ``podcost_patches_total``
+   has not moved for 5 s. Both are bounded by the annotator's write budget (20 writes/s by
+   default; a first costing writes about one PATCH per new pod): for a large run pass
+   ``--annotator-qps`` (e.g. 200) or expect ``new pods / 20`` seconds per step.
    *Memory per pod*: the process's RSS once converged minus the RSS of the same command run
    against the empty cluster at the start (``baseline``), divided by the cluster's pods.
 3. **Steady state.** ``--steady-seconds`` with nothing changing: PATCHes counted by podcost
@@ -82,6 +85,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.bench.procs import usage
 from tests.support.services import ServiceProcess, ServiceSpec, metric_key, sample
 
+from podcost.runtime.metrics import LATENCY_BUCKETS
 from podcost_localinfra import cluster
 
 NAMESPACE = "scale"
@@ -97,7 +101,8 @@ QUIET = 5.0
 def histogram_quantile(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
     """The ``q`` quantile of a histogram given as cumulative ``(upper bound, count)`` buckets
     (``+Inf`` last), interpolated linearly inside a bucket as Prometheus does; ``None`` when the
-    histogram is empty. A quantile in the ``+Inf`` bucket is the largest finite bound."""
+    histogram is empty; ``inf`` when it lies in the ``+Inf`` bucket (beyond the last bound: where
+    Prometheus would say the last finite bound)."""
     ordered = sorted(buckets)
     if not ordered or ordered[-1][1] <= 0:
         return None
@@ -106,7 +111,7 @@ def histogram_quantile(buckets: Sequence[tuple[float, float]], q: float) -> floa
     for bound, count in ordered:
         if count >= rank:
             if math.isinf(bound):
-                return lower
+                return math.inf
             if count == below:
                 return bound
             return lower + (bound - lower) * (rank - below) / (count - below)
@@ -509,14 +514,28 @@ class Bench:
 
     async def converge(self, proc: ServiceProcess, timeout: float) -> tuple[float, float]:
         """(seconds until /readyz, seconds until nothing is left to write), from the start."""
-        await proc.wait_ready(timeout)
+
+        async def ready_now() -> tuple[bool, str]:
+            if not proc.alive:
+                raise RuntimeError(f"podcost run exited:\n{proc.log_tail()}")
+            if await proc.is_ready():
+                return True, ""
+            metrics = await self.podcost_metrics(proc)
+            return False, (
+                f"{sample(metrics, 'podcost_combinations_total'):,.0f} decisions, "
+                f"{sample(metrics, 'podcost_patches_total'):,.0f} patches, "
+                f"queue {sample(metrics, 'podcost_queue_depth'):,.0f}"
+            )
+
+        await wait_until(ready_now, "podcost ready (first decisions written)", timeout, 0.5)
         ready = time.monotonic() - proc.started_at
         await self.drained(proc, timeout)
         return ready, time.monotonic() - proc.started_at - QUIET
 
     async def drained(self, proc: ServiceProcess, timeout: float) -> float:
-        """Wait until ``podcost_queue_depth`` is 0 and ``podcost_patches_total`` has not moved
-        for ``QUIET`` seconds; the seconds until it last moved."""
+        """Wait until ``podcost_queue_depth`` and ``podcost_consumer_lag`` are 0 and
+        ``podcost_patches_total`` has not moved for ``QUIET`` seconds; the seconds until it last
+        moved."""
         start = time.monotonic()
         quiet_since, last = start, -1.0
 
@@ -525,12 +544,12 @@ class Bench:
             if not proc.alive:
                 raise RuntimeError(f"podcost run exited:\n{proc.log_tail()}")
             metrics = await self.podcost_metrics(proc)
-            patches, depth = sample(metrics, "podcost_patches_total"), sample(
-                metrics, "podcost_queue_depth")  # fmt: skip
+            patches = sample(metrics, "podcost_patches_total")
+            depth = sample(metrics, "podcost_queue_depth") + sample(metrics, "podcost_consumer_lag")
             if patches != last or depth:
                 quiet_since, last = time.monotonic(), patches
             quiet = time.monotonic() - quiet_since
-            return quiet >= QUIET and not depth, f"{patches:,.0f} patches, queue {depth:,.0f}"
+            return quiet >= QUIET and not depth, f"{patches:,.0f} patches, queue+lag {depth:,.0f}"
 
         await wait_until(idle, "nothing left to write", timeout, interval=0.5)
         return max(0.0, time.monotonic() - start - QUIET)
@@ -773,6 +792,8 @@ def show(step: Step) -> None:
             text = "n/a"
         elif key.startswith(("RSS", "podcost RSS")) or key in ("etcd db size", "MemAvailable"):
             text = fmt_bytes(value)
+        elif isinstance(value, float) and math.isinf(value):
+            text = f"> {LATENCY_BUCKETS[-1]:g} (beyond the histogram's last bucket)"
         elif key.startswith("podcost bytes/pod"):
             text = f"{value:,.0f} B/pod (goal <= 1,536)"
         elif key.startswith(("idle CPU", "churn CPU", "growth CPU")):

@@ -28,8 +28,9 @@ def test_quantile_interpolates_inside_a_bucket_as_prometheus_does() -> None:
     assert histogram_quantile(buckets, 0.05) == pytest.approx(0.05)
 
 
-def test_quantile_in_the_inf_bucket_is_the_largest_finite_bound() -> None:
-    assert histogram_quantile([(1.0, 1.0), (30.0, 1.0), (INF, 3.0)], 0.99) == 30.0
+def test_quantile_in_the_inf_bucket_is_beyond_the_last_bound() -> None:
+    assert histogram_quantile([(1.0, 1.0), (30.0, 1.0), (INF, 3.0)], 0.99) == INF
+    assert histogram_quantile([(1.0, 1.0), (30.0, 1.0), (INF, 3.0)], 0.3) == pytest.approx(0.9)
 
 
 def test_quantile_of_an_empty_histogram_is_none() -> None:
