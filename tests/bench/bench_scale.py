@@ -595,6 +595,7 @@ class Bench:
             converged = usage(proc.pid)
             if converged:
                 n["podcost RSS converged"] = converged.rss_bytes
+                n["MemAvailable with podcost run"] = mem_available()
                 if self.baseline_rss is not None:
                     n["podcost bytes/pod"] = (converged.rss_bytes - self.baseline_rss) / pods
                 if self.previous is not None and pods > self.previous[0]:
@@ -790,7 +791,7 @@ def show(step: Step) -> None:
     for key, value in step.numbers.items():
         if value is None:
             text = "n/a"
-        elif key.startswith(("RSS", "podcost RSS")) or key in ("etcd db size", "MemAvailable"):
+        elif key.startswith(("RSS", "podcost RSS", "etcd db size", "MemAvailable")):
             text = fmt_bytes(value)
         elif isinstance(value, float) and math.isinf(value):
             text = f"> {LATENCY_BUCKETS[-1]:g} (beyond the histogram's last bucket)"
