@@ -439,6 +439,7 @@ class Bench:
                 NAMESPACE, deployment_body(i, target.replicas)))
             for i in new))  # fmt: skip
         self.deployments = target.deployments
+        step.numbers["pods new this step"] = len(new) * target.replicas
         step.numbers["deployments created s"] = time.monotonic() - start
 
         async def pods_ready() -> tuple[bool, str]:
