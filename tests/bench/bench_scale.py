@@ -48,7 +48,9 @@ Method, for each size of ``--pods`` in turn (the cluster grows step by step, nev
    that wrote its cost; only changes that led to a write), its bucket deltas over the window
    interpolated as Prometheus' ``histogram_quantile`` does: a bucket's resolution (…, 0.5, 1,
    2.5, 5 s …). *CPU per 1,000 events/s* of each process is (CPU during churn − idle CPU) /
-   (events/s during churn − events/s idle) × 1000, in cores.
+   (events/s during churn − events/s idle) × 1000, in cores. Writes during the churn are
+   ``podcost_patches_total`` by ``result`` (only ``ok`` is a PATCH the API server took; the
+   others are attempts that wrote nothing) next to the API server's count of pod PATCHes.
 5. ``podcost run`` is stopped (SIGTERM) before the next step.
 
 A step fails (and, with ``--keep-going``, growth stops there but the summary is still printed)
@@ -83,7 +85,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 from tests.bench.procs import usage
-from tests.support.services import ServiceProcess, ServiceSpec, metric_key, sample
+from tests.support.services import ServiceProcess, ServiceSpec, metric_key, sample, series
 
 from podcost.runtime.metrics import LATENCY_BUCKETS
 from podcost_localinfra import cluster
@@ -147,6 +149,19 @@ def parse_summed(text: str, prefixes: Iterable[str] = ()) -> dict[str, float]:
             key = metric_key(item.name, **item.labels)
             parsed[key] = parsed.get(key, 0.0) + float(item.value)
     return parsed
+
+
+def patches_by_result(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    """``podcost_patches_total`` by its ``result`` label (ok = a PATCH the API server took;
+    gone, conflict, throttled, error, dry_run, skipped_foreign, refused: no write), ``after``
+    minus ``before``; results that did not move are left out."""
+    moved = {}
+    for labels, value in series(after, "podcost_patches_total"):
+        delta = value - sample(before, "podcost_patches_total", **labels)
+        if delta:
+            result = labels.get("result", "")
+            moved[result] = moved.get(result, 0.0) + delta
+    return moved
 
 
 def per_thousand(busy: float, idle: float, rate: float, idle_rate: float) -> float | None:
@@ -589,7 +604,8 @@ class Bench:
             n["podcost nothing left to write s"] = quiet
             metrics = await self.podcost_metrics(proc)
             n["podcost decisions"] = sample(metrics, "podcost_combinations_total")
-            n["podcost patches (first costing)"] = sample(metrics, "podcost_patches_total")
+            for result, count in patches_by_result({}, metrics).items():
+                n[f"podcost patches {result} (first costing)"] = count
             n["podcost snapshots published"] = sample(metrics, "podcost_snapshots_published_total")
             stamp(f"  converged: ready {ready:.1f}s, nothing to write {quiet:.1f}s")
             await asyncio.sleep(5)
@@ -628,8 +644,9 @@ class Bench:
             idle_cpu = cpu_since(pids, cpu_before, idle_seconds)
             own_after = await self.podcost_metrics(proc)
             api_after = await apiserver_metrics(self.api, ["apiserver_request_total"])
-            n["steady podcost patches"] = sample(own_after, "podcost_patches_total") - sample(
-                own_before, "podcost_patches_total")  # fmt: skip
+            n["steady podcost patches (any result)"] = sample(
+                own_after, "podcost_patches_total"
+            ) - sample(own_before, "podcost_patches_total")
             n["steady apiserver pod PATCHes"] = pod_patches(api_after) - pod_patches(api_before)
             n["steady pod events/s"] = idle_events
             for name, cpu in idle_cpu.items():
@@ -653,11 +670,11 @@ class Bench:
             deltas = bucket_deltas(own_after, own_churn, name)
             n["churn ops done"] = ops
             n["churn pod events/s"] = rate
-            n["churn podcost patches"] = sample(own_churn, "podcost_patches_total") - sample(
-                own_after, "podcost_patches_total")  # fmt: skip
+            for result, count in patches_by_result(own_after, own_churn).items():
+                n[f"churn podcost patches {result}"] = count
             n["churn apiserver pod PATCHes"] = pod_patches(api_churn) - pod_patches(api_after)
             if ops:
-                n["churn podcost patches per op"] = n["churn podcost patches"] / ops
+                n["churn podcost patches ok per op"] = n.get("churn podcost patches ok", 0.0) / ops
             n["churn costs written (histogram count)"] = sum(
                 v for le, v in deltas if math.isinf(le))  # fmt: skip
             n["event→cost p50 s"] = histogram_quantile(deltas, 0.5)
@@ -879,6 +896,12 @@ async def bench(kubeconfig: str, args: argparse.Namespace, run_dir: Path | None,
                     if not args.keep_going:
                         raise
                     break
+                except asyncio.CancelledError:  # Ctrl-C or SIGTERM: say where, then stop
+                    step.failure = "interrupted"
+                    show(step)
+                    where = "growing the cluster" if not step.grown else "measuring podcost"
+                    stopped_by = f"interrupted (Ctrl-C or SIGTERM), {where} at {target.pods:,} pods"
+                    raise
                 show(step)
         finally:
             summary(steps, stopped_by)
@@ -940,6 +963,14 @@ def main() -> None:
     stamp(f"bench_scale: sizes {args.pods}, {args.pods_per_node} pods/node, "
           f"{args.replicas} replicas/Deployment, {os.cpu_count()} cores, "
           f"MemAvailable {fmt_bytes(mem_available())}")  # fmt: skip
+    try:
+        run(args)
+    except KeyboardInterrupt:
+        stamp("interrupted; everything the bench started is stopped")
+        sys.exit(130)
+
+
+def run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="podcost-scale-") as tmp:
         log_dir = Path(tmp) / "podcost"
         if os.environ.get("PODCOST_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):

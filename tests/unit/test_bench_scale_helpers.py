@@ -14,6 +14,7 @@ from tests.bench.bench_scale import (
     layout,
     log_interval,
     parse_summed,
+    patches_by_result,
     per_thousand,
     summary,
 )
@@ -92,3 +93,13 @@ def test_summary_names_the_largest_size_reached_and_what_stopped_it(
     )
     assert "1,200" in out
     assert "n/a" in out
+
+
+def test_patches_by_result_are_the_moves_of_each_result() -> None:
+    before = {'podcost_patches_total{result="ok"}': 5.0}
+    after = {
+        'podcost_patches_total{result="ok"}': 7.0,
+        'podcost_patches_total{result="gone"}': 3.0,
+        'podcost_patches_total{result="conflict"}': 0.0,
+    }
+    assert patches_by_result(before, after) == {"ok": 2.0, "gone": 3.0}
