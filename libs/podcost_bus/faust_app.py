@@ -85,7 +85,9 @@ What podcost relies on, and why it is arranged so:
   ready (a lost decision in ``tests/integration/test_core_replicas.py`` after the SIGKILL of an
   aggregator; likely its start-up ``/readyz`` time-out too). A partition that got nothing for
   :data:`RECOVERY_STALL_S` while behind is sought to the offset after the last one applied;
-  applying a changelog record again is harmless (the same value for the same key).
+  applying a changelog record again is harmless (the same value for the same key). The watch
+  starts before faust does, whose start waits for the first recovery
+  (``tests/integration/test_faust_app.py`` drops a recovery's records to check it ends).
 - **A short fetch wait**: faust's aiokafka driver hard-codes ``fetch_max_wait_ms=1500``, and
   aiokafka keeps one fetch in flight per broker, so a record for a partition that was drained
   after that fetch was sent waits for it to come back, up to 1.5 s. Measured on one broker at 20
@@ -423,15 +425,13 @@ class FaustKeyedApp(Generic[S]):
         failure: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self._failure = failure
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Started first: faust's start waits for the first recovery, which can stall too.
+        watchdog = asyncio.create_task(self._watch_recovery(), name=f"{self.app_id}.recovery")
         try:
             await self.app.start()
             await self._await_changelogs()
             self._started = True
-            watchdog = asyncio.create_task(self._watch_recovery(), name=f"{self.app_id}.recovery")
-            try:
-                await self.app.wait_first(failure, watchdog)
-            finally:
-                watchdog.cancel()
+            await self.app.wait_first(failure, watchdog)
             if failure.done() and not failure.cancelled():
                 raise FaustAppFailed(f"{self.app_id} stopped processing") from failure.result()
             if self.app.crashed:
@@ -439,6 +439,7 @@ class FaustKeyedApp(Generic[S]):
                 raise FaustAppFailed(f"faust crashed: {reason!r}") from reason
             raise FaustAppFailed("faust stopped by itself")
         finally:
+            watchdog.cancel()
             self._started = False
             await self._stop(failed=failure.done())
 
