@@ -76,6 +76,18 @@ What podcost relies on, and why it is arranged so:
   tables (2 runs in about 35 of the restart test), likely the same clear of the buffers.
   What let faust skip them on a partition nobody had committed yet (aiokafka's seek to the
   committed offset does nothing there) is repaired by the consumer thread's seek.
+- **A stalled recovery is sought again** (:meth:`FaustKeyedApp._watch_recovery`): after a
+  rebalance, a changelog partition newly assigned was seen never to deliver a record to the
+  recovery although it was behind its highwater and aiokafka kept fetching it (faust's log:
+  "No event received for active tp ... since recovery start", for minutes): the records were
+  fetched and dropped somewhere between aiokafka and the recovery, with the fetch position past
+  them, so the recovery never ended, the app never processed a record again and never became
+  ready (a lost decision in ``tests/integration/test_core_replicas.py`` after the SIGKILL of an
+  aggregator; likely its start-up ``/readyz`` time-out too). A partition that got nothing for
+  :data:`RECOVERY_STALL_S` while behind is sought to the offset after the last one applied;
+  applying a changelog record again is harmless (the same value for the same key). The watch
+  starts before faust does, whose start waits for the first recovery
+  (``tests/integration/test_faust_app.py`` drops a recovery's records to check it ends).
 - **A short fetch wait**: faust's aiokafka driver hard-codes ``fetch_max_wait_ms=1500``, and
   aiokafka keeps one fetch in flight per broker, so a record for a partition that was drained
   after that fetch was sent waits for it to come back, up to 1.5 s. Measured on one broker at 20
@@ -87,6 +99,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +140,12 @@ BATCH_WITHIN_S = 0.02
 
 #: How long the broker may hold a fetch of the faust consumer that has nothing new (see above).
 FETCH_MAX_WAIT_MS = 100
+
+#: How long a changelog partition may stay behind its highwater, during a recovery, without
+#: one more record applied before it is sought again to the next offset it needs (see the
+#: module docstring), and how often that is checked.
+RECOVERY_STALL_S = 10.0
+RECOVERY_CHECK_S = 1.0
 
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -237,6 +256,35 @@ def _credentials(settings: BusSettings) -> Any:
             mechanism=settings.sasl_mechanism,
         )
     return None if ssl_context is None else faust.SSLCredentials(ssl_context)
+
+
+K = TypeVar("K")
+
+
+class RecoveryStalls(Generic[K]):
+    """Which changelog partitions a recovery has applied nothing of for ``after_s`` seconds
+    although they are behind their highwater (see :meth:`FaustKeyedApp._watch_recovery`)."""
+
+    def __init__(self, after_s: float) -> None:
+        self.after_s = after_s
+        self._since: dict[K, tuple[int, float]] = {}
+        """Per partition behind: the last offset applied, and since when it has not moved."""
+
+    def check(self, now: float, behind: Mapping[K, int]) -> dict[K, int]:
+        """``behind``: the partitions behind their highwater, with the last offset applied
+        (-1: none). Returns the stalled ones, each with the offset to seek to (the next one);
+        a partition is said stalled again only after ``after_s`` more seconds."""
+        for tp in [tp for tp in self._since if tp not in behind]:
+            del self._since[tp]
+        stalled = {}
+        for tp, offset in behind.items():
+            before = self._since.get(tp)
+            if before is None or before[0] != offset:
+                self._since[tp] = (offset, now)
+            elif now - before[1] >= self.after_s:
+                stalled[tp] = max(offset + 1, 0)
+                self._since[tp] = (offset, now)
+        return stalled
 
 
 def key_partition(key: bytes, partitions: int) -> int:
@@ -377,11 +425,13 @@ class FaustKeyedApp(Generic[S]):
         failure: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self._failure = failure
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Started first: faust's start waits for the first recovery, which can stall too.
+        watchdog = asyncio.create_task(self._watch_recovery(), name=f"{self.app_id}.recovery")
         try:
             await self.app.start()
             await self._await_changelogs()
             self._started = True
-            await self.app.wait_first(failure)
+            await self.app.wait_first(failure, watchdog)
             if failure.done() and not failure.cancelled():
                 raise FaustAppFailed(f"{self.app_id} stopped processing") from failure.result()
             if self.app.crashed:
@@ -389,6 +439,7 @@ class FaustKeyedApp(Generic[S]):
                 raise FaustAppFailed(f"faust crashed: {reason!r}") from reason
             raise FaustAppFailed("faust stopped by itself")
         finally:
+            watchdog.cancel()
             self._started = False
             await self._stop(failed=failure.done())
 
@@ -420,6 +471,35 @@ class FaustKeyedApp(Generic[S]):
             return
         log.error("%s: faust still did not stop; exiting without it", self.app_id)
         stopping.cancel()
+
+    async def _watch_recovery(self) -> None:
+        """Seek a changelog partition whose recovery stalled to the next offset it needs."""
+        recovery = self.app.tables.recovery
+        stalls: RecoveryStalls[Any] = RecoveryStalls(RECOVERY_STALL_S)
+        while True:
+            await asyncio.sleep(RECOVERY_CHECK_S)
+            behind = {}
+            if recovery.in_recovery:
+                offsets = recovery.active_offsets
+                behind = {
+                    tp: offsets[tp]
+                    for tp, left in list(recovery.active_remaining().items())
+                    if left > 0 and offsets.get(tp) is not None
+                }
+            stalled = stalls.check(time.monotonic(), behind)
+            if not stalled:
+                continue
+            log.warning(
+                "%s: the recovery of %s got nothing for %ss although behind the highwater; "
+                "seeking them again",
+                self.app_id,
+                ", ".join(f"{tp.topic}[{tp.partition}] from {o}" for tp, o in stalled.items()),
+                RECOVERY_STALL_S,
+            )
+            try:
+                await self.app.consumer.seek_wait(stalled)
+            except Exception as error:  # tried again after the next stall
+                log.warning("%s: seeking the changelogs failed: %r", self.app_id, error)
 
     def _withhold_unacked(self) -> None:
         for message in list(self.app.consumer.unacked):

@@ -557,9 +557,12 @@ def load_parts(
     parts: Mapping[str, bytes | None],
     *,
     read_latest: Callable[[bytes], Latest] = load_latest,
+    on_torn: Callable[[int | None, int], None] | None = None,
 ) -> WorkloadState:
     """The state of ``key`` from its stored parts (missing parts: the empty state's);
-    ``read_latest`` reads the snapshot part (it raises ``ValueError`` if it cannot)."""
+    ``read_latest`` reads the snapshot part (it raises ``ValueError`` if it cannot).
+    ``on_torn(progress_version, snapshot_version)`` is told when the stored progress is
+    another snapshot's than the stored one (see :func:`_torn_progress`)."""
     raw_latest, raw_progress = parts.get(SNAPSHOT_PART), parts.get(PROGRESS_PART)
     try:
         latest = None if raw_latest is None else read_latest(raw_latest)
@@ -568,15 +571,46 @@ def load_parts(
         raise StateDecodeError(f"the stored state of {key!r} cannot be read: {error}") from error
     if stored is None:
         return WorkloadState(key, latest)
-    answers = dict(stored.answers)
-    if latest is not None and stored.version == latest.version:
-        # The two parts are written one after the other: after a crash in between, answers
-        # aligned with another snapshot are dropped rather than given to the wrong pods.
-        uids = [pod.uid for pod in latest.snapshot.pods]
-        for name, values in stored.aligned.items():
-            if len(values) == len(uids):
-                answers[name] = dict(zip(uids, values, strict=True))
-    return WorkloadState(key, latest, Progress(stored.verdict, answers, stored.early))
+    if latest is None or stored.version == latest.version:
+        answers = dict(stored.answers)
+        if latest is not None:
+            uids = [pod.uid for pod in latest.snapshot.pods]
+            for name, values in stored.aligned.items():
+                if len(values) == len(uids):
+                    answers[name] = dict(zip(uids, values, strict=True))
+        return WorkloadState(key, latest, Progress(stored.verdict, answers, stored.early))
+    if on_torn is not None:
+        on_torn(stored.version, latest.version)
+    return WorkloadState(key, latest, _torn_progress(latest, stored))
+
+
+def _torn_progress(latest: Latest, stored: _StoredProgress) -> Progress:
+    """The progress of ``latest`` when the stored progress is another snapshot's.
+
+    The two parts are written one after the other (two faust tables: two changelog topics), so a
+    process killed in between leaves them torn; the records that wrote them were not committed
+    and are read again. Neither the stored verdict nor the stored answers are the latest
+    snapshot's: a verdict of ``COMPLETE`` kept from the previous version made the latest one
+    look decided, so that the records read again were all duplicates and its decision was never
+    made (the loss seen in ``tests/integration/test_core_replicas.py`` around the SIGKILL of an
+    aggregator). The latest snapshot is pending, as :meth:`Aggregator.on_snapshot` would have
+    left it: with the answers that waited for it (an older progress's ``early``) and the later
+    versions' waiting answers. A progress newer than the snapshot (its snapshot part lost)
+    leaves the latest version pending without answers: at worst decided again (at least once),
+    never taken for decided; the newer snapshot is read again and replaces it.
+    """
+    version = latest.version
+    answers: Mapping[str, Scores] = {}
+    early = []
+    if stored.version is None or stored.version < version:
+        for waiting in stored.early:
+            if waiting.version == version:
+                answers = dict(waiting.answers)
+            elif waiting.version > version:
+                early.append(waiting)
+    else:
+        early = [waiting for waiting in stored.early if waiting.version > version]
+    return Progress(Verdict.PENDING, answers, tuple(early))
 
 
 def _stored(state: WorkloadState) -> _StoredProgress:

@@ -22,12 +22,31 @@ twin's decision for that version, and every workload's last version must be deci
 
 It runs once with 16 workloads (``quick``) and with eight more seeds of 40 workloads (other
 snapshots, other paces, so the rebalances fall elsewhere), all in ``make test-long`` only: the
-quick one is meant for ``make test`` once the whole set passes reliably, which it does not yet
-(issue 11 stays open). Of 18 runs after the flow-control fix below (9 of them also with the
-withheld acks of earlier generations), 15 passed (one after restarting an aggregator that had
-caught a skip), 2 lost a decision around the SIGKILL of an aggregator with every answer on the
-ranks topic and no skip caught (one of them with the withheld acks), and 1 timed out at
-start-up waiting for an aggregator's ``/readyz``; neither cause is found yet.
+quick one takes about a minute on a quiet machine (42 to 58 s measured) and two to three on the
+shared, loaded one, and still fails now and then (below): it stays out of ``make test``.
+
+Two causes of a decision lost around the SIGKILL of an aggregator, with every answer on the ranks
+topic and no skip caught, are fixed. (1) A state torn between its two changelog writes (the next
+version's snapshot part written, the progress part not) kept the previous version's verdict,
+complete, so the records read again after the kill were all duplicates and the version was never
+decided; ``load_parts`` now makes that version pending (``test_aggregate.py``). Found reading the
+code, then seen once after the fix (the progress of web-27's version 18 with the snapshot of its
+version 19; that run passed). (2) The surviving member's recovery of the changelog partitions it
+took over got none of their records (faust logged "No event received for active tp ... since
+recovery start" for minutes while aiokafka kept fetching them): the recovery never ended and
+nothing was processed again (seen once, before the fix; where faust drops those records is not
+found). ``podcost_bus.faust_app`` now seeks such a partition again after 10 s without progress
+(``RecoveryStalls``; ``test_faust_app.py`` drops a recovery's records to check it). Each logs a
+warning, which the test counts and prints.
+
+After the fixes, 32 of 33 runs passed on the shared 2-core machine (two or three runs at once, load
+13 to 25): 17 of 18 quick ones and 15 of 15 seeded ones (every seed at least once). The failure is
+a third cause, not found yet (issue 11 stays open): in a quick run, web-06's version 2 was never
+decided, with every answer on the ranks topic, no skip, no stalled recovery and no torn state,
+around the SIGTERM of the first aggregator, which had held its partitions for 2 s (the other one
+held every partition for the next 2 minutes). The start-up ``/readyz`` time-out seen once was a
+process that took 87 s to log its first line on the loaded machine, with a 90 s limit then;
+:data:`READY_TIMEOUT_S` is 240 s now.
 
 The faust aggregator used to skip source records around a rebalance (about 5 runs in 8 on a
 loaded 2-core machine): a recovery's second resume of faust's flow control cleared the stream
@@ -267,6 +286,16 @@ async def all_read(members: Iterable[ServiceProcess], topic: str) -> None:
         await until(read_some, f"{member.spec.name} to read {topic}", DECISION_TIMEOUT_S)
 
 
+WARNINGS = ("seeking them again", "was torn")
+"""What an aggregator logs when it seeks a stalled recovery again (``podcost_bus.faust_app``) and
+when it reads a state torn between its two parts (``podcost.aggregator.processor``)."""
+
+
+def count_in_logs(log_dir: Path, pattern: str, text: str) -> int:
+    """How many times ``text`` occurs in the logs ``pattern`` names in ``log_dir``."""
+    return sum(path.read_text(errors="replace").count(text) for path in log_dir.glob(pattern))
+
+
 class Supervisor:
     """What the chart's Deployment does for an aggregator container that exits: start it again.
 
@@ -477,11 +506,13 @@ async def test_replicas_share_the_partitions_and_rebalances_lose_no_decision_and
     assert all(count > 0 for count in shares.values()), shares
     assert stream.dead == []
 
+    reseeks, torn = (count_in_logs(tmp_path, "aggregator_*.log", text) for text in WARNINGS)
     duplicates = Counter(len(d) - 1 for d in stream.decisions.values() if len(d) > 1)
     print(
         f"\nseed {seed}: {len(published)} versions of {workloads} workloads decided in "
         f"{streamed:.0f}s, "
         f"{stream.records} decision records, {sum(n * c for n, c in duplicates.items())} "
         f"duplicates ({dict(duplicates)} extra copies: versions), records read per member: "
-        f"{shares}, aggregators restarted after stopping on a skip: {supervisor.restarts}"
+        f"{shares}, aggregators restarted after stopping on a skip: {supervisor.restarts}, "
+        f"stalled recoveries sought again: {reseeks}, torn states read: {torn}"
     )

@@ -2,8 +2,9 @@
 test's own: a table write while faust's producer knows nothing of the changelog topic, an app
 whose processor fails, which must stop (bounded) without committing the failed record, per-key
 order within a batch, and an app stopped in the middle of a batch whose outputs are not all
-delivered: nothing of that batch is committed or stored, and the restart publishes them all.
-Every test has its topics and faust app id of its own."""
+delivered: nothing of that batch is committed or stored, and the restart publishes them all; and
+a recovery whose changelog records are fetched but never reach it (as seen after a consumer-group
+rebalance) is sought again and ends. Every test has its topics and faust app id of its own."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from tests.support.pipeline import eventually
 
-from podcost_bus import BusSettings, Delivery, KafkaBus
+from podcost_bus import BusSettings, Delivery, KafkaBus, faust_app
 from podcost_bus.faust_app import FaustAppFailed, FaustKeyedApp
 from podcost_bus.keyed import Drop
 from podcost_bus.protocol import Record
@@ -304,3 +305,45 @@ async def test_a_stop_in_the_middle_of_a_batch_commits_and_stores_nothing_of_it_
     delivered = batch[: batch.index(b"hold")]
     expected = [*first, *held[:start], *delivered, *held[start:]]
     assert await read_all(kafka.bus, out, len(expected)) == expected
+
+
+async def test_a_recovery_that_gets_none_of_its_changelog_records_seeks_them_again_and_ends(
+    kafka: Kafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = kafka.app(Remember())
+    task = await started(first)
+    try:
+        for index in range(5):
+            await published(kafka.bus, kafka.source, [f"v{index}".encode()])
+            await eventually(
+                lambda index=index: first.tables[PART].get(b"key") == f"v{index}".encode(),
+                f"v{index} stored",
+            )
+    finally:
+        await stopped(task)
+
+    # The next app's recovery drops every changelog record the first time it is delivered, as
+    # faust was seen to (fetched, the position past them, and never applied): the recovery
+    # would wait for them forever.
+    monkeypatch.setattr(faust_app, "RECOVERY_STALL_S", 2.0)
+    second = kafka.app(Remember())
+    queue = second.app.tables.changelog_queue
+    get = queue.get
+    dropped: set[int] = set()
+
+    async def drop_once() -> Any:
+        while True:
+            event = await get()
+            if event.message.offset not in dropped:
+                dropped.add(event.message.offset)
+                continue
+            return event
+
+    monkeypatch.setattr(queue, "get", drop_once)
+    task = await started(second)
+    try:
+        assert second.ready()
+        assert dropped
+        assert second.tables[PART].get(b"key") == b"v4"
+    finally:
+        await stopped(task)

@@ -489,6 +489,68 @@ def test_answers_stored_for_another_snapshot_than_the_stored_one_are_dropped() -
     assert loaded.progress.answers == {}
 
 
+def answered(
+    aggregator: Aggregator, state: WorkloadState, version: int, *names: str
+) -> WorkloadState:
+    for name in names:
+        state = aggregator.on_ranks(
+            state, strategy=name, version=version, scores=scores(snap(version), name), now=1
+        ).state
+    return state
+
+
+def test_a_snapshot_stored_without_its_progress_is_pending_not_taken_for_decided() -> None:
+    aggregator = Aggregator(AggregationConfig(deadline_s=DEADLINE))
+    decided, decision = aggregator.due(answered(aggregator, started(aggregator), 2, CAP, AGE), 1)
+    assert decision is not None
+    assert decided.progress.verdict is Verdict.COMPLETE
+    # One answer for version 3 came before its snapshot; then the snapshot, whose two parts a
+    # crash tore: the snapshot part was written, the progress part (version 2's, complete) not.
+    early = answered(aggregator, decided, 3, CAP)
+    new = aggregator.on_snapshot(early, snap(3), emitted_at=3.0, now=2).state
+    parts = dump_parts(None, early)
+    torn = {**parts, SNAPSHOT_PART: dump_parts(early, new)[SNAPSHOT_PART]}
+    told: list[tuple[int | None, int]] = []
+    loaded = load_parts(KEY, torn, on_torn=lambda *versions: told.append(versions))
+    assert told == [(2, 3)]
+    assert load_parts(KEY, parts, on_torn=lambda *versions: told.append(versions)) == early
+    assert told == [(2, 3)]  # said only of torn parts
+    assert loaded == new  # pending, with the answer that waited for it
+    assert loaded.progress.verdict is Verdict.PENDING
+
+    # The records are read again (they were not committed): the snapshot is a duplicate, the
+    # missing answer decides version 3.
+    again = aggregator.on_snapshot(loaded, snap(3), emitted_at=3.0, now=3)
+    assert again.outcome is Outcome.DUPLICATE
+    _, decision = aggregator.due(answered(aggregator, again.state, 3, CAP, AGE), 3)
+    assert decision is not None
+    assert decision.version == 3
+    assert decision.complete
+
+
+def test_a_progress_stored_without_its_snapshot_leaves_the_stored_snapshot_pending() -> None:
+    aggregator = Aggregator(AggregationConfig(deadline_s=DEADLINE))
+    decided, _ = aggregator.due(answered(aggregator, started(aggregator), 2, CAP, AGE), 1)
+    new = aggregator.on_snapshot(decided, snap(3), emitted_at=3.0, now=2).state
+    new = answered(aggregator, new, 3, CAP)
+    new = answered(aggregator, new, 4, AGE)  # early, for a version not seen yet
+    # The progress part of version 3 was written, its snapshot part not.
+    torn = {
+        SNAPSHOT_PART: dump_parts(None, decided)[SNAPSHOT_PART],
+        PROGRESS_PART: dump_parts(None, new)[PROGRESS_PART],
+    }
+    loaded = load_parts(KEY, torn)
+    assert loaded.version == 2
+    assert loaded.progress.verdict is Verdict.PENDING
+    assert loaded.progress.answers == {}
+    assert [waiting.version for waiting in loaded.progress.early] == [4]
+    # Read again, version 3's snapshot replaces it, and its answers decide it.
+    again = aggregator.on_snapshot(loaded, snap(3), emitted_at=3.0, now=3).state
+    _, decision = aggregator.due(answered(aggregator, again, 3, CAP, AGE), 3)
+    assert decision is not None
+    assert decision.version == 3
+
+
 def test_a_10000_pod_workload_state_fits_in_kafka_records() -> None:
     snapshot = replace(large_snapshot(), annotations=STRATEGIES)
     aggregator = Aggregator()

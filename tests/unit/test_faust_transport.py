@@ -1,7 +1,8 @@
 """The faust transport's own guard, without a broker: a record that faust skips stops the app
 before anything of its batch is processed (and acked), so the restart reads it again; a skip right
 after the seek to the committed offset is caught too; and resuming a flow that was not suspended
-keeps the records the streams buffered (faust would clear them). The transport
+keeps the records the streams buffered (faust would clear them); a changelog partition whose
+recovery stalls is found, to be sought again. The transport
 against the real broker is ``tests/integration/test_ranker_aggregator.py``."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from types import SimpleNamespace
 from aiokafka.partitioner import DefaultPartitioner
 
 from podcost_bus import BusSettings, Record, TopicPartition
-from podcost_bus.faust_app import FaustKeyedApp, SkippedRecords, key_partition
+from podcost_bus.faust_app import FaustKeyedApp, RecoveryStalls, SkippedRecords, key_partition
 
 
 class Offsets:
@@ -142,3 +143,15 @@ def test_a_key_goes_to_the_partition_the_kafka_producers_give_it() -> None:
     for index in range(200):
         key = f"prod-eu-1/ns-{index}/Deployment/web-{index % 7}".encode()
         assert key_partition(key, 6) == DefaultPartitioner()(key, partitions, partitions)
+
+
+def test_a_changelog_partition_the_recovery_applies_nothing_of_for_a_while_is_stalled() -> None:
+    stalls: RecoveryStalls[str] = RecoveryStalls(10.0)
+    assert stalls.check(0.0, {"a": -1, "b": 5}) == {}
+    assert stalls.check(6.0, {"a": -1, "b": 7}) == {}  # b moves on
+    assert stalls.check(10.0, {"a": -1, "b": 7}) == {"a": 0}  # nothing applied yet: from 0
+    assert stalls.check(16.0, {"a": -1, "b": 7}) == {"b": 8}  # a: again 10 s after its seek
+    assert stalls.check(20.0, {"a": -1}) == {"a": 0}
+    assert stalls.check(25.0, {}) == {}  # caught up, or the recovery is over
+    assert stalls.check(40.0, {"a": 3}) == {}  # behind again: counted afresh
+    assert stalls.check(50.0, {"a": 3}) == {"a": 4}

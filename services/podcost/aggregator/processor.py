@@ -373,7 +373,19 @@ class AggregationProcessor:
     def load(self, key: bytes | None, parts: Mapping[str, bytes | None]) -> WorkloadState:
         text = (key or b"").decode("utf-8", "replace")
         try:
-            return load_parts(text, parts, read_latest=_read_latest)
+            return load_parts(
+                text,
+                parts,
+                read_latest=_read_latest,
+                on_torn=lambda progress, snapshot: log.warning(
+                    "the stored state of %r was torn (the progress of version %s with the "
+                    "snapshot of version %s): version %s is pending again",
+                    text,
+                    progress,
+                    snapshot,
+                    snapshot,
+                ),
+            )
         except StateDecodeError as error:
             # Written by an incompatible version: start this workload afresh (its next snapshot
             # rebuilds it) rather than stop every workload's aggregation.
