@@ -523,7 +523,7 @@ class Bench:
         raise TimeoutError(f"podcost run: no 'watcher synced' after {timeout:.0f}s")
 
     async def podcost_metrics(self, proc: ServiceProcess) -> dict[str, float]:
-        status, body = await proc._get("/metrics")
+        status, body = await proc.get_listening("/metrics")
         if status != 200:
             raise RuntimeError(f"podcost run: GET /metrics answered {status}")
         return parse_summed(body)

@@ -353,7 +353,7 @@ class ServiceProcess:
 
     async def metrics(self) -> dict[str, float]:
         """``GET /metrics`` parsed (:func:`parse_metrics`)."""
-        status, body = await self._get("/metrics")
+        status, body = await self.get_listening("/metrics")
         if status != 200:
             raise AssertionError(f"{self.spec.name}: GET /metrics answered {status}")
         return parse_metrics(body)
@@ -366,6 +366,17 @@ class ServiceProcess:
         if not self.log_path.exists():
             return "(no log)"
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    async def get_listening(self, path: str, wait: float = 10.0) -> tuple[int, str]:
+        """(status, body) of a GET, waiting up to ``wait`` seconds for the port to listen while
+        the process runs: ``podcost run`` opens its HTTP port only once its services are ready
+        or ``runner.HTTP_DEFER_S`` after its start, so its first write is not delayed."""
+        deadline = time.monotonic() + wait
+        while True:
+            status, body = await self._get(path)
+            if status != 0 or not self.alive or time.monotonic() > deadline:
+                return status, body
+            await asyncio.sleep(0.1)
 
     async def _get(self, path: str) -> tuple[int, str]:
         """(status, body) of a GET on the process's port; status 0 when nothing answers."""
