@@ -519,7 +519,10 @@ class AnnotatorService:
         )
         batch = _Batch(record, message, span)
         self._open.add(batch)
-        self.decisions.record(message, trace_id_of(record.headers))
+        again = functools.partial(
+            decode, DesiredCostsMessage, record.value, record.headers, key=record.key
+        )
+        self.decisions.record(message, trace_id_of(record.headers), again)
         ticket = self._ledger.open(record.tp, record.offset, len(message.costs), batch)
         if not message.costs:
             self._finish(batch)
