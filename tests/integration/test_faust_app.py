@@ -103,7 +103,9 @@ class Kafka:
     app_id: str
     data_dir: Path
 
-    def app(self, processor: Remember, stop_timeout_s: float = 15.0) -> FaustKeyedApp[bytes]:
+    def app(
+        self, processor: Remember, stop_timeout_s: float = 15.0, **watchdog: float
+    ) -> FaustKeyedApp[bytes]:
         return FaustKeyedApp(
             self.bus.settings,
             processor,
@@ -112,6 +114,7 @@ class Kafka:
             data_dir=self.data_dir,
             commit_interval_s=0.2,
             stop_timeout_s=stop_timeout_s,
+            **watchdog,
         )
 
 
@@ -305,6 +308,33 @@ async def test_a_stop_in_the_middle_of_a_batch_commits_and_stores_nothing_of_it_
     delivered = batch[: batch.index(b"hold")]
     expected = [*first, *held[:start], *delivered, *held[start:]]
     assert await read_all(kafka.bus, out, len(expected)) == expected
+
+
+async def test_an_app_that_stops_making_progress_turns_not_ready_then_exits_stalled(
+    kafka: Kafka,
+) -> None:
+    # A batch stuck for good (its flush never returns): nothing raises, faust goes on fetching
+    # and the app stays assigned, so only the progress watchdog can tell its supervisor.
+    out = f"{kafka.source}.out"
+    await kafka.bus.ensure_topics([out])
+    relay = Relay(kafka.bus, out, hold=b"hold")
+    app = kafka.app(relay, stop_timeout_s=3.0, stall_s=4.0)
+    task = await started(app)
+    await published(kafka.bus, kafka.source, [b"a", b"hold"])
+    held_at = time.monotonic()
+    await eventually(lambda: task.done() or not app.ready(), "not ready", timeout=15.0)
+    assert not task.done(), task.exception()
+    with pytest.raises(faust_app.Stalled, match="to process and none processed"):
+        await asyncio.wait_for(task, timeout=30.0)
+    assert time.monotonic() - held_at < 20.0
+    assert b"hold" in relay.seen
+
+
+async def test_an_app_that_does_not_start_within_its_bound_exits_stalled(kafka: Kafka) -> None:
+    # Joining the group alone takes longer than this bound: the start counts as hung.
+    app = kafka.app(Remember(), stop_timeout_s=5.0, start_timeout_s=0.5)
+    with pytest.raises(faust_app.Stalled, match="not started"):
+        await asyncio.wait_for(app.run(), timeout=60.0)
 
 
 async def test_a_recovery_that_gets_none_of_its_changelog_records_seeks_them_again_and_ends(
