@@ -4,7 +4,9 @@ whose processor fails, which must stop (bounded) without committing the failed r
 order within a batch, and an app stopped in the middle of a batch whose outputs are not all
 delivered: nothing of that batch is committed or stored, and the restart publishes them all; and
 a recovery whose changelog records are fetched but never reach it (as seen after a consumer-group
-rebalance) is sought again and ends. Every test has its topics and faust app id of its own."""
+rebalance) is sought again and ends; the progress watchdog: an app with a batch stuck for good,
+one whose consumer stopped fetching, and one that does not start within its bound exit
+(``Stalled``). Every test has its topics and faust app id of its own."""
 
 from __future__ import annotations
 
@@ -328,6 +330,26 @@ async def test_an_app_that_stops_making_progress_turns_not_ready_then_exits_stal
         await asyncio.wait_for(task, timeout=30.0)
     assert time.monotonic() - held_at < 20.0
     assert b"hold" in relay.seen
+
+
+async def test_an_app_whose_consumer_stops_fetching_sees_its_lag_from_the_broker_and_exits(
+    kafka: Kafka,
+) -> None:
+    # As after the broker outage of issue 12: the consumer fetches nothing any more, so the
+    # highwaters it knows never move; the watchdog asks the broker for the end offsets.
+    processor = Remember()
+    app = kafka.app(processor, stop_timeout_s=3.0, stall_s=4.0)
+    task = await started(app)
+    await kafka.bus.publish(kafka.source, b"key", b"a")
+    await eventually(lambda: task.done() or processor.seen == [b"a"], "a to be processed")
+    thread = app.app.consumer._thread
+    consumer = thread._ensure_consumer()
+    sources = [tp for tp in consumer.assignment() if tp.topic == kafka.source]
+    await thread.call_thread(lambda: consumer.pause(*sources))
+    await kafka.bus.publish(kafka.source, b"key", b"b")
+    with pytest.raises(faust_app.Stalled, match="1 records to process and none processed"):
+        await asyncio.wait_for(task, timeout=30.0)
+    assert processor.seen == [b"a"]
 
 
 async def test_an_app_that_does_not_start_within_its_bound_exits_stalled(kafka: Kafka) -> None:
