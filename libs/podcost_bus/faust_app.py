@@ -124,6 +124,7 @@ import faust
 from aiokafka.helpers import create_ssl_context
 from aiokafka.partitioner import murmur2
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from mode.threads import WorkerThread
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
@@ -174,7 +175,19 @@ PROGRESS_STALL_S = 60.0
 START_TIMEOUT_S = 120.0
 
 
+class _DaemonWorker(WorkerThread):
+    """mode's worker thread, but a daemon: when faust does not stop (:meth:`FaustKeyedApp._stop`
+    gives up on it, say in a start hung in its consumer thread), the process must still exit for
+    its supervisor to restart it, and the interpreter waits for every thread that is not one."""
+
+    def __init__(self, service: Any, **kwargs: Any) -> None:
+        super().__init__(service, **kwargs)
+        self.daemon = True
+
+
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    Worker = _DaemonWorker
+
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         if not hasattr(consumer, "_fetch_max_wait_ms"):  # read by AIOKafkaConsumer.start()
