@@ -380,9 +380,9 @@ class FaustKeyedApp(Generic[S]):
         self._stalled = False
         """Whether the progress watchdog says the app is stalled (not ready, exiting soon)."""
         self._ends: dict[TopicPartition, int] = {}
+        """The source partitions' end offsets the watchdog last asked of the broker."""
         self._in_flight = 0
         """The records of the batch being processed (taken but not done yet)."""
-        """The source partitions' end offsets the watchdog last asked of the broker."""
         self._batch_max = batch_max
         self._batch_within_s = batch_within_s
         self._lock = asyncio.Lock()
