@@ -460,15 +460,21 @@ class FaustKeyedApp(Generic[S]):
 
     def ready(self) -> bool:
         """Started, partitions assigned and tables recovered: records are being processed."""
-        app = self.app
         return (
             self._started
             and not self._stalled
-            and self._changelogs_known()
+            and self._settled()
+            and bool(self.app.consumer.assignment())
+        )
+
+    def _settled(self) -> bool:
+        """Able to process: no rebalance or recovery going on, the changelogs' metadata known."""
+        app = self.app
+        return (
+            self._changelogs_known()
             and not app.rebalancing
             and not app.in_recovery
             and app.tables.recovery.completed.is_set()
-            and bool(app.consumer.assignment())
         )
 
     async def run(self) -> None:
@@ -543,6 +549,7 @@ class FaustKeyedApp(Generic[S]):
         applied: tuple[Any, ...] = ()
         asked = began  # when the broker was last asked for the end offsets
         behind_since: float | None = None
+        unsettled_since: float | None = None
         while True:
             await asyncio.sleep(RECOVERY_CHECK_S)
             now = time.monotonic()
@@ -564,6 +571,12 @@ class FaustKeyedApp(Generic[S]):
                 behind_since = None
             elif behind_since is None:
                 behind_since = now
+            if self._started and not self._changelogs_known():
+                await self._refresh_changelogs()
+            if not self._started or self._settled():
+                unsettled_since = None
+            elif unsettled_since is None:
+                unsettled_since = now
             verdict = progress_verdict(
                 now,
                 began=began,
@@ -571,6 +584,7 @@ class FaustKeyedApp(Generic[S]):
                 last_progress=self._last_progress,
                 lag=lag,
                 behind_since=behind_since,
+                unsettled_since=unsettled_since,
                 stall_s=self._stall_s,
                 start_s=self._start_timeout_s,
             )
@@ -819,6 +833,16 @@ class FaustKeyedApp(Generic[S]):
         producer = self._producer()
         for topic in self.changelog_topics():
             await producer.partitions_for(topic)  # raises after the request timeout
+
+    async def _refresh_changelogs(self) -> None:
+        """:meth:`_await_changelogs` for the watchdog: the metadata faust's producer has can
+        lose a changelog topic after the start (seen in ``tests/e2e/test_sigkill.py``: ready
+        never again, nothing to write that would fetch it again); bounded, failures logged."""
+        try:
+            async with asyncio.timeout(self.settings.request_timeout_ms / 1000):
+                await self._await_changelogs()
+        except Exception as error:
+            log.warning("%s: the changelogs' metadata is missing: %r", self.app_id, error)
 
     def _producer(self) -> Any:
         """faust's aiokafka producer, which writes the changelogs (faust keeps it private)."""

@@ -46,6 +46,7 @@ def progress_verdict(
     last_progress: float | None,
     lag: int | None,
     behind_since: float | None = None,
+    unsettled_since: float | None = None,
     stall_s: float,
     start_s: float,
 ) -> Verdict:
@@ -55,21 +56,30 @@ def progress_verdict(
     ``last_progress``: when it last moved forward (None: never); ``lag``: records it has to
     process on its assigned partitions (None: unknown, e.g. nothing assigned or no highwater
     seen yet); ``behind_since``: since when ``lag`` has been positive without a break (a record
-    that arrives after a long idle time is not a stall until it waited ``stall_s``).
+    that arrives after a long idle time is not a stall until it waited ``stall_s``);
+    ``unsettled_since``: since when the started consumer has been unable to process without a
+    break (in a rebalance, a recovery, or without the metadata it needs; None: it is able).
 
-    Not started: stalled once nothing moved for ``start_s`` since ``began`` (a recovery in the
-    start-up that progresses keeps it going). Started: stalled once ``lag`` is
-    positive and nothing moved for ``stall_s``. Stalled means NOT_READY from half the bound,
-    EXIT at the bound.
+    Stalled: not started and nothing moved for ``start_s`` since ``began`` (a recovery in the
+    start-up that progresses keeps it going); started, unsettled and nothing moved for
+    ``start_s`` since it became so; started, ``lag`` positive and nothing moved for ``stall_s``
+    since it became so. Stalled means NOT_READY from half the bound, EXIT at the bound (the
+    stall nearest its bound decides).
     """
-    since = max(t for t in (began, last_progress, behind_since) if t is not None)
-    idle = now - since
+    since = max(t for t in (began, last_progress) if t is not None)
+    stalls: list[tuple[float, float, str]] = []  # (idle seconds, bound, what)
     if not started:
-        bound, what = start_s, "not started and no progress"
-    elif lag is not None and lag > 0:
-        bound, what = stall_s, f"{lag} records to process and none processed"
+        stalls.append((now - since, start_s, "not started and no progress"))
     else:
+        if unsettled_since is not None:
+            what = "unable to process (rebalance, recovery or metadata) and no progress"
+            stalls.append((now - max(since, unsettled_since), start_s, what))
+        if lag is not None and lag > 0:
+            what = f"{lag} records to process and none processed"
+            stalls.append((now - max(since, behind_since or since), stall_s, what))
+    if not stalls:
         return OK
+    idle, bound, what = max(stalls, key=lambda stall: stall[0] / stall[1])
     if idle < bound / 2:
         return OK
     reason = f"{what} for {idle:.0f}s (limit {bound:.0f}s)"

@@ -180,6 +180,22 @@ async def test_a_table_write_waits_until_faust_s_producer_knows_the_changelog_to
         await stopped(task)
 
 
+async def test_an_idle_app_whose_producer_lost_the_changelog_metadata_gets_it_back_by_itself(
+    kafka: Kafka,
+) -> None:
+    # Seen in tests/e2e/test_sigkill.py: after the start faust's producer knew one changelog
+    # topic of two, nothing was published, and the app was never ready again.
+    app = kafka.app(Remember())
+    task = await started(app)
+    try:
+        await changelog_client(app).set_topics([kafka.source])
+        assert not app.ready()
+        await eventually(lambda: task.done() or app.ready(), "ready again", timeout=15.0)
+        assert not task.done(), task.exception()
+    finally:
+        await stopped(task)
+
+
 async def test_a_failing_processor_stops_the_app_promptly_and_its_record_is_read_again(
     kafka: Kafka,
 ) -> None:

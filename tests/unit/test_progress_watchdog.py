@@ -62,6 +62,21 @@ def test_a_long_start_that_progresses_goes_on() -> None:
     assert verdict(1_120.0, started=False, last_progress=1_000.0) is Progress.EXIT
 
 
+def test_a_started_consumer_unable_to_process_exits_after_the_start_bound_from_then() -> None:
+    # Idle for hours, then unsettled (a rebalance, metadata lost): counted from then.
+    assert verdict(10_000.0, last_progress=5.0, unsettled_since=9_990.0) is Progress.OK
+    assert verdict(10_050.0, last_progress=5.0, unsettled_since=9_990.0) is Progress.NOT_READY
+    assert verdict(10_110.0, last_progress=5.0, unsettled_since=9_990.0) is Progress.EXIT
+    # A recovery that progresses keeps it going.
+    assert verdict(10_110.0, last_progress=10_100.0, unsettled_since=9_990.0) is Progress.OK
+
+
+def test_the_stall_nearest_its_bound_decides() -> None:
+    kwargs: dict[str, object] = {"last_progress": 0.0, "unsettled_since": 0.0, "lag": 2}
+    assert verdict(60.0, **kwargs) is Progress.EXIT  # the lag's 60 s, before the start's 120 s
+    assert verdict(60.0, **{**kwargs, "lag": 0}) is Progress.NOT_READY
+
+
 def test_the_reason_is_one_line_naming_the_lag_and_the_limit() -> None:
     result = progress_verdict(
         200.0, began=0.0, started=True, last_progress=100.0, lag=7, stall_s=60.0, start_s=120.0
