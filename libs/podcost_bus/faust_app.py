@@ -91,18 +91,20 @@ What podcost relies on, and why it is arranged so:
 - **A consumer that stops making progress exits** (:meth:`FaustKeyedApp._watch`, the decision
   in ``podcost_core.progress``): faust was seen to stop consuming for good after a broker
   outage ("Heartbeat session expired - marking coordinator dead", then nothing, still assigned
-  and so still ready), and its start to hang in the creation of its internal topics (its
-  aiokafka driver passes a timeout in milliseconds, 30000, to a wait that takes seconds: a lost
-  request waits 8 hours). Neither raises, so the service never exited and its supervisor never
-  restarted it. The watchdog that seeks stalled recoveries also checks, every second, that the
-  app moves forward (a batch processed, a changelog record applied in a recovery): with records
-  to process on its source partitions (the consumer's highwaters beyond the records processed,
-  or a batch taken and not done) and none processed for :data:`PROGRESS_STALL_S`, or a start
-  without progress for :data:`START_TIMEOUT_S`, the app is not ready from half that time and
-  then :meth:`FaustKeyedApp.run` raises :class:`Stalled` (the service exits non-zero; what was
-  not committed is read again after the restart). A consumer that stopped fetching sees no new
-  highwaters, so while it has processed nothing for half the bound the broker's end offsets are
-  asked, at most that often.
+  and so still ready), and to hang in its start (``Creating topic`` never ``created``). Neither
+  raises, so the service never exited and its supervisor never restarted it. The watchdog that
+  seeks stalled recoveries also checks, every second, that the app moves forward (a batch
+  processed, a changelog record applied in a recovery): with records to process on its source
+  partitions (the consumer's highwaters beyond the records processed, or a batch taken and not
+  done) and none processed for :data:`PROGRESS_STALL_S`, or a start, or a time unable to
+  process once started (a rebalance, a recovery, the changelogs' metadata missing), without
+  progress for :data:`START_TIMEOUT_S`, the app is not ready from half that time and then
+  :meth:`FaustKeyedApp.run` raises :class:`Stalled` (the service exits non-zero; what was not
+  committed is read again after the restart). A consumer that stopped fetching sees no new
+  highwaters, so while it has processed nothing for half the bound the broker's end offsets
+  are asked, at most that often. The changelogs' metadata, which faust's producer was seen to
+  lose for good after the start (``tests/e2e/test_sigkill.py``: never ready, and idle, so
+  nothing written that would fetch it again), is fetched again whenever it is missing.
 - **A short fetch wait**: faust's aiokafka driver hard-codes ``fetch_max_wait_ms=1500``, and
   aiokafka keeps one fetch in flight per broker, so a record for a partition that was drained
   after that fetch was sent waits for it to come back, up to 1.5 s. Measured on one broker at 20
