@@ -76,7 +76,7 @@ What podcost relies on, and why it is arranged so:
   tables (2 runs in about 35 of the restart test), likely the same clear of the buffers.
   What let faust skip them on a partition nobody had committed yet (aiokafka's seek to the
   committed offset does nothing there) is repaired by the consumer thread's seek.
-- **A stalled recovery is sought again** (:meth:`FaustKeyedApp._watch_recovery`): after a
+- **A stalled recovery is sought again** (:meth:`FaustKeyedApp._watch`): after a
   rebalance, a changelog partition newly assigned was seen never to deliver a record to the
   recovery although it was behind its highwater and aiokafka kept fetching it (faust's log:
   "No event received for active tp ... since recovery start", for minutes): the records were
@@ -88,6 +88,23 @@ What podcost relies on, and why it is arranged so:
   applying a changelog record again is harmless (the same value for the same key). The watch
   starts before faust does, whose start waits for the first recovery
   (``tests/integration/test_faust_app.py`` drops a recovery's records to check it ends).
+- **A consumer that stops making progress exits** (:meth:`FaustKeyedApp._watch`, the decision
+  in ``podcost_core.progress``): faust was seen to stop consuming for good after a broker
+  outage ("Heartbeat session expired - marking coordinator dead", then nothing, still assigned
+  and so still ready), and to hang in its start (``Creating topic`` never ``created``). Neither
+  raises, so the service never exited and its supervisor never restarted it. The watchdog that
+  seeks stalled recoveries also checks, every second, that the app moves forward (a batch
+  processed, a changelog record applied in a recovery): with records to process on its source
+  partitions (the consumer's highwaters beyond the records processed, or a batch taken and not
+  done) and none processed for :data:`PROGRESS_STALL_S`, or a start, or a time unable to
+  process once started (a rebalance, a recovery, the changelogs' metadata missing), without
+  progress for :data:`START_TIMEOUT_S`, the app is not ready from half that time and then
+  :meth:`FaustKeyedApp.run` raises :class:`Stalled` (the service exits non-zero; what was not
+  committed is read again after the restart). A consumer that stopped fetching sees no new
+  highwaters, so while it has processed nothing for half the bound the broker's end offsets
+  are asked, at most that often. The changelogs' metadata, which faust's producer was seen to
+  lose for good after the start (``tests/e2e/test_sigkill.py``: never ready, and idle, so
+  nothing written that would fetch it again), is fetched again whenever it is missing.
 - **A short fetch wait**: faust's aiokafka driver hard-codes ``fetch_max_wait_ms=1500``, and
   aiokafka keeps one fetch in flight per broker, so a record for a partition that was drained
   after that fetch was sent waits for it to come back, up to 1.5 s. Measured on one broker at 20
@@ -109,12 +126,14 @@ import faust
 from aiokafka.helpers import create_ssl_context
 from aiokafka.partitioner import murmur2
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from mode.threads import WorkerThread
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
 from podcost_bus.keyed import DROP, Batch, KeyedProcessor, process_batch, tick_batch
 from podcost_bus.protocol import Record, TopicPartition
 from podcost_bus.settings import BusSettings
+from podcost_core.progress import Progress, progress_verdict
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +143,10 @@ S = TypeVar("S")
 class FaustAppFailed(RuntimeError):
     """The faust app stopped processing: a processor error, or faust itself crashed. The
     service exits so that its supervisor restarts it; unacknowledged records are read again."""
+
+
+class Stalled(FaustAppFailed):
+    """The app stopped making progress, or did not start (see the module docstring)."""
 
 
 class SkippedRecords(FaustAppFailed):
@@ -147,8 +170,26 @@ FETCH_MAX_WAIT_MS = 100
 RECOVERY_STALL_S = 10.0
 RECOVERY_CHECK_S = 1.0
 
+#: The progress watchdog's bounds (see the module docstring): how long the app may have records
+#: to process on its source partitions without processing one, and how long its start may go on
+#: without progress, before it exits (not ready from half that time).
+PROGRESS_STALL_S = 60.0
+START_TIMEOUT_S = 120.0
+
+
+class _DaemonWorker(WorkerThread):
+    """mode's worker thread, but a daemon: when faust does not stop (:meth:`FaustKeyedApp._stop`
+    gives up on it, say in a start hung in its consumer thread), the process must still exit for
+    its supervisor to restart it, and the interpreter waits for every thread that is not one."""
+
+    def __init__(self, service: Any, **kwargs: Any) -> None:
+        super().__init__(service, **kwargs)
+        self.daemon = True
+
 
 class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
+    Worker = _DaemonWorker
+
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         if not hasattr(consumer, "_fetch_max_wait_ms"):  # read by AIOKafkaConsumer.start()
@@ -263,7 +304,7 @@ K = TypeVar("K")
 
 class RecoveryStalls(Generic[K]):
     """Which changelog partitions a recovery has applied nothing of for ``after_s`` seconds
-    although they are behind their highwater (see :meth:`FaustKeyedApp._watch_recovery`)."""
+    although they are behind their highwater (see :meth:`FaustKeyedApp._watch`)."""
 
     def __init__(self, after_s: float) -> None:
         self.after_s = after_s
@@ -320,6 +361,8 @@ class FaustKeyedApp(Generic[S]):
         commit_interval_s: float = 1.0,
         standby_replicas: int = 0,
         stop_timeout_s: float = STOP_TIMEOUT_S,
+        stall_s: float = PROGRESS_STALL_S,
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         if not settings.bootstrap_servers:
             raise ValueError("the faust app needs Kafka bootstrap servers (PODCOST_KAFKA)")
@@ -332,6 +375,16 @@ class FaustKeyedApp(Generic[S]):
         self.data_dir = data_dir
         self._partitions = settings.partitions
         self._stop_timeout_s = stop_timeout_s
+        self._stall_s = stall_s
+        self._start_timeout_s = start_timeout_s
+        self._last_progress: float | None = None
+        """When a batch was last processed or a changelog record last applied (monotonic)."""
+        self._stalled = False
+        """Whether the progress watchdog says the app is stalled (not ready, exiting soon)."""
+        self._ends: dict[TopicPartition, int] = {}
+        """The source partitions' end offsets the watchdog last asked of the broker."""
+        self._in_flight = 0
+        """The records of the batch being processed (taken but not done yet)."""
         self._batch_max = batch_max
         self._batch_within_s = batch_within_s
         self._lock = asyncio.Lock()
@@ -409,14 +462,21 @@ class FaustKeyedApp(Generic[S]):
 
     def ready(self) -> bool:
         """Started, partitions assigned and tables recovered: records are being processed."""
-        app = self.app
         return (
             self._started
-            and self._changelogs_known()
+            and not self._stalled
+            and self._settled()
+            and bool(self.app.consumer.assignment())
+        )
+
+    def _settled(self) -> bool:
+        """Able to process: no rebalance or recovery going on, the changelogs' metadata known."""
+        app = self.app
+        return (
+            self._changelogs_known()
             and not app.rebalancing
             and not app.in_recovery
             and app.tables.recovery.completed.is_set()
-            and bool(app.consumer.assignment())
         )
 
     async def run(self) -> None:
@@ -425,13 +485,17 @@ class FaustKeyedApp(Generic[S]):
         failure: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
         self._failure = failure
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        # Started first: faust's start waits for the first recovery, which can stall too.
-        watchdog = asyncio.create_task(self._watch_recovery(), name=f"{self.app_id}.recovery")
+        # Started first: faust's start waits for the first recovery, which can stall too, and
+        # can hang in itself (see the module docstring).
+        watchdog = asyncio.create_task(self._watch(), name=f"{self.app_id}.watchdog")
+        starting = asyncio.ensure_future(self._start())
         try:
-            await self.app.start()
-            await self._await_changelogs()
-            self._started = True
-            await self.app.wait_first(failure, watchdog)
+            await asyncio.wait({starting, watchdog}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()
+                await self.app.wait_first(failure, watchdog)
+            if watchdog.done() and not watchdog.cancelled():
+                raise Stalled(f"{self.app_id} stalled: {watchdog.result()}; exiting to restart")
             if failure.done() and not failure.cancelled():
                 raise FaustAppFailed(f"{self.app_id} stopped processing") from failure.result()
             if self.app.crashed:
@@ -439,9 +503,15 @@ class FaustKeyedApp(Generic[S]):
                 raise FaustAppFailed(f"faust crashed: {reason!r}") from reason
             raise FaustAppFailed("faust stopped by itself")
         finally:
+            starting.cancel()
             watchdog.cancel()
             self._started = False
-            await self._stop(failed=failure.done())
+            await self._stop(failed=failure.done() or watchdog.done())
+
+    async def _start(self) -> None:
+        await self.app.start()
+        await self._await_changelogs()
+        self._started = True
 
     async def _stop(self, *, failed: bool) -> None:
         # On stop faust waits until every record its streams took is acked ("Wait for
@@ -472,34 +542,132 @@ class FaustKeyedApp(Generic[S]):
         log.error("%s: faust still did not stop; exiting without it", self.app_id)
         stopping.cancel()
 
-    async def _watch_recovery(self) -> None:
-        """Seek a changelog partition whose recovery stalled to the next offset it needs."""
+    async def _watch(self) -> str:
+        """The watchdog: seeks a stalled recovery again, and returns why the app must exit when
+        it makes no progress (see the module docstring)."""
         recovery = self.app.tables.recovery
         stalls: RecoveryStalls[Any] = RecoveryStalls(RECOVERY_STALL_S)
+        began = time.monotonic()
+        applied: tuple[Any, ...] = ()
+        asked = began  # when the broker was last asked for the end offsets
+        behind_since: float | None = None
+        unsettled_since: float | None = None
         while True:
             await asyncio.sleep(RECOVERY_CHECK_S)
-            behind = {}
+            now = time.monotonic()
             if recovery.in_recovery:
-                offsets = recovery.active_offsets
-                behind = {
-                    tp: offsets[tp]
-                    for tp, left in list(recovery.active_remaining().items())
-                    if left > 0 and offsets.get(tp) is not None
-                }
-            stalled = stalls.check(time.monotonic(), behind)
-            if not stalled:
-                continue
-            log.warning(
-                "%s: the recovery of %s got nothing for %ss although behind the highwater; "
-                "seeking them again",
-                self.app_id,
-                ", ".join(f"{tp.topic}[{tp.partition}] from {o}" for tp, o in stalled.items()),
-                RECOVERY_STALL_S,
+                # Each changelog record applied is progress: a long recovery is no stall.
+                progressed = tuple(sorted(dict(recovery.active_offsets).items()))
+                if progressed != applied:
+                    applied = progressed
+                    self._last_progress = now
+            lag = self._lag()
+            idle = now - max(began, self._last_progress or began)
+            if self._started and not lag and min(idle, now - asked) >= self._stall_s / 2:
+                # The highwaters are the last fetch's, and a consumer that stopped fetching
+                # never sees new ones: while idle, the broker is asked now and then.
+                asked = now
+                await self._ask_ends()
+                lag = self._lag()
+            if not lag:
+                behind_since = None
+            elif behind_since is None:
+                behind_since = now
+            if self._started and not self._changelogs_known():
+                await self._refresh_changelogs()
+            if not self._started or self._settled():
+                unsettled_since = None
+            elif unsettled_since is None:
+                unsettled_since = now
+            verdict = progress_verdict(
+                now,
+                began=began,
+                started=self._started,
+                last_progress=self._last_progress,
+                lag=lag,
+                behind_since=behind_since,
+                unsettled_since=unsettled_since,
+                stall_s=self._stall_s,
+                start_s=self._start_timeout_s,
             )
-            try:
-                await self.app.consumer.seek_wait(stalled)
-            except Exception as error:  # tried again after the next stall
-                log.warning("%s: seeking the changelogs failed: %r", self.app_id, error)
+            if verdict.progress is Progress.EXIT:
+                self._stalled = True
+                return verdict.reason
+            if verdict.progress is Progress.NOT_READY and not self._stalled:
+                log.warning("%s: %s; not ready", self.app_id, verdict.reason)
+            self._stalled = verdict.progress is Progress.NOT_READY
+            await self._seek_stalled_recovery(stalls, now)
+
+    def _lag(self) -> int | None:
+        """The records taken but not processed yet (a batch stuck in its flush), and those
+        after them (:meth:`_partition_lag`); None: unknown."""
+        behind = self._partition_lag()
+        return behind if not self._in_flight else (behind or 0) + self._in_flight
+
+    def _partition_lag(self) -> int | None:
+        """Records on the assigned source partitions past the ones processed (None: unknown),
+        from the highwaters the consumer's fetches saw, or the broker's end offsets last asked
+        (:meth:`_ask_ends`) if larger: no request."""
+        if self._generation != self.app.consumer_generation_id:
+            return None  # rebalanced since the last seek: nothing known yet
+        consumer = self.app.consumer
+        lag = None
+        try:
+            for tp in consumer.assignment():
+                key = TopicPartition(tp.topic, tp.partition)
+                following = self._next_offset.get(key)
+                if tp.topic not in self.app.source_topics or following is None:
+                    continue
+                ends = [consumer.highwater(tp), self._ends.get(key)]
+                known = [end for end in ends if end is not None]
+                if known:
+                    lag = (lag or 0) + max(0, max(known) - following)
+        except Exception:  # not started yet, or the assignment changed meanwhile
+            return None
+        return lag
+
+    async def _ask_ends(self) -> None:
+        """Ask the broker for the end offsets of the assigned source partitions (kept in
+        :attr:`_ends`; a failure, the broker away, leaves them as they were)."""
+        consumer = self.app.consumer
+        try:
+            tps = [tp for tp in consumer.assignment() if tp.topic in self.app.source_topics]
+            async with asyncio.timeout(self.settings.request_timeout_ms / 1000):
+                ends = await consumer.highwaters(*tps) if tps else {}
+        except Exception as error:
+            log.debug("%s: end offsets unavailable: %r", self.app_id, error)
+            return
+        self._ends = {
+            TopicPartition(tp.topic, tp.partition): end
+            for tp, end in ends.items()
+            if end is not None
+        }
+
+    async def _seek_stalled_recovery(self, stalls: RecoveryStalls[Any], now: float) -> None:
+        """Seek a changelog partition whose recovery stalled to the next offset it needs."""
+        recovery = self.app.tables.recovery
+        behind = {}
+        if recovery.in_recovery:
+            offsets = recovery.active_offsets
+            behind = {
+                tp: offsets[tp]
+                for tp, left in list(recovery.active_remaining().items())
+                if left > 0 and offsets.get(tp) is not None
+            }
+        stalled = stalls.check(now, behind)
+        if not stalled:
+            return
+        log.warning(
+            "%s: the recovery of %s got nothing for %ss although behind the highwater; "
+            "seeking them again",
+            self.app_id,
+            ", ".join(f"{tp.topic}[{tp.partition}] from {o}" for tp, o in stalled.items()),
+            RECOVERY_STALL_S,
+        )
+        try:
+            await self.app.consumer.seek_wait(stalled)
+        except Exception as error:  # tried again after the next stall
+            log.warning("%s: seeking the changelogs failed: %r", self.app_id, error)
 
     def _withhold_unacked(self) -> None:
         for message in list(self.app.consumer.unacked):
@@ -522,12 +690,15 @@ class FaustKeyedApp(Generic[S]):
         # A batch's events are acked by faust when this asks for the next batch, that is once
         # the batch is decided, its outputs acknowledged and its states written.
         async for events in stream.take_events(self._batch_max, self._batch_within_s):
+            self._in_flight = len(events)  # to process: lag the highwaters no longer show
             async with self._lock:
                 try:
                     records = [_record(event) for event in events]
                     self._check_offsets(records)
                     batch = await process_batch(self.processor, records, self._state)
                     await self._store_batch(batch)
+                    self._last_progress = time.monotonic()
+                    self._in_flight = 0
                 except Exception as error:  # escalated: see the module docstring
                     await self._fail(error, [event.message for event in events])
 
@@ -664,6 +835,16 @@ class FaustKeyedApp(Generic[S]):
         producer = self._producer()
         for topic in self.changelog_topics():
             await producer.partitions_for(topic)  # raises after the request timeout
+
+    async def _refresh_changelogs(self) -> None:
+        """:meth:`_await_changelogs` for the watchdog: the metadata faust's producer has can
+        lose a changelog topic after the start (seen in ``tests/e2e/test_sigkill.py``: ready
+        never again, nothing to write that would fetch it again); bounded, failures logged."""
+        try:
+            async with asyncio.timeout(self.settings.request_timeout_ms / 1000):
+                await self._await_changelogs()
+        except Exception as error:
+            log.warning("%s: the changelogs' metadata is missing: %r", self.app_id, error)
 
     def _producer(self) -> Any:
         """faust's aiokafka producer, which writes the changelogs (faust keeps it private)."""

@@ -286,7 +286,11 @@ BAD_INPUT: tuple[type[BaseException], ...] = (
 FAILED: tuple[type[BaseException], ...] = (TimeoutError, OSError)
 #: The adapters' errors (exit 1), named rather than imported: a command that never loaded an
 #: adapter cannot have raised its error, and importing it would cost what lazy commands save.
-ADAPTER_ERRORS = (("podcost_kube.client", "KubeError"), ("podcost_bus.protocol", "BusError"))
+ADAPTER_ERRORS = (
+    ("podcost_kube.client", "KubeError"),
+    ("podcost_bus.protocol", "BusError"),
+    ("podcost_bus.faust_app", "FaustAppFailed"),  # `podcost run --kafka`'s aggregator
+)
 
 
 def failed_kinds() -> tuple[type[BaseException], ...]:

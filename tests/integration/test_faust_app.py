@@ -4,7 +4,9 @@ whose processor fails, which must stop (bounded) without committing the failed r
 order within a batch, and an app stopped in the middle of a batch whose outputs are not all
 delivered: nothing of that batch is committed or stored, and the restart publishes them all; and
 a recovery whose changelog records are fetched but never reach it (as seen after a consumer-group
-rebalance) is sought again and ends. Every test has its topics and faust app id of its own."""
+rebalance) is sought again and ends; the progress watchdog: an app with a batch stuck for good,
+one whose consumer stopped fetching, and one that does not start within its bound exit
+(``Stalled``). Every test has its topics and faust app id of its own."""
 
 from __future__ import annotations
 
@@ -103,7 +105,9 @@ class Kafka:
     app_id: str
     data_dir: Path
 
-    def app(self, processor: Remember, stop_timeout_s: float = 15.0) -> FaustKeyedApp[bytes]:
+    def app(
+        self, processor: Remember, stop_timeout_s: float = 15.0, **watchdog: float
+    ) -> FaustKeyedApp[bytes]:
         return FaustKeyedApp(
             self.bus.settings,
             processor,
@@ -112,6 +116,7 @@ class Kafka:
             data_dir=self.data_dir,
             commit_interval_s=0.2,
             stop_timeout_s=stop_timeout_s,
+            **watchdog,
         )
 
 
@@ -171,6 +176,22 @@ async def test_a_table_write_waits_until_faust_s_producer_knows_the_changelog_to
         assert not task.done(), task.exception()
         assert client.cluster.partitions_for_topic(changelogs[0]) == {0}
         assert app.ready()
+    finally:
+        await stopped(task)
+
+
+async def test_an_idle_app_whose_producer_lost_the_changelog_metadata_gets_it_back_by_itself(
+    kafka: Kafka,
+) -> None:
+    # Seen in tests/e2e/test_sigkill.py: after the start faust's producer knew one changelog
+    # topic of two, nothing was published, and the app was never ready again.
+    app = kafka.app(Remember())
+    task = await started(app)
+    try:
+        await changelog_client(app).set_topics([kafka.source])
+        assert not app.ready()
+        await eventually(lambda: task.done() or app.ready(), "ready again", timeout=15.0)
+        assert not task.done(), task.exception()
     finally:
         await stopped(task)
 
@@ -305,6 +326,56 @@ async def test_a_stop_in_the_middle_of_a_batch_commits_and_stores_nothing_of_it_
     delivered = batch[: batch.index(b"hold")]
     expected = [*first, *held[:start], *delivered, *held[start:]]
     assert await read_all(kafka.bus, out, len(expected)) == expected
+
+
+async def test_an_app_that_stops_making_progress_turns_not_ready_then_exits_stalled(
+    kafka: Kafka,
+) -> None:
+    # A batch stuck for good (its flush never returns): nothing raises, faust goes on fetching
+    # and the app stays assigned, so only the progress watchdog can tell its supervisor.
+    out = f"{kafka.source}.out"
+    await kafka.bus.ensure_topics([out])
+    relay = Relay(kafka.bus, out, hold=b"hold")
+    app = kafka.app(relay, stop_timeout_s=3.0, stall_s=4.0)
+    task = await started(app)
+    await published(kafka.bus, kafka.source, [b"a", b"hold"])
+    held_at = time.monotonic()
+    await eventually(lambda: task.done() or not app.ready(), "not ready", timeout=15.0)
+    assert not task.done(), task.exception()
+    with pytest.raises(faust_app.Stalled, match="to process and none processed"):
+        await asyncio.wait_for(task, timeout=30.0)
+    assert time.monotonic() - held_at < 20.0
+    assert b"hold" in relay.seen
+
+
+async def test_an_app_whose_consumer_stops_fetching_sees_its_lag_from_the_broker_and_exits(
+    kafka: Kafka,
+) -> None:
+    # As after the broker outage of issue 12: the consumer fetches nothing any more, so the
+    # highwaters it knows never move; the watchdog asks the broker for the end offsets.
+    processor = Remember()
+    app = kafka.app(processor, stop_timeout_s=3.0, stall_s=4.0)
+    task = await started(app)
+    await kafka.bus.publish(kafka.source, b"key", b"a")
+    await eventually(lambda: task.done() or processor.seen == [b"a"], "a to be processed")
+    thread = app.app.consumer._thread
+    consumer = thread._ensure_consumer()
+    sources = [tp for tp in consumer.assignment() if tp.topic == kafka.source]
+    await thread.call_thread(lambda: consumer.pause(*sources))
+    await kafka.bus.publish(kafka.source, b"key", b"b")
+    with pytest.raises(faust_app.Stalled, match="1 records to process and none processed"):
+        await asyncio.wait_for(task, timeout=30.0)
+    assert processor.seen == [b"a"]
+
+
+async def test_an_app_that_does_not_start_within_its_bound_exits_stalled(kafka: Kafka) -> None:
+    # Joining the group alone takes longer than this bound: the start counts as hung.
+    app = kafka.app(Remember(), stop_timeout_s=5.0, start_timeout_s=0.5)
+    with pytest.raises(faust_app.Stalled, match="not started"):
+        await asyncio.wait_for(app.run(), timeout=60.0)
+    # Whether faust stopped or not, its consumer thread never keeps the process from exiting.
+    worker = app.app.consumer._thread._thread
+    assert worker.daemon
 
 
 async def test_a_recovery_that_gets_none_of_its_changelog_records_seeks_them_again_and_ends(

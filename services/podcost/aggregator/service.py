@@ -169,6 +169,8 @@ def bootstrap(
             tick_s=config.tick_s,
             commit_interval_s=config.commit_interval_s,
             standby_replicas=config.standby_replicas,
+            stall_s=config.stall_s,
+            start_timeout_s=config.start_timeout_s,
         )
     else:
         transport = KeyedConsumerLoop(

@@ -20,6 +20,11 @@ Variables (defaults in brackets), all prefixed ``PODCOST_AGGREGATOR_``:
 - ``COMMIT_INTERVAL_S``: how often faust commits processed offsets [1]
 - ``STANDBY_REPLICAS``: faust standby copies of each table partition, for a faster take-over
   when several aggregators run [0]
+- ``STALL_S``: faust engine: seconds with records to process and none processed after which
+  the aggregator reports not ready (from half of it) and then exits for its supervisor to
+  restart it [60]
+- ``START_TIMEOUT_S``: faust engine: seconds a start may go on without progress (a table
+  recovery's is progress) before the aggregator exits likewise [120]
 - ``OVERWRITE_FOREIGN``: rank costs someone else set like podcost's own (they are rewritten)
   instead of fitting podcost's around them [false]
 """
@@ -60,6 +65,12 @@ class AggregatorSettings(BaseSettings):
         default=1.0, gt=0, le=60, description="How often faust commits processed offsets."
     )
     standby_replicas: int = Field(default=0, ge=0, le=10, description="faust standby replicas.")
+    stall_s: float = Field(
+        default=60.0, gt=0, le=3600, description="Seconds behind without progress before exit."
+    )
+    start_timeout_s: float = Field(
+        default=120.0, gt=0, le=3600, description="Seconds of a start without progress."
+    )
     overwrite_foreign: bool = Field(
         default=False, description="Rewrite costs someone else set instead of fitting around them."
     )
