@@ -415,8 +415,18 @@ class LeaderElector:
         self._not_leading_event.set()
         self._running = False
         self._floor = 0.0
+        self._failing_since: float | None = None
+        """When (its clock) the API server began to fail every Lease request; ``None`` while
+        they are answered."""
 
     # --- public -------------------------------------------------------------------------------
+
+    def failing_for(self) -> float:
+        """Seconds the API server has failed every Lease request (0 while they are answered,
+        including with someone else's Lease): what a watcher whose watches are still open but
+        whose server takes no new requests reads as an outage."""
+        since = self._failing_since
+        return 0.0 if since is None else max(0.0, self._clock.now() - since)
 
     @property
     def lease(self) -> str:
@@ -499,13 +509,18 @@ class LeaderElector:
         """One try to acquire or renew, given at most ``limit`` seconds; ``False`` when it did
         not succeed (someone else holds the Lease, or a retriable error, logged)."""
         try:
-            return await self._within(self._try_acquire_or_renew(), limit)
+            answered = await self._within(self._try_acquire_or_renew(), limit)
         except TimeoutError:
             log.warning("Lease %s: no answer within %.1fs", self.lease, limit)
         except KubeError as error:
             if not error.retriable:
                 raise
             log.warning("Lease %s: %s", self.lease, error)
+        else:
+            self._failing_since = None
+            return answered
+        if self._failing_since is None:
+            self._failing_since = self._clock.now()
         return False
 
     async def _try_acquire_or_renew(self) -> bool:

@@ -444,10 +444,13 @@ async def test_a_leader_that_cannot_renew_steps_down_at_the_renew_deadline_and_l
     # Stepped down at 12: before anyone could take over (not before 2 + LEASE = 17).
     assert not a.elector.is_leader
     assert a.events == [(0, "started", "a"), (RETRY + DEADLINE, "stopped", "a")]
+    # Since its first failed request, what the watcher's readiness reads as an outage.
+    assert 0 < a.elector.failing_for() <= DEADLINE
     election.leases.failing = None
     # Nobody took the Lease meanwhile: it is still a's, which a renews at its next try.
     await election.until(RETRY + DEADLINE + RETRY)
     assert a.elector.is_leader
+    assert a.elector.failing_for() == 0
     assert election.leases.record() == LeaseRecord("a", 15, at(0), at(14), 0)
 
 

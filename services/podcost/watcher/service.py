@@ -422,11 +422,14 @@ class WatcherService:
     async def _watch_outage(self, informer: Informers) -> None:
         """Flip readiness when the informer's requests have failed for too long, and back."""
         limit = self.settings.unready_after_seconds
+        elector = self.elector
         while True:
-            failing = informer.failing_for()
+            # Open watches can outlive a server that takes no new request (a kube-apiserver
+            # shutting down drains them): the Lease's failing requests tell that outage.
+            failing = max(informer.failing_for(), elector.failing_for() if elector else 0.0)
             if failing >= limit and not self._outage:
                 self._outage = True
-                log.error("not ready: the API server has failed every list and watch for %.1fs; "
+                log.error("not ready: the API server has failed every request for %.1fs; "
                           "retrying until it answers", failing)  # fmt: skip
             elif failing == 0 and self._outage:
                 self._outage = False
