@@ -19,6 +19,7 @@ from kubernetes_asyncio import config
 from tests.conftest import ControlPlane
 from tests.support.kube import KubeTestCluster
 
+from podcost.annotator.service import AnnotatorService
 from podcost.embedded import Pipeline, bootstrap
 from podcost.runtime.runner import Service
 from podcost.runtime.settings import ServiceSettings
@@ -104,7 +105,13 @@ async def test_restarting_one_service_mid_run_loses_no_decision(
             with contextlib.suppress(asyncio.CancelledError):
                 await tasks[stopped.name]
             await kube.wait_ready(namespace, "web", 9)
-            replacement = PICK[victim](build(pipeline.bus))
+            # In one process the annotator verifies against the watcher's cache (SharedView):
+            # the watcher runs again over its cache (relisting into it), and a fresh annotator
+            # gets the view of the watcher that runs. A fresh watcher with a cache of its own is
+            # a fresh process, which tests/e2e/test_sigkill.py kills for real.
+            replacement = stopped if victim == "watcher" else PICK[victim](build(pipeline.bus))
+            if isinstance(replacement, AnnotatorService):
+                replacement.view = pipeline.annotator.view
             tasks[stopped.name] = asyncio.create_task(replacement.run(), name=stopped.name)
 
             async def converged() -> bool:
