@@ -26,20 +26,10 @@ A process that exits by itself is started again, as the kubelet restarts a conta
 purpose when it finds faust skipped records after a restart, ``podcost_bus.faust_app.
 SkippedRecords``, so that a restart reads them.)
 
-Once both clusters are quiet (nothing left to write, and nothing changes for a few seconds):
-
-- ``a`` converged: podcost has nothing left to write, and every cost on an active pod of an
-  opted-in Deployment is one podcost wrote (a pod without one reads as 0, where podcost wants 0);
-- the twin's verdict: for every Deployment and every ``k``, the zones left after the real
-  controller's victim selection deletes ``k`` pods by the written costs
-  (``podcost_core.simulate`` with ``policy=None``: the controller model, not podcost's ranking)
-  are the same in ``a`` and ``b``; a ``k`` where the written costs tie is left out;
-- no decision lost (Kafka variants): each active pod's cost is the newest decision's about it on
-  ``a``'s costs topic;
-- no cost rewound (Kafka variants): the costs read on ``a``'s pods every 0.3 s never go back to
-  an older decision's value after a newer one was written (``twin.rewinds``);
-- the time from the kill to ``a`` having nothing left to write again is printed per seed, with
-  p50 and max over the seeds of the test.
+Once both clusters are quiet, ``tests.support.churn.judge`` judges them: ``a`` converged, the
+twin's verdict for every Deployment and every ``k``, no decision lost and no cost rewound (Kafka
+variants); the time from the kill to ``a`` having nothing left to write again is printed per
+seed, with p50 and max over the seeds of the test.
 
 ``make test`` runs three fleet seeds and one seed per ``podcost run`` transport; the ``long``
 variants (``make test-long``) run 24 fleet seeds and 4 per transport.
