@@ -276,33 +276,19 @@ class Kube:
             current = annotations.get(DELETION_COST_ANNOTATION)
             ops.append({"op": "test", "path": _COST_POINTER, "value": current})
             ops.append({"op": "add", "path": _COST_POINTER, "value": value})
-        what = f"patching {namespace}/{pod}"
-        try:
-            return await self._request(
-                "PATCH", _pod_path(namespace, pod), query=_AS_PODCOST, body=ops,
-                content_type=_JSON_PATCH,
-            )  # fmt: skip
-        except ApiException as error:
-            if error.status == 422 and not _has_causes(error):
-                # A failed ``test`` is a bare 422 Invalid; a real validation error names causes.
-                raise CostChanged(
-                    f"{what}: the pod or its deletion cost changed since it was read",
-                    status=422,
-                    retriable=True,
-                ) from error
-            raise _error(error, what) from error
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise _unreachable(error, what) from error
+        return await self._patch_if_unchanged(namespace, pod, ops, f"patching {namespace}/{pod}")
 
     async def list_pods(self, namespace: str | None = None) -> list[JSON]:
         """Every pod of ``namespace`` (``None``: of the cluster) as the API serves it, with its
         annotations and managed fields (``podcost cleanup`` reads who set each cost)."""
         what = f"listing the pods of {namespace or 'every namespace'}"
         try:
-            path = f"/api/v1/namespaces/{quote(namespace, safe='')}/pods" if namespace else None
-            items: list[JSON] = (await self._request("GET", path or "/api/v1/pods")).get(
-                "items"
-            ) or []
+            path = (
+                f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"
+                if namespace
+                else "/api/v1/pods"
+            )
+            items: list[JSON] = (await self._request("GET", path)).get("items") or []
             return items
         except ApiException as error:
             raise _error(error, what) from error
@@ -328,6 +314,13 @@ class Kube:
             {"op": "remove", "path": _COST_POINTER},
         ]
         what = f"removing the deletion cost of {namespace}/{pod}"
+        return await self._patch_if_unchanged(namespace, pod, ops, what)
+
+    async def _patch_if_unchanged(
+        self, namespace: str, pod: str, ops: list[JSON], what: str
+    ) -> JSON:
+        """Send a JSON patch whose ``test`` operations make it a compare-and-swap, as podcost's
+        field manager; ``CostChanged`` when a test fails."""
         try:
             return await self._request(
                 "PATCH", _pod_path(namespace, pod), query=_AS_PODCOST, body=ops,
@@ -335,6 +328,7 @@ class Kube:
             )  # fmt: skip
         except ApiException as error:
             if error.status == 422 and not _has_causes(error):
+                # A failed ``test`` is a bare 422 Invalid; a real validation error names causes.
                 raise CostChanged(
                     f"{what}: the pod or its deletion cost changed since it was read",
                     status=422,
