@@ -59,7 +59,7 @@ import os
 import re
 import socket
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -436,15 +436,16 @@ class WatcherService:
                 log.warning("ready again: the API server answers the informer")
             await asyncio.sleep(min(1.0, limit / 4))
 
-    async def _publish_forever(self) -> None:
+    async def _emissions(self) -> AsyncIterator[Emission[WorkloadKey]]:
+        """The first pass's workloads at once, then what the debouncer emits."""
         first, self._due_now = self.debouncer.take(self._due_now), []
         for emission in first:
-            if self.leading():
-                await self.publish(emission)
-            else:
-                self._change_seen_at.pop(emission.key, None)
-            await asyncio.sleep(0)
+            yield emission
         async for emission in self.debouncer:
+            yield emission
+
+    async def _publish_forever(self) -> None:
+        async for emission in self._emissions():
             if self.leading():
                 await self.publish(emission)
             else:  # touched before leadership was lost: the new leader publishes it
