@@ -16,16 +16,18 @@ from __future__ import annotations
 
 import math
 import re
+import sys
+import types
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from fractions import Fraction
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Union, cast, get_args, get_origin, get_type_hints
 
 from pydantic import Field, TypeAdapter, ValidationError
 
 # pydantic needs typing_extensions' TypedDict before Python 3.12 (it is pydantic's own dependency).
-from typing_extensions import TypedDict
+from typing_extensions import TypedDict, is_typeddict
 
 from podcost_core.model import (
     DELETION_COST_ANNOTATION,
@@ -393,6 +395,100 @@ def slim_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
     else:
         del meta["managedFields"]
     return obj
+
+
+# --- what an informer keeps of a pod ---------------------------------------------------------
+
+#: A leaf of a shape whose strings are unique to one pod (its name, uid, version): never interned.
+_UNIQUE = "unique"
+#: A shape: a dict of the keys kept (each with the shape of its value), a one-item list (every
+#: item has that shape), ``None`` (a leaf, kept as it is, its strings interned) or ``_UNIQUE``.
+_Shape = dict[str, Any] | list[Any] | str | None
+#: Strings longer than this are never interned (an annotation may carry kilobytes, once).
+_INTERN_MAX = 256
+
+
+def _shape_of(hint: Any) -> _Shape:
+    """The shape of a value of type ``hint`` in the raw TypedDicts above."""
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):  # ``X | None``: the shape of X
+        shapes = [shape for arg in get_args(hint) if (shape := _shape_of(arg)) is not None]
+        return shapes[0] if shapes else None
+    if origin is list:
+        item = _shape_of(get_args(hint)[0])
+        return [item] if item is not None else None
+    if is_typeddict(hint):
+        return {key: _shape_of(value) for key, value in get_type_hints(hint).items()}
+    return None
+
+
+def _pod_shape() -> dict[str, Any]:
+    shape = cast(dict[str, Any], _shape_of(PodJSON))
+    # What podcost reads of a pod besides what ``pod_from_json`` validates: the store compares
+    # versions, the annotator the owner's apiVersion (in ``OwnerReferenceJSON`` already).
+    shape["apiVersion"] = None
+    meta = shape["metadata"]
+    meta.update(name=_UNIQUE, uid=_UNIQUE, resourceVersion=_UNIQUE, creationTimestamp=_UNIQUE)
+    return shape
+
+
+_POD_SHAPE = _pod_shape()
+
+
+def _intern(value: Any) -> Any:
+    if isinstance(value, str):
+        return sys.intern(value) if len(value) <= _INTERN_MAX else value
+    if isinstance(value, dict) and all(
+        isinstance(key, str) and isinstance(item, str) for key, item in value.items()
+    ):  # labels, annotations, requests: a map of strings
+        return {_intern(key): _intern(item) for key, item in value.items()}
+    return value
+
+
+def _unread_condition(condition: object) -> bool:
+    """Whether ``condition`` is a well-formed pod condition other than Ready: nothing reads it,
+    and it would pass validation (so leaving it out changes no reader's answer)."""
+    return (
+        isinstance(condition, dict)
+        and isinstance(condition.get("type"), str)
+        and condition["type"] != "Ready"
+        and isinstance(condition.get("status", ""), str)
+        and isinstance(condition.get("lastTransitionTime"), str | None)
+    )
+
+
+def _project(value: Any, shape: _Shape) -> Any:
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return value  # not what the API serves: kept for the readers to refuse
+        return {key: _project(item, shape[key]) for key, item in value.items() if key in shape}
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return value
+        return [_project(item, shape[0]) for item in value]
+    return value if shape == _UNIQUE else _intern(value)
+
+
+def project_pod(obj: dict[str, Any]) -> dict[str, Any]:
+    """What an informer keeps of a pod (a new object; ``obj`` is left as it is): only the fields
+    podcost reads, i.e. those of :class:`PodJSON` that ``pod_from_json`` validates, plus
+    ``apiVersion`` and ``metadata.resourceVersion``; of the conditions only Ready (and any
+    malformed one). Repeated strings (namespace, node, labels, owner, quantities, condition
+    times) are interned, so the pods of a workload share them.
+
+    Every reader (``pod_from_json``, ``pod_requests``, ``cost_owner``, the watcher's change
+    filters, the annotator's verification) answers the same on the projection as on ``obj``: a
+    value of an unexpected type is kept as it is, so a malformed pod is refused the same way
+    (only the index of a list item in the error may differ). Apply it after
+    :func:`slim_managed_fields`; ``tests/unit/test_project_pod.py`` checks the equivalence."""
+    if not isinstance(obj, dict):
+        return obj
+    projected: dict[str, Any] = _project(obj, _POD_SHAPE)
+    status = projected.get("status")
+    if isinstance(status, dict) and isinstance(status.get("conditions"), list):
+        conditions = status["conditions"]
+        status["conditions"] = [c for c in conditions if not _unread_condition(c)]
+    return projected
 
 
 def cost_owner(meta: ObjectMetaJSON, adopt: Collection[str] = ()) -> CostOwner:

@@ -29,9 +29,11 @@ its cache of keys shares one string per key name across objects), never deserial
 client-library models (``tests/bench/bench_informer.py`` measures why). Of each object's
 ``managedFields`` the store keeps only who owns the deletion cost
 (``podcost_core.convert.slim_managed_fields``), as client-go informers are told to drop them with
-a transform: all podcost reads of them, and a third of a pod's JSON (more of a node's). Handlers
-run synchronously in the informer's task, after the store has been updated, and must be quick; a
-handler that raises fails the informer.
+a transform: all podcost reads of them, and a third of a pod's JSON (more of a node's). Of a pod
+it keeps only the fields podcost reads, with its repeated strings interned
+(``podcost_core.convert.project_pod``): most of a pod's spec and status is read by nothing.
+Handlers run synchronously in the informer's task, after the store has been updated, and must be
+quick; a handler that raises fails the informer.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from podcost_core.convert import slim_managed_fields
+from podcost_core.convert import project_pod, slim_managed_fields
 from podcost_kube.client import Kube, KubeError
 from podcost_kube.store import Change, ChangeType, RawObject, Store, resource_version
 
@@ -95,6 +97,13 @@ class ResourceExpired(KubeError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, status=410, retriable=True)
+
+
+def _kept(resource: Resource, obj: RawObject) -> RawObject:
+    """What the store keeps of ``obj``: without the managedFields nobody reads, and of a pod
+    only what podcost reads (``podcost_core.convert.project_pod``)."""
+    slim = slim_managed_fields(obj)
+    return project_pod(slim) if resource.kind == POD.kind else slim
 
 
 class InformerFailed(RuntimeError):
@@ -501,7 +510,7 @@ class Informer:
                 # List items come without their kind; the store keeps them as kubectl prints them.
                 item.setdefault("apiVersion", resource.api_version)
                 item.setdefault("kind", resource.kind)
-                items.append(slim_managed_fields(item))
+                items.append(_kept(resource, item))
             meta = page.get("metadata") or {}
             version = str(meta.get("resourceVersion", ""))
             token = str(meta.get("continue") or "")
@@ -553,7 +562,7 @@ class Informer:
                     state.stats.bookmarks += 1
                     continue
                 state.stats.events += 1
-                obj = slim_managed_fields(event.obj)
+                obj = _kept(resource, event.obj)
                 change = self.store.apply(resource.kind, ChangeType(event.type), obj)
                 if change is not None:
                     self._dispatch(state, [change])

@@ -4,8 +4,9 @@ watcher asks for, and the changes each write makes.
 Pure data structure (no I/O, no client library): ``podcost_kube.informer`` writes into it from
 list and watch responses and calls its handlers with the :class:`Change` each write returns;
 ``podcost_kube.workloads`` reads it to find the workloads a change touches and to build their
-snapshots. Objects are stored exactly as the API serves them (``kubectl get -o json`` shapes) and
-are shared, not copied: readers must treat them as read-only.
+snapshots. Objects are stored as the API serves them (``kubectl get -o json`` shapes; the informer
+keeps of a pod only the fields podcost reads, ``podcost_core.convert.project_pod``) and are
+shared, not copied: readers must treat them as read-only.
 """
 
 from __future__ import annotations
