@@ -436,12 +436,17 @@ _POD_SHAPE = _pod_shape()
 
 
 def _intern(value: Any) -> Any:
+    """``value`` with its strings interned: a string, or the values of a map of strings (labels,
+    annotations, requests; their keys are shared already, by orjson's cache of keys)."""
     if isinstance(value, str):
         return sys.intern(value) if len(value) <= _INTERN_MAX else value
-    if isinstance(value, dict) and all(
-        isinstance(key, str) and isinstance(item, str) for key, item in value.items()
-    ):  # labels, annotations, requests: a map of strings
-        return {_intern(key): _intern(item) for key, item in value.items()}
+    if isinstance(value, dict):
+        interned: dict[Any, str] = {}
+        for key, item in value.items():
+            if not isinstance(item, str):
+                return value
+            interned[key] = sys.intern(item) if len(item) <= _INTERN_MAX else item
+        return interned
     return value
 
 
@@ -461,7 +466,17 @@ def _project(value: Any, shape: _Shape) -> Any:
     if isinstance(shape, dict):
         if not isinstance(value, dict):
             return value  # not what the API serves: kept for the readers to refuse
-        return {key: _project(item, shape[key]) for key, item in value.items() if key in shape}
+        kept: dict[str, Any] = {}
+        for key, item in value.items():
+            if key in shape:
+                inner = shape[key]
+                if inner is None:
+                    kept[key] = _intern(item)
+                elif inner == _UNIQUE:
+                    kept[key] = item
+                else:
+                    kept[key] = _project(item, inner)
+        return kept
     if isinstance(shape, list):
         if not isinstance(value, list):
             return value
@@ -469,12 +484,61 @@ def _project(value: Any, shape: _Shape) -> Any:
     return value if shape == _UNIQUE else _intern(value)
 
 
-def project_pod(obj: dict[str, Any]) -> dict[str, Any]:
+#: Parts whose text is longer than this are not shared (no API serves such a pod part twice).
+_SHARE_MAX = 4096
+
+
+def _part_key(part: Any) -> str | None:
+    """A key equal exactly for equal JSON values of equal types in the same key order (its
+    ``repr``: ``True`` is not ``1``, ``0.0`` not ``-0.0``, ``"1"`` not ``1``); ``None`` when
+    there is none to take (an int of more than 4300 digits, nesting deeper than Python's limit)
+    or it is too long to be worth it."""
+    try:
+        key = repr(part)
+    except (ValueError, RecursionError):
+        return None
+    return key if len(key) <= _SHARE_MAX else None
+
+
+class SharedParts:
+    """Equal parts of many pods kept once: the pods of a workload have the same labels, owner,
+    containers' requests, tolerations, managedFields, and mostly the same conditions (their
+    times are whole seconds) and container statuses. :func:`project_pod` hands each list or map
+    directly under ``metadata``, ``spec`` and ``status`` to :meth:`share`, which returns an equal
+    one seen before if there is one. Readers of the store must not change what they read
+    (``podcost_kube.store``): a shared part is many pods' part.
+
+    At most ``limit`` distinct parts are remembered; when full, it forgets them all (the parts
+    already shared stay so), so churn (new workloads, new condition times) cannot grow it."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self._parts: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def share(self, part: Any) -> Any:
+        """An equal part seen before, or ``part`` (remembered)."""
+        key = _part_key(part)
+        if key is None:
+            return part
+        found = self._parts.get(key)
+        if found is not None:
+            return found
+        if len(self._parts) >= self.limit:
+            self._parts.clear()
+        self._parts[key] = part
+        return part
+
+
+def project_pod(obj: dict[str, Any], shared: SharedParts | None = None) -> dict[str, Any]:
     """What an informer keeps of a pod (a new object; ``obj`` is left as it is): only the fields
     podcost reads, i.e. those of :class:`PodJSON` that ``pod_from_json`` validates, plus
     ``apiVersion`` and ``metadata.resourceVersion``; of the conditions only Ready (and any
     malformed one). Repeated strings (namespace, node, labels, owner, quantities, condition
-    times) are interned, so the pods of a workload share them.
+    times) are interned, and with ``shared`` equal parts are shared with other pods
+    (:class:`SharedParts`).
 
     Every reader (``pod_from_json``, ``pod_requests``, ``cost_owner``, the watcher's change
     filters, the annotator's verification) answers the same on the projection as on ``obj``: a
@@ -488,6 +552,13 @@ def project_pod(obj: dict[str, Any]) -> dict[str, Any]:
     if isinstance(status, dict) and isinstance(status.get("conditions"), list):
         conditions = status["conditions"]
         status["conditions"] = [c for c in conditions if not _unread_condition(c)]
+    if shared is not None:
+        for section in ("metadata", "spec", "status"):
+            parts = projected.get(section)
+            if isinstance(parts, dict):
+                for key, part in parts.items():
+                    if isinstance(part, dict | list) and part:
+                        parts[key] = shared.share(part)
     return projected
 
 

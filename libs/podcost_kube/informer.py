@@ -30,7 +30,8 @@ client-library models (``tests/bench/bench_informer.py`` measures why). Of each 
 ``managedFields`` the store keeps only who owns the deletion cost
 (``podcost_core.convert.slim_managed_fields``), as client-go informers are told to drop them with
 a transform: all podcost reads of them, and a third of a pod's JSON (more of a node's). Of a pod
-it keeps only the fields podcost reads, with its repeated strings interned
+it keeps only the fields podcost reads, with its repeated strings interned and its parts equal
+to other pods' (labels, owner, containers, tolerations, conditions...) shared with them
 (``podcost_core.convert.project_pod``): most of a pod's spec and status is read by nothing.
 Handlers run synchronously in the informer's task, after the store has been updated, and must be
 quick; a handler that raises fails the informer.
@@ -50,7 +51,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from podcost_core.convert import project_pod, slim_managed_fields
+from podcost_core.convert import SharedParts, project_pod, slim_managed_fields
 from podcost_kube.client import Kube, KubeError
 from podcost_kube.store import Change, ChangeType, RawObject, Store, resource_version
 
@@ -99,11 +100,12 @@ class ResourceExpired(KubeError):
         super().__init__(message, status=410, retriable=True)
 
 
-def _kept(resource: Resource, obj: RawObject) -> RawObject:
+def _kept(resource: Resource, obj: RawObject, shared: SharedParts) -> RawObject:
     """What the store keeps of ``obj``: without the managedFields nobody reads, and of a pod
-    only what podcost reads (``podcost_core.convert.project_pod``)."""
+    only what podcost reads, its parts equal to other pods' shared with them
+    (``podcost_core.convert.project_pod``)."""
     slim = slim_managed_fields(obj)
-    return project_pod(slim) if resource.kind == POD.kind else slim
+    return project_pod(slim, shared) if resource.kind == POD.kind else slim
 
 
 class InformerFailed(RuntimeError):
@@ -288,6 +290,8 @@ class Informer:
         self._progress = asyncio.Event()
         self._error: InformerFailed | None = None
         self._stopping = False
+        self._shared = SharedParts()
+        """The parts of pods kept once for all the pods that have them (``project_pod``)."""
 
     # --- public -------------------------------------------------------------------------------
 
@@ -510,7 +514,7 @@ class Informer:
                 # List items come without their kind; the store keeps them as kubectl prints them.
                 item.setdefault("apiVersion", resource.api_version)
                 item.setdefault("kind", resource.kind)
-                items.append(_kept(resource, item))
+                items.append(_kept(resource, item, self._shared))
             meta = page.get("metadata") or {}
             version = str(meta.get("resourceVersion", ""))
             token = str(meta.get("continue") or "")
@@ -562,7 +566,7 @@ class Informer:
                     state.stats.bookmarks += 1
                     continue
                 state.stats.events += 1
-                obj = _kept(resource, event.obj)
+                obj = _kept(resource, event.obj, self._shared)
                 change = self.store.apply(resource.kind, ChangeType(event.type), obj)
                 if change is not None:
                     self._dispatch(state, [change])

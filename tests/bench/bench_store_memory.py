@@ -10,7 +10,9 @@ holds then, per pod:
 - ``as served``: the JSON as parsed;
 - ``slim``: without the managedFields podcost does not read (``slim_managed_fields``), what the
   informer kept before ``project_pod``;
-- ``projected``: ``slim`` then ``project_pod`` (what the informer keeps now);
+- ``projected``: ``slim`` then ``project_pod`` without sharing parts, interning strings only;
+- ``projected, shared``: ``slim`` then ``project_pod`` with one ``SharedParts`` for all the pods,
+  what the informer keeps now;
 - ``Pod only``: no raw dict at all, only the converted ``Pod`` and its requests per pod (as the
   watcher's ``PodCache`` holds them), for comparison: what dropping the raw store would leave.
 
@@ -28,7 +30,7 @@ from typing import Any
 import orjson
 from tests.support.served import served_pod
 
-from podcost_core.convert import pod_from_json, project_pod, slim_managed_fields
+from podcost_core.convert import SharedParts, pod_from_json, project_pod, slim_managed_fields
 from podcost_kube.podcache import PodCache
 from podcost_kube.store import ChangeType, Store
 
@@ -92,11 +94,14 @@ def main() -> None:
     ways: list[tuple[str, Callable[[dict[str, Any]], dict[str, Any]]]] = [
         ("as served", lambda obj: obj),
         ("slim (before)", slim_managed_fields),
-        ("projected (now)", lambda obj: project_pod(slim_managed_fields(obj))),
+        ("projected", lambda obj: project_pod(slim_managed_fields(obj))),
     ]
+    shared = SharedParts()
+    ways.append(("projected, shared", lambda obj: project_pod(slim_managed_fields(obj), shared)))
     for label, keep in ways:
         held = store_bytes(lines, keep)
         print(f"  store, {label:18s} {held / args.pods:10,.0f}")
+    print(f"  ({len(shared)} distinct parts shared)")
     held = pods_only_bytes(lines)
     print(f"  PodCache, Pod per pod  {held / args.pods:10,.0f}  (on top of the store)")
 

@@ -27,6 +27,7 @@ from tests.support.served import served_pod
 from podcost.annotator.plan import pod_state
 from podcost_core.convert import (
     ConversionError,
+    SharedParts,
     cost_managers,
     cost_owner,
     own_cost,
@@ -105,9 +106,13 @@ def _readings(raw: Any) -> list[object]:
     return [_outcome(read) for read in readers]
 
 
+#: One for every test, as an informer has one for all its pods.
+SHARED = SharedParts()
+
+
 def _kept(raw: dict[str, Any]) -> dict[str, Any]:
     """What the informer keeps (of a copy: ``slim_managed_fields`` changes its argument)."""
-    return project_pod(slim_managed_fields(copy.deepcopy(raw)))
+    return project_pod(slim_managed_fields(copy.deepcopy(raw)), SHARED)
 
 
 def _slim(raw: dict[str, Any]) -> dict[str, Any]:
@@ -151,6 +156,51 @@ def test_repeated_strings_are_shared_between_pods_and_unique_ones_are_not_intern
     assert requests[0] is requests[1]
 
 
+def test_equal_parts_of_pods_are_kept_once() -> None:
+    one, two = _kept(served_pod(1)), _kept(served_pod(2))
+    for section, part in [
+        ("metadata", "labels"),
+        ("metadata", "ownerReferences"),
+        ("spec", "containers"),
+        ("spec", "tolerations"),
+        ("status", "conditions"),  # same second
+    ]:
+        assert one[section][part] is two[section][part], part
+    assert one["status"]["containerStatuses"] is not two["status"]["containerStatuses"]
+    assert one["status"]["containerStatuses"] == _kept(served_pod(4))["status"]["containerStatuses"]
+
+
+def test_only_parts_equal_in_type_and_order_are_shared() -> None:
+    shared = SharedParts()
+    parts: list[Any] = [
+        {"a": 1},
+        {"a": True},
+        {"a": 1.0},
+        {"a": "1"},
+        {"a": 0.0},
+        {"a": -0.0},
+        {"a": None},
+        {"a": float("nan")},
+        {"a": [1]},
+        {"a": 1, "b": 2},
+        {"b": 2, "a": 1},
+        [{"a": 1}],
+    ]
+    assert [shared.share(part) for part in parts] == parts
+    assert all(shared.share(copy.deepcopy(part)) is part for part in parts[:7])
+    assert shared.share({"a": 10**5000}) is not shared.share({"a": 10**5000})  # no key: kept
+
+
+def test_shared_parts_are_bounded() -> None:
+    shared = SharedParts(limit=2)
+    first = shared.share({"a": "1"})
+    shared.share({"a": "2"})
+    assert len(shared) == 2
+    shared.share({"a": "3"})  # full: forgets the others
+    assert len(shared) == 1
+    assert shared.share({"a": "1"}) is not first
+
+
 def test_a_malformed_pod_stays_malformed() -> None:
     for broken in (
         {"metadata": "x"},
@@ -161,7 +211,7 @@ def test_a_malformed_pod_stays_malformed() -> None:
         [],
         "pod",
     ):
-        kept = project_pod(copy.deepcopy(broken))  # type: ignore[arg-type]
+        kept = project_pod(copy.deepcopy(broken), SHARED)  # type: ignore[arg-type]
         assert kept == broken
         assert _readings(kept) == _readings(broken)
 
@@ -173,6 +223,7 @@ def _same_readings(raw: Any) -> None:
     if not isinstance(raw, dict):
         return
     slim = slim_managed_fields(copy.deepcopy(raw))
+    assert _readings(project_pod(copy.deepcopy(slim), SHARED)) == _readings(slim)
     assert _readings(project_pod(copy.deepcopy(slim))) == _readings(slim)
 
 
