@@ -12,6 +12,9 @@ Deployment on kwok nodes, then prints:
 - the informer's initial sync time, and its watch throughput while every pod is patched;
 - decode + store rate of watch lines: ``decode_event`` against kubernetes-asyncio's
   ``watch.Watch.unmarshal_event`` (which deserialises into ``V1Pod``);
+- the bytes per pod the informer's store holds of these pods as the API server served them
+  (``tracemalloc``), before ``project_pod`` and now (``tests/bench/bench_store_memory.py``
+  measures the same without a cluster);
 - ``touched_by`` per event, and one snapshot of the N-pod Deployment from the cache, without and
   with the watcher's pod conversion cache (``PodCache``) warm, as after a node change that
   re-publishes the workload.
@@ -31,9 +34,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 from kubernetes_asyncio import client, config, watch
+from tests.bench.bench_store_memory import store_bytes
 from tests.support.kube import KubeTestCluster
 
+from podcost_core.convert import SharedParts, project_pod, slim_managed_fields
 from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER
 from podcost_kube.client import Kube
 from podcost_kube.informer import WORKLOAD_RESOURCES, Informer, decode_event
@@ -84,6 +90,28 @@ async def list_raw(api: client.ApiClient, namespace: str) -> int:
         token = page["metadata"].get("continue") or ""
         if not token:
             return count
+
+
+async def served_pods(api: client.ApiClient, namespace: str) -> list[bytes]:
+    """Every pod of ``namespace`` as the API server serves it, one JSON document each."""
+    found, token = [], ""
+    while True:
+        query = [("limit", "500")] + ([("continue", token)] if token else [])
+        response = await api.call_api(
+            f"/api/v1/namespaces/{namespace}/pods", "GET", query_params=query,
+            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
+            _preload_content=False,
+        )  # fmt: skip
+        try:
+            page = orjson.loads(await response.read())
+        finally:
+            response.release()
+        found += [
+            orjson.dumps({"apiVersion": "v1", "kind": "Pod", **item}) for item in page["items"]
+        ]
+        token = page["metadata"].get("continue") or ""
+        if not token:
+            return found
 
 
 async def list_typed(api: client.ApiClient, namespace: str, sanitize: bool) -> int:
@@ -144,6 +172,17 @@ async def measure(api: client.ApiClient, kube: KubeTestCluster, namespace: str, 
     ]:
         seconds = await timed(work)
         print(f"  {label:22s} {seconds * 1000:8.1f} ms  {pods / seconds:10,.0f} pods/s")
+
+    print("\n== the store's bytes per pod (tracemalloc)")
+    lines = await served_pods(api, namespace)
+    print(f"  ({sum(map(len, lines)) / len(lines):,.0f} bytes of JSON per pod as served)")
+    shared = SharedParts()
+    for label, keep in [
+        ("as served", lambda obj: obj),
+        ("slim (before project_pod)", slim_managed_fields),
+        ("projected, shared (now)", lambda obj: project_pod(slim_managed_fields(obj), shared)),
+    ]:
+        print(f"  {label:28s} {store_bytes(lines, keep) / len(lines):8,.0f}")
 
     print("\n== informer over pods, nodes, ReplicaSets, Deployments of the namespace")
     seen: list[Change] = []
