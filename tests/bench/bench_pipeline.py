@@ -1233,6 +1233,20 @@ class PodClock:
         self.before_ready = 0
         self.costs: dict[str, int] = {}
 
+    def unwritten(self, decisions: Sequence[DesiredCostsMessage]) -> set[str]:
+        """Ready pods without a cost annotation whose last decided cost is 0: what no
+        annotation reads as, so the annotator writes nothing (``podcost_core.implied``)."""
+        last = {pod.name: pod.cost for decision in decisions for pod in decision.costs}
+        return {name for name in self.ready_at if name not in self.costs and last.get(name) == 0}
+
+    def settled(self, decisions: Sequence[DesiredCostsMessage]) -> int:
+        """Ready pods annotated since, or decided to need no annotation."""
+        return len(self.annotated_at.keys() | self.unwritten(decisions))
+
+    def progress(self, decisions: Sequence[DesiredCostsMessage]) -> str:
+        return (f"{len(self.ready_at)} Ready, {len(self.annotated_at)} of them annotated since, "
+                f"{len(self.unwritten(decisions))} decided to need none")  # fmt: skip
+
     def __call__(self, change: Change) -> None:
         now = time.perf_counter()
         pod = change.new
@@ -1294,7 +1308,7 @@ async def latency(
                         replicas[name] += args.scale_by
                         await helpers.scale(namespace, name, replicas[name])
                     total = sum(replicas.values())
-                    await until(lambda: len(clock.annotated_at) >= total,
+                    await until(lambda: clock.settled(decisions) >= total,
                                 f"{total} pods Ready and annotated", 120)  # fmt: skip
                     # Settle: the last decisions written, nothing more in flight.
                     await until(
@@ -1309,12 +1323,13 @@ async def latency(
     finally:
         await helpers.delete_namespace(namespace)
     minimum, last = minimum_writes(decisions)
-    wrong = sum(1 for pod, cost in last.items() if clock.costs.get(pod) != cost)
+    wrong = sum(1 for pod, cost in last.items() if clock.costs.get(pod, 0) != cost)
     latencies = [clock.annotated_at[pod] - clock.ready_at[pod] for pod in clock.annotated_at]
     print(f"\n[{mode.name}] b/c. {len(latencies)} pods of {len(deployments)} opted-in "
           f"Deployments made Ready by kwok ({args.rounds} scale-ups of {args.scale_by}, every "
           f"{args.round_seconds:g}s); {len(decisions)} decisions, {counting.total} PATCHes, "
-          f"minimum {minimum}")  # fmt: skip
+          f"minimum {minimum}; {len(clock.unwritten(decisions))} pods decided to need no "
+          f"annotation (cost 0, none on them), not in the latencies")  # fmt: skip
     return Latency(mode, len(latencies), latencies, clock.before_ready, counting.total, minimum,
                    len(decisions), wrong)  # fmt: skip
 
@@ -1389,8 +1404,11 @@ async def latency_processes(
                             replicas[name] += args.scale_by
                             await helpers.scale(namespace, name, replicas[name])
                         total = sum(replicas.values())
-                        await until(lambda: len(clock.annotated_at) >= total,
-                                    f"{total} pods Ready and annotated", 180)  # fmt: skip
+                        try:
+                            await until(lambda: clock.settled(decisions) >= total,
+                                        f"{total} pods Ready and annotated", 180)  # fmt: skip
+                        except RuntimeError as error:
+                            raise RuntimeError(f"{error}: {clock.progress(decisions)}") from None
                         if not await holds_within_async(idle, 60):
                             raise RuntimeError("timed out waiting for the annotator to be idle")
                         await asyncio.sleep(2.0)
@@ -1405,12 +1423,14 @@ async def latency_processes(
     finally:
         await helpers.delete_namespace(namespace)
     minimum, last = minimum_writes(decisions)
-    wrong = sum(1 for pod, cost in last.items() if clock.costs.get(pod) != cost)
+    wrong = sum(1 for pod, cost in last.items() if clock.costs.get(pod, 0) != cost)
     latencies = [clock.annotated_at[pod] - clock.ready_at[pod] for pod in clock.annotated_at]
     print(f"\n[{mode.name}] b/c. {len(latencies)} pods of {len(deployments)} opted-in "
           f"Deployments made Ready by kwok ({args.rounds} scale-ups of {args.scale_by}, every "
           f"{args.round_seconds:g}s); {len(decisions)} decisions, {patches} PATCHes (the "
-          f"annotator's count), minimum {minimum}")  # fmt: skip
+          f"annotator's count), minimum {minimum}; {len(clock.unwritten(decisions))} pods "
+          f"decided to need no annotation (cost 0, none on them), not in the latencies"
+    )  # fmt: skip
     return Latency(mode, len(latencies), latencies, clock.before_ready, patches, minimum,
                    len(decisions), wrong)  # fmt: skip
 
