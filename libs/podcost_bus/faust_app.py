@@ -109,7 +109,8 @@ What podcost relies on, and why it is arranged so:
   aiokafka keeps one fetch in flight per broker, so a record for a partition that was drained
   after that fetch was sent waits for it to come back, up to 1.5 s. Measured on one broker at 20
   snapshots/s: snapshot-to-costs p50 0.3 to 2 s with it, 50 to 80 ms with 100 ms, which the
-  consumer thread here sets (``FETCH_MAX_WAIT_MS``).
+  consumer thread here sets (``FETCH_MAX_WAIT_MS``) unless the bus settings name a wait; it
+  also gives the consumer the settings' fetch minimum, as every podcost consumer has them.
 """
 
 from __future__ import annotations
@@ -156,13 +157,14 @@ class SkippedRecords(FaustAppFailed):
 #: How long :meth:`FaustKeyedApp.run` waits for faust to stop before it leaves it (logged).
 STOP_TIMEOUT_S = 15.0
 
+#: How long the broker may hold a fetch of the faust consumer that has nothing new (see above),
+#: unless the bus settings say.
+FETCH_MAX_WAIT_MS = 100
+
 #: The most records one batch holds, and how long the agent waits for a batch to fill: a batch is
 #: taken once full, or after that wait with what there is (the latency it adds at a low rate).
 BATCH_MAX = 1000
 BATCH_WITHIN_S = 0.02
-
-#: How long the broker may hold a fetch of the faust consumer that has nothing new (see above).
-FETCH_MAX_WAIT_MS = 100
 
 #: How long a changelog partition may stay behind its highwater, during a recovery, without
 #: one more record applied before it is sought again to the next offset it needs (see the
@@ -192,9 +194,16 @@ class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
-        if not hasattr(consumer, "_fetch_max_wait_ms"):  # read by AIOKafkaConsumer.start()
-            raise RuntimeError("this aiokafka has no _fetch_max_wait_ms: revisit FETCH_MAX_WAIT_MS")
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
+        # Read by AIOKafkaConsumer.start(); faust's driver takes neither from its settings.
+        for name in ("_fetch_max_wait_ms", "_fetch_min_bytes"):
+            if not hasattr(consumer, name):
+                raise RuntimeError(f"this aiokafka has no {name}: revisit _create_worker_consumer")
+        settings = cast(_App, self.app).bus_settings
+        if settings is None:
+            raise RuntimeError("the faust app's bus settings were not set before it started")
+        wait = settings.fetch_max_wait_ms
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS if wait is None else wait
+        consumer._fetch_min_bytes = settings.fetch_min_bytes
         return consumer
 
     async def seek_to_committed(self) -> Mapping[Any, int]:
@@ -269,6 +278,8 @@ class _App(faust.App):
 
     source_topics: frozenset[str] = frozenset()
     """The topics the agent reads (the consumer thread's seek needs them)."""
+    bus_settings: BusSettings | None = None
+    """The fetch settings the consumer thread gives its consumer (set before the app starts)."""
     on_source_seek: Callable[[Mapping[TopicPartition, int]], None] | None = None
     """Told, after the source partitions were sought, the offset each one reads next."""
 
@@ -433,6 +444,7 @@ class FaustKeyedApp(Generic[S]):
             autodiscover=False,
         )
         self.app.source_topics = frozenset(self.topics)
+        self.app.bus_settings = settings
         self.app.on_source_seek = self._on_source_seek
         self.tables = {
             part: self.app.Table(

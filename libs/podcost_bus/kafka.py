@@ -326,12 +326,16 @@ class KafkaConsumer(PollingConsumer):
         if self._consumer is not None:
             return
         settings = self.settings
+        wait = settings.fetch_max_wait_ms  # unset: aiokafka's own
+        fetch_wait = {} if wait is None else {"fetch_max_wait_ms": wait}
         consumer = AIOKafkaConsumer(
             **_client_options(settings),
             group_id=self._group,
             enable_auto_commit=False,
             auto_offset_reset=self._offset_reset,
             max_poll_records=self._max_poll_records,
+            fetch_min_bytes=settings.fetch_min_bytes,
+            **fetch_wait,
             session_timeout_ms=settings.session_timeout_ms,
             heartbeat_interval_ms=max(settings.session_timeout_ms // 3, 100),
         )

@@ -22,6 +22,12 @@ Environment variables (defaults in brackets):
   while a request is in flight are batched anyway, and every awaited acknowledgement pays it
 - ``PODCOST_KAFKA_MAX_BATCH_BYTES``: producer batch size per partition [262144]
 - ``PODCOST_KAFKA_MAX_POLL_RECORDS``: most records one consumer poll returns [500]
+- ``PODCOST_KAFKA_FETCH_MIN_BYTES``, ``PODCOST_KAFKA_FETCH_MAX_WAIT_MS``: a consumer's fetch
+  returns once this many bytes are there, or after this wait [1, and aiokafka's 500 ms; the
+  aggregator's faust consumer 100 ms]. Raising both (say 65536 and 100) makes records that
+  trickle in come several to a fetch instead of one, and a fetch, a produce request and an
+  offset commit per record is most of what a core serving many quiet clusters spends; each
+  hop then delays a record by up to the wait, and an idle consumer fetches once per wait
 - ``PODCOST_KAFKA_SESSION_TIMEOUT_MS``: consumer group session timeout [10000]
 - ``PODCOST_KAFKA_REQUEST_TIMEOUT_MS``: how long one broker request may take [40000]
 - ``PODCOST_KAFKA_PARTITIONS``: partitions of the topics podcost creates; also the in-memory
@@ -75,6 +81,8 @@ class BusSettings(BaseSettings):
     linger_ms: int = Field(default=1, ge=0)
     max_batch_bytes: int = Field(default=256 * 1024, ge=1024)
     max_poll_records: int = Field(default=500, ge=1)
+    fetch_min_bytes: int = Field(default=1, ge=1)
+    fetch_max_wait_ms: int | None = Field(default=None, ge=0)
     session_timeout_ms: int = Field(default=10_000, ge=1000)
     request_timeout_ms: int = Field(default=40_000, ge=1000)
     partitions: int = Field(default=3, ge=1)

@@ -613,6 +613,25 @@ def test_only_what_runs_in_a_cluster_is_given_a_cluster_name(
             assert env["PODCOST_CLUSTER"] == CASES[case].get("clusterName", "local")
 
 
+@pytest.mark.parametrize("case", ["kafka", "agent", "core"])
+def test_the_core_batches_its_fetches_and_the_annotator_fetches_at_once(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    found = {}
+    for _, container in containers(rendered(case)):
+        env = {var["name"]: var.get("value") for var in container["env"]}
+        fetch = (
+            env.get("PODCOST_KAFKA_FETCH_MIN_BYTES"),
+            env.get("PODCOST_KAFKA_FETCH_MAX_WAIT_MS"),
+        )
+        found[container["args"][0]] = fetch
+    expected = {"ranker": ("65536", "100"), "aggregator": ("65536", "100"),
+                "annotator": ("1", None), "watcher": (None, None)}  # fmt: skip
+    assert found == {command: expected[command] for command in found}
+    commands = {"agent": {"watcher", "annotator"}, "core": {"ranker", "aggregator"}}
+    assert set(found) == commands.get(case, commands["agent"] | commands["core"])
+
+
 def test_the_service_monitor_scrapes_every_metrics_service(
     rendered: Callable[[str], list[Manifest]],
 ) -> None:

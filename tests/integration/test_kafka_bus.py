@@ -101,6 +101,27 @@ async def test_snapshot_messages_go_through_real_topics_in_order_per_workload(
     assert all(record.headers[TRACEPARENT] == TRACE[TRACEPARENT].encode() for record in records)
 
 
+async def test_a_consumer_told_to_batch_its_fetches_still_gets_a_lone_record(
+    settings: BusSettings,
+) -> None:
+    # PODCOST_KAFKA_FETCH_MIN_BYTES far above what comes: each fetch returns after the wait
+    # with what there is, a record that trickles in is not held until the minimum is reached.
+    batching = settings.model_copy(update={"fetch_min_bytes": 1 << 20, "fetch_max_wait_ms": 100})
+    async with KafkaBus(batching) as bus:
+        await bus.ensure_topics(batching.topics.shared())
+        async with bus.consumer([topics(bus).workloads], group="ranker-age") as consumer:
+            client = consumer._consumer  # the aiokafka consumer: the settings reached it
+            assert (client._fetch_min_bytes, client._fetch_max_wait_ms) == (1 << 20, 100)
+            await joined(consumer)
+            for version in (1, 2):
+                message = WorkloadSnapshotMessage.of(snapshot("web", version=version), emitted_at=1)
+                await publish_message(bus, topics(bus).workloads, message, trace=TRACE)
+                [record] = await take(consumer, 1)
+                assert (
+                    decode(WorkloadSnapshotMessage, record.value, record.headers).version == version
+                )
+
+
 async def test_a_consumer_that_crashes_before_committing_reads_the_message_again(
     bus: KafkaBus,
 ) -> None:

@@ -298,6 +298,14 @@ Secret (kafka.sasl.secretNames.<role>, else kafka.sasl.secretName): one principa
   value: {{ $k.compression | quote }}
 - name: PODCOST_KAFKA_PARTITIONS
   value: {{ $k.partitions | int | quote }}
+{{- with index $k.fetch .role }}
+- name: PODCOST_KAFKA_FETCH_MIN_BYTES
+  value: {{ .minBytes | int | quote }}
+{{- if not (kindIs "invalid" .maxWaitMs) }}
+- name: PODCOST_KAFKA_FETCH_MAX_WAIT_MS
+  value: {{ .maxWaitMs | int | quote }}
+{{- end }}
+{{- end }}
 - name: PODCOST_KAFKA_REPLICATION_FACTOR
   value: {{ $k.replicationFactor | int | quote }}
 - name: PODCOST_TOPIC_WORKLOADS
