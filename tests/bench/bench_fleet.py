@@ -245,7 +245,8 @@ async def run_fleet(
             logs = work / "logs"
             logs.mkdir()
             started = time.monotonic()
-            async with processes(specs, env={}, log_dir=logs, ready_timeout=300) as running:
+            extra = kafka_env(args.kafka_env)
+            async with processes(specs, env=extra, log_dir=logs, ready_timeout=300) as running:
                 env = core[0].env
                 fleet = Fleet(names, hosts, running, BusSettings(
                     topic_workloads=env["PODCOST_TOPIC_WORKLOADS"],
@@ -337,6 +338,18 @@ def report(got: FleetStep, n: int) -> None:
     )  # fmt: skip
     assert step.usage is not None
     print(procs.describe_usage(step.usage, indent="      "))
+
+
+def kafka_env(pairs: Sequence[str]) -> dict[str, str]:
+    """``--kafka-env NAME=VALUE`` pairs as an environment for every process (``PODCOST_KAFKA_*``
+    only: anything else would change what is measured without saying so)."""
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.startswith("PODCOST_KAFKA_"):
+            raise SystemExit(f"--kafka-env takes PODCOST_KAFKA_NAME=VALUE, not {pair!r}")
+        env[name] = value
+    return env
 
 
 def role(process: str) -> str:
@@ -562,6 +575,9 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=20, help="per cluster")
     parser.add_argument("--agent-processes", type=int, default=4,
                         help="most agent processes; clusters are spread over them")  # fmt: skip
+    parser.add_argument("--kafka-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a PODCOST_KAFKA_* setting for every process (the fetch settings, "
+                             "say); repeatable")  # fmt: skip
     parser.add_argument("--churn-from", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--churn-clusters", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--churn-seed", type=int, default=1, help=argparse.SUPPRESS)

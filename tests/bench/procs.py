@@ -53,8 +53,14 @@ def agent_spec(
     name: str, args: Sequence[str], env: Mapping[str, str], core: ServiceSpec
 ) -> ServiceSpec:
     """A bench agent process (``python -m tests.bench.bench_agent <args>``) with the bus
-    settings the core was given (so it reads and writes the same topics) and ``env``."""
-    bus = {k: v for k, v in core.env.items() if k.startswith(("PODCOST_KAFKA", "PODCOST_TOPIC_"))}
+    settings the core was given (so it reads and writes the same topics; not its fetch
+    settings) and ``env``."""
+    bus = {
+        k: v
+        for k, v in core.env.items()
+        if k.startswith(("PODCOST_KAFKA", "PODCOST_TOPIC_"))
+        and not k.startswith("PODCOST_KAFKA_FETCH_")  # the chart's agent mode sets its own
+    }
     bus["PODCOST_KAFKA_CLIENT_ID"] = f"bench-{name}"
     return ServiceSpec(
         name, tuple(args),
