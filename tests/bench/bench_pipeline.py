@@ -1232,20 +1232,36 @@ class PodClock:
         self.annotated_at: dict[str, float] = {}
         self.before_ready = 0
         self.costs: dict[str, int] = {}
+        self.unwritten_at: dict[str, float] = {}
 
-    def unwritten(self, decisions: Sequence[DesiredCostsMessage]) -> set[str]:
-        """Ready pods without a cost annotation whose last decided cost is 0: what no
-        annotation reads as, so the annotator writes nothing (``podcost_core.implied``)."""
-        last = {pod.name: pod.cost for decision in decisions for pod in decision.costs}
-        return {name for name in self.ready_at if name not in self.costs and last.get(name) == 0}
+    def decided(self, decision: DesiredCostsMessage) -> None:
+        """Note a decision as the bench reads it: a Ready pod without a cost annotation that it
+        gives cost 0 (what no annotation reads as) is where podcost wants it with no write
+        (``podcost_core.implied``) from then on."""
+        now = time.perf_counter()
+        for pod in decision.costs:
+            if pod.cost == 0 and pod.name in self.ready_at and pod.name not in self.costs:
+                self.unwritten_at.setdefault(pod.name, now)
 
-    def settled(self, decisions: Sequence[DesiredCostsMessage]) -> int:
-        """Ready pods annotated since, or decided to need no annotation."""
-        return len(self.annotated_at.keys() | self.unwritten(decisions))
+    def settled_at(self) -> dict[str, float]:
+        """Per Ready pod, when it first carried its decided cost: annotated, or decided to
+        need none."""
+        return {**self.unwritten_at, **{
+            name: min(at, self.unwritten_at.get(name, at)) for name, at in self.annotated_at.items()
+        }}  # fmt: skip
 
-    def progress(self, decisions: Sequence[DesiredCostsMessage]) -> str:
+    def unwritten(self) -> set[str]:
+        """Pods that carried their decided cost without a write before any annotation."""
+        return {
+            name for name, at in self.unwritten_at.items() if self.annotated_at.get(name, at) >= at
+        }
+
+    def latencies(self) -> list[float]:
+        return [at - self.ready_at[name] for name, at in self.settled_at().items()]
+
+    def progress(self) -> str:
         return (f"{len(self.ready_at)} Ready, {len(self.annotated_at)} of them annotated since, "
-                f"{len(self.unwritten(decisions))} decided to need none")  # fmt: skip
+                f"{len(self.unwritten_at)} decided to need none")  # fmt: skip
 
     def __call__(self, change: Change) -> None:
         now = time.perf_counter()
@@ -1292,9 +1308,9 @@ async def latency(
                 async def read() -> None:
                     while True:
                         for record in await reader.poll(max_wait=0.5):
-                            decisions.append(
-                                decode(DesiredCostsMessage, record.value, record.headers)
-                            )
+                            decision = decode(DesiredCostsMessage, record.value, record.headers)
+                            decisions.append(decision)
+                            clock.decided(decision)
 
                 reading = asyncio.create_task(read(), name="decisions")
                 try:
@@ -1308,7 +1324,7 @@ async def latency(
                         replicas[name] += args.scale_by
                         await helpers.scale(namespace, name, replicas[name])
                     total = sum(replicas.values())
-                    await until(lambda: clock.settled(decisions) >= total,
+                    await until(lambda: len(clock.settled_at()) >= total,
                                 f"{total} pods Ready and annotated", 120)  # fmt: skip
                     # Settle: the last decisions written, nothing more in flight.
                     await until(
@@ -1324,12 +1340,12 @@ async def latency(
         await helpers.delete_namespace(namespace)
     minimum, last = minimum_writes(decisions)
     wrong = sum(1 for pod, cost in last.items() if clock.costs.get(pod, 0) != cost)
-    latencies = [clock.annotated_at[pod] - clock.ready_at[pod] for pod in clock.annotated_at]
+    latencies = clock.latencies()
     print(f"\n[{mode.name}] b/c. {len(latencies)} pods of {len(deployments)} opted-in "
           f"Deployments made Ready by kwok ({args.rounds} scale-ups of {args.scale_by}, every "
           f"{args.round_seconds:g}s); {len(decisions)} decisions, {counting.total} PATCHes, "
-          f"minimum {minimum}; {len(clock.unwritten(decisions))} pods decided to need no "
-          f"annotation (cost 0, none on them), not in the latencies")  # fmt: skip
+          f"minimum {minimum}; {len(clock.unwritten())} pods carried their decided cost 0 "
+          f"without an annotation (timed to that decision)")  # fmt: skip
     return Latency(mode, len(latencies), latencies, clock.before_ready, counting.total, minimum,
                    len(decisions), wrong)  # fmt: skip
 
@@ -1384,9 +1400,9 @@ async def latency_processes(
                     async def read() -> None:
                         while True:
                             for record in await reader.poll(max_wait=0.5):
-                                decisions.append(
-                                    decode(DesiredCostsMessage, record.value, record.headers)
-                                )
+                                decision = decode(DesiredCostsMessage, record.value, record.headers)
+                                decisions.append(decision)
+                                clock.decided(decision)
 
                     async def idle() -> bool:
                         return await annotator.sample("podcost_queue_depth") == 0
@@ -1405,10 +1421,10 @@ async def latency_processes(
                             await helpers.scale(namespace, name, replicas[name])
                         total = sum(replicas.values())
                         try:
-                            await until(lambda: clock.settled(decisions) >= total,
+                            await until(lambda: len(clock.settled_at()) >= total,
                                         f"{total} pods Ready and annotated", 180)  # fmt: skip
                         except RuntimeError as error:
-                            raise RuntimeError(f"{error}: {clock.progress(decisions)}") from None
+                            raise RuntimeError(f"{error}: {clock.progress()}") from None
                         if not await holds_within_async(idle, 60):
                             raise RuntimeError("timed out waiting for the annotator to be idle")
                         await asyncio.sleep(2.0)
@@ -1424,12 +1440,12 @@ async def latency_processes(
         await helpers.delete_namespace(namespace)
     minimum, last = minimum_writes(decisions)
     wrong = sum(1 for pod, cost in last.items() if clock.costs.get(pod, 0) != cost)
-    latencies = [clock.annotated_at[pod] - clock.ready_at[pod] for pod in clock.annotated_at]
+    latencies = clock.latencies()
     print(f"\n[{mode.name}] b/c. {len(latencies)} pods of {len(deployments)} opted-in "
           f"Deployments made Ready by kwok ({args.rounds} scale-ups of {args.scale_by}, every "
           f"{args.round_seconds:g}s); {len(decisions)} decisions, {patches} PATCHes (the "
-          f"annotator's count), minimum {minimum}; {len(clock.unwritten(decisions))} pods "
-          f"decided to need no annotation (cost 0, none on them), not in the latencies"
+          f"annotator's count), minimum {minimum}; {len(clock.unwritten())} pods "
+          f"carried their decided cost 0 without an annotation (timed to that decision)"
     )  # fmt: skip
     return Latency(mode, len(latencies), latencies, clock.before_ready, patches, minimum,
                    len(decisions), wrong)  # fmt: skip
