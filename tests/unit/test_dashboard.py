@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from tests.support.deploy_files import ROOT
 
+from podcost.annotator.plan import Result, Retry
 from podcost.runtime.metrics import Metrics
 
 DASHBOARD_FILE = ROOT / "deploy" / "helm" / "podcost" / "dashboards" / "podcost.json"
@@ -170,3 +171,10 @@ def test_every_panel_has_a_query_with_a_unique_ref_id() -> None:
 )
 def test_the_expression_reader_finds_the_metric_names(expression: str, names: set[str]) -> None:
     assert metric_names(expression) == names
+
+
+def test_the_patches_help_names_every_result_the_annotator_counts() -> None:
+    # The annotator's own enums, not a copy: a result added there must be documented here.
+    described = Metrics("annotator").patches._documentation
+    named = set(re.findall(r"[a-z_]+", described.split("by result", 1)[1]))
+    assert {r.value for r in (*Result, *Retry)} <= named

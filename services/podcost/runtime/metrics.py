@@ -58,8 +58,9 @@ class Metrics:
             "(complete, deadline).", ["completeness"], registry=r,
         )  # fmt: skip
         self.patches = Counter(
-            "podcost_patches", "Annotation writes, by result (ok, gone, conflict, "
-            "throttled, error, dry_run, skipped_foreign, refused).", ["result"], registry=r,
+            "podcost_patches", "Annotation writes, by result: how each ended (ok, unchanged, "
+            "superseded, gone, skipped_foreign, dry_run, refused, error) and each request tried "
+            "again (conflict, throttled, unavailable).", ["result"], registry=r,
         )  # fmt: skip
         self.refusals = Counter(
             "podcost_refusals", "Cost writes the annotator refused because its own view of the "
