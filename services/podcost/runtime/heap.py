@@ -11,7 +11,14 @@ aggregator's deciding in ``tests/bench/bench_aggregator.py``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import itertools
+import os
+import signal
+import tracemalloc
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Final
 
 #: The youngest generation's threshold once settled (CPython's default is 700).
@@ -32,3 +39,47 @@ def freeze_imports() -> None:
     80 000 import-time objects (0.1-0.2 s, blocking the event loop just before the first cost
     writes of a start) to find no garbage among them."""
     gc.freeze()
+
+
+#: Set to a directory: the process traces its allocations and dumps them there on SIGUSR1.
+HEAP_DUMP_ENV: Final = "PODCOST_HEAP_DUMP"
+#: Frames kept per allocation when tracing (``PODCOST_HEAP_DUMP_FRAMES``).
+HEAP_DUMP_FRAMES: Final = 12
+
+
+def heap_dumps_on_signal(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """A debugging aid for memory (issue 14), off unless ``PODCOST_HEAP_DUMP`` names a
+    directory: then ``tracemalloc`` traces every allocation from here on (with
+    ``PODCOST_HEAP_DUMP_FRAMES`` frames, 12 by default; the process runs slower and larger), and
+    each SIGUSR1 collects the garbage and writes ``heap-<n>.tracemalloc`` (a
+    ``tracemalloc.Snapshot``, for ``tests.bench.heap_diff``) and ``heap-<n>.txt`` (the traced
+    total, the RSS and the 60 largest allocation sites by file:line) into it. Returns the
+    directory, or ``None`` when off."""
+    target = environ.get(HEAP_DUMP_ENV)
+    if not target:
+        return None
+    directory = Path(target)
+    directory.mkdir(parents=True, exist_ok=True)
+    tracemalloc.start(int(environ.get("PODCOST_HEAP_DUMP_FRAMES", HEAP_DUMP_FRAMES)))
+    count = itertools.count(1)
+
+    def dump(*_: object) -> None:
+        n = next(count)
+        gc.collect()
+        snapshot = tracemalloc.take_snapshot()
+        snapshot.dump(str(directory / f"heap-{n}.tracemalloc"))
+        current, peak = tracemalloc.get_traced_memory()
+        lines = [f"traced {current} bytes (peak {peak}), rss {_rss_bytes()} bytes"]
+        lines += [str(stat) for stat in snapshot.statistics("lineno")[:60]]
+        (directory / f"heap-{n}.txt").write_text("\n".join(lines) + "\n")
+
+    signal.signal(signal.SIGUSR1, dump)
+    return directory
+
+
+def _rss_bytes() -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return -1
