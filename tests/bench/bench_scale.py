@@ -538,7 +538,11 @@ class Bench:
         deadline = time.monotonic() + 300
         while not done.exists() and time.monotonic() < deadline and proc.alive:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
-        stamp(f"  heap dump {n}: {done.read_text().splitlines()[0] if done.exists() else 'none'}")
+        text = done.read_text().splitlines() if done.exists() else ["none"]
+        stamp(f"  heap dump {n}: {text[0]}")
+        for line in text[1:]:
+            if line.startswith("pymalloc: "):
+                print("   ", line, flush=True)
         return directory / f"heap-{n}.tracemalloc"
 
     async def podcost_metrics(self, proc: ServiceProcess) -> dict[str, float]:
@@ -643,7 +647,7 @@ class Bench:
                     ) / grown_by
                 self.previous = (pods, converged.rss_bytes)
             at_converged = await self.heap_dump(proc)
-            if at_sync and at_converged:
+            if at_sync and at_converged and at_sync.exists() and at_converged.exists():
                 stamp("  what grew between the sync and every cost written (tests.bench.heap_diff)")
                 for line in heap_diff.diff(str(at_sync), str(at_converged), by="lineno", top=30,
                                            pods=pods, frames=1):  # fmt: skip
@@ -991,7 +995,8 @@ def main() -> None:
         "and dumps it at sync and once converged; what grew between is printed",
     )
     parser.add_argument("--heap-frames", type=int, default=1,
-                        help="with --heap-dump: frames traced per allocation")  # fmt: skip
+                        help="with --heap-dump: frames traced per allocation (0: none, only "
+                        "the RSS and pymalloc's account of its arenas)")  # fmt: skip
     args = parser.parse_args()
     if args.pods != sorted(args.pods):
         parser.error("--pods must grow")

@@ -46,3 +46,20 @@ def test_each_sigusr1_dumps_the_traced_heap_and_the_diff_names_what_grew(
     assert lines[0].startswith("traced: ")
     assert "test_heap_dump.py" in "\n".join(lines[1:3])
     assert len(kept) == 500
+
+
+def test_with_no_frames_nothing_is_traced_and_the_dump_is_the_allocators_account(
+    tmp_path: Path, restored: None
+) -> None:
+    if tracemalloc.is_tracing():
+        pytest.skip("tracemalloc is on for the whole test run")
+    directory = heap_dumps_on_signal(
+        {"PODCOST_HEAP_DUMP": str(tmp_path), "PODCOST_HEAP_DUMP_FRAMES": "0"}
+    )
+    assert directory == tmp_path
+    assert not tracemalloc.is_tracing()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    lines = (tmp_path / "heap-1.txt").read_text().splitlines()
+    assert lines[0].startswith("rss ")
+    assert any(line.startswith("pymalloc: # bytes in allocated blocks") for line in lines)
+    assert not (tmp_path / "heap-1.tracemalloc").exists()
