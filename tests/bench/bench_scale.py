@@ -53,6 +53,14 @@ Method, for each size of ``--pods`` in turn (the cluster grows step by step, nev
    others are attempts that wrote nothing) next to the API server's count of pod PATCHes.
 5. ``podcost run`` is stopped (SIGTERM) before the next step.
 
+``--heap-dump DIR`` attributes podcost's memory: every ``podcost run`` gets
+``PODCOST_HEAP_DUMP=DIR/run<n>`` (``podcost.runtime.heap``), traces its allocations with
+``--heap-frames`` frames (slower: the timings of such a run mean nothing) and dumps its heap at
+sync and once converged; the bench prints the allocation sites that grew in between, in bytes per
+pod (``tests.bench.heap_diff``; run it on the two files with ``--by traceback`` for who called).
+``--heap-frames 0`` traces nothing (the RSS is as usual) and prints pymalloc's account of its
+arenas at both points: how much of the RSS it holds, and how much of that is in use.
+
 A step fails (and, with ``--keep-going``, growth stops there but the summary is still printed)
 when a wait times out (timeouts scale with the size: ``--timeout-per-1k`` seconds per 1,000 new
 pods, at least 300 s), a request fails, a process dies, or MemAvailable falls under
