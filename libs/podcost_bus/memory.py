@@ -9,9 +9,10 @@ message fails here too, not first in production.
 
 Memory stays bounded: a record is dropped once every group reading its topic has committed past
 it and it is older than ``keep_committed_s`` (the grace lets a group that joins a little later,
-such as a ranker started after the others, still read it), and a partition never keeps more than
-``retention`` records (a member that falls further behind skips to the oldest one kept, as a
-Kafka consumer does when retention overtakes it).
+such as a ranker started after the others, still read it; the drop happens on the next send or
+commit to its partition, or when a member's poll of it waits in vain), and a partition never
+keeps more than ``retention`` records (a member that falls further behind skips to the oldest
+one kept, as a Kafka consumer does when retention overtakes it).
 """
 
 from __future__ import annotations
@@ -315,6 +316,10 @@ class MemoryConsumer(PollingConsumer):
                 async with asyncio.timeout_at(deadline):
                     await changed.wait()
             except TimeoutError:
+                # Idle: drop what every group has committed and is old enough by now. Trimming
+                # on send and commit alone kept a quiet cluster's last records for good.
+                for tp in self._positions:
+                    self._bus._trim(tp)
                 return []
         return []
 

@@ -12,7 +12,9 @@ Entries are keyed by uid (nodes: by name) and hold one ``resourceVersion`` each 
 replaces the older), so the cache holds at most one ``Pod`` and one ``Resources`` per pod, and one
 ``Node`` per node, in the informer's store. A pod's requests are kept across versions that leave
 what they are summed from unchanged (status updates, the usual case): only the spec's request
-fields are compared, and no quantity is parsed again. Pure: no I/O, no client library.
+fields are compared, and no quantity is parsed again. The raw objects are the store's, which
+never changes one (an update replaces it): a ``Pod`` keeps their labels and annotations maps
+(``pod_from_json(shared=True)``) instead of a copy of each. Pure: no I/O, no client library.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class PodCache:
                     self._report(cached[1])
                 return cached[1]
         self.misses += 1
-        pod = pod_from_json(raw, adopt=self.adopt)
+        pod = pod_from_json(raw, adopt=self.adopt, shared=True)
         if identity is not None:
             self._pods[identity[0]] = (identity[1], pod)
             if report:

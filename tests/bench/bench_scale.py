@@ -53,6 +53,14 @@ Method, for each size of ``--pods`` in turn (the cluster grows step by step, nev
    others are attempts that wrote nothing) next to the API server's count of pod PATCHes.
 5. ``podcost run`` is stopped (SIGTERM) before the next step.
 
+``--heap-dump DIR`` attributes podcost's memory: every ``podcost run`` gets
+``PODCOST_HEAP_DUMP=DIR/run<n>`` (``podcost.runtime.heap``), traces its allocations with
+``--heap-frames`` frames (slower: the timings of such a run mean nothing) and dumps its heap at
+sync and once converged; the bench prints the allocation sites that grew in between, in bytes per
+pod (``tests.bench.heap_diff``; run it on the two files with ``--by traceback`` for who called).
+``--heap-frames 0`` traces nothing (the RSS is as usual) and prints pymalloc's account of its
+arenas at both points: how much of the RSS it holds, and how much of that is in use.
+
 A step fails (and, with ``--keep-going``, growth stops there but the summary is still printed)
 when a wait times out (timeouts scale with the size: ``--timeout-per-1k`` seconds per 1,000 new
 pods, at least 300 s), a request fails, a process dies, or MemAvailable falls under
@@ -84,6 +92,7 @@ from typing import Any
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
+from tests.bench import heap_diff
 from tests.bench.procs import usage
 from tests.support.services import ServiceProcess, ServiceSpec, metric_key, sample, series
 
@@ -497,6 +506,9 @@ class Bench:
         if self.args.annotator_qps:
             env["PODCOST_ANNOTATOR_QPS"] = str(self.args.annotator_qps)
             env["PODCOST_ANNOTATOR_BURST"] = str(int(2 * self.args.annotator_qps))
+        if self.args.heap_dump:
+            env["PODCOST_HEAP_DUMP"] = str(self.args.heap_dump / f"run{self.runs}")
+            env["PODCOST_HEAP_DUMP_FRAMES"] = str(self.args.heap_frames)
         return ServiceSpec(PODCOST, ("run",), env)
 
     async def start_podcost(self) -> ServiceProcess:
@@ -522,10 +534,30 @@ class Bench:
             await asyncio.sleep(0.1)
         raise TimeoutError(f"podcost run: no 'watcher synced' after {timeout:.0f}s")
 
+    async def heap_dump(self, proc: ServiceProcess) -> Path | None:
+        """With ``--heap-dump``: have ``podcost run`` dump its traced heap (SIGUSR1) and wait for
+        the file; its path."""
+        if not self.args.heap_dump:
+            return None
+        directory = self.args.heap_dump / f"run{self.runs}"
+        n = len(list(directory.glob("heap-*.txt"))) + 1
+        os.kill(proc.pid, signal.SIGUSR1)
+        done = directory / f"heap-{n}.txt"
+        deadline = time.monotonic() + 300
+        while not done.exists() and time.monotonic() < deadline and proc.alive:  # noqa: ASYNC110
+            await asyncio.sleep(0.2)
+        text = done.read_text().splitlines() if done.exists() else ["none"]
+        stamp(f"  heap dump {n}: {text[0]}")
+        for line in text[1:]:
+            if line.startswith("pymalloc: "):
+                print("   ", line, flush=True)
+        return directory / f"heap-{n}.tracemalloc"
+
     async def podcost_metrics(self, proc: ServiceProcess) -> dict[str, float]:
-        status, body = await proc.get_listening("/metrics")
+        # Traced (--heap-dump), the process is several times slower: its port opens later.
+        status, body = await proc.get_listening("/metrics", 120 if self.args.heap_dump else 10)
         if status != 200:
-            raise RuntimeError(f"podcost run: GET /metrics answered {status}")
+            raise RuntimeError(f"podcost run: GET /metrics answered {status}:\n{proc.log_tail()}")
         return parse_summed(body)
 
     async def converge(self, proc: ServiceProcess, timeout: float) -> tuple[float, float]:
@@ -599,6 +631,7 @@ class Bench:
             synced = usage(proc.pid)
             n["podcost RSS at sync"] = synced.rss_bytes if synced else None
             stamp(f"  synced after {n['podcost initial sync s']:.1f}s")
+            at_sync = await self.heap_dump(proc)
             ready, quiet = await self.converge(proc, timeout + pods / 10)
             n["podcost first decision, every workload s"] = ready
             n["podcost nothing left to write s"] = quiet
@@ -621,6 +654,12 @@ class Bench:
                         converged.rss_bytes - self.previous[1]
                     ) / grown_by
                 self.previous = (pods, converged.rss_bytes)
+            at_converged = await self.heap_dump(proc)
+            if at_sync and at_converged and at_sync.exists() and at_converged.exists():
+                stamp("  what grew between the sync and every cost written (tests.bench.heap_diff)")
+                for line in heap_diff.diff(str(at_sync), str(at_converged), by="lineno", top=30,
+                                           pods=pods, frames=1):  # fmt: skip
+                    print("   ", line, flush=True)
             step.converged = True
             await self.steady_and_churn(step, proc)
         finally:
@@ -956,6 +995,16 @@ def main() -> None:
         help="with PODCOST_USE_KUBECONFIG=1: leave the nodes and namespace",
     )
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument(
+        "--heap-dump",
+        type=Path,
+        default=None,
+        help="a directory: podcost run traces its heap (PODCOST_HEAP_DUMP, slower and larger) "
+        "and dumps it at sync and once converged; what grew between is printed",
+    )
+    parser.add_argument("--heap-frames", type=int, default=1,
+                        help="with --heap-dump: frames traced per allocation (0: none, only "
+                        "the RSS and pymalloc's account of its arenas)")  # fmt: skip
     args = parser.parse_args()
     if args.pods != sorted(args.pods):
         parser.error("--pods must grow")

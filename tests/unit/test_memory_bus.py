@@ -277,6 +277,21 @@ async def test_records_every_group_has_committed_are_dropped_once_old() -> None:
         assert len(await drain(slow)) == 7
 
 
+async def test_committed_records_are_dropped_once_old_even_when_nothing_more_comes() -> None:
+    clock = FakeClock(start=1_714_564_800.0)
+    bus = MemoryBus(partitions=1, keep_committed_s=60, clock=clock.now)
+    await publish_numbered(bus, 10)
+    async with bus.consumer([TOPIC], group="only") as consumer:
+        await drain(consumer)
+        await consumer.commit()
+        assert await consumer.poll(max_wait=0) == []
+        assert len(bus.records(TOPIC)) == 10  # not a minute old yet
+        await clock.advance(61)
+        assert await consumer.poll(max_wait=0) == []  # an idle poll trims: no send, no commit
+        assert bus.records(TOPIC) == []
+        assert bus.end_offsets(TOPIC) == {TopicPartition(TOPIC, 0): 10}
+
+
 async def test_a_group_joining_shortly_after_others_committed_still_reads_everything() -> None:
     clock = FakeClock(start=1_714_564_800.0)
     bus = MemoryBus(partitions=1, keep_committed_s=60, clock=clock.now)

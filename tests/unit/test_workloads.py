@@ -817,6 +817,28 @@ def test_a_snapshot_through_the_cache_is_the_same_and_a_node_change_converts_no_
     assert again.nodes != first.nodes
 
 
+def test_the_cache_keeps_the_stores_maps_and_one_tuple_of_equal_tolerations() -> None:
+    store, pods = shop(), PodCache()
+    raw = store.get("Pod", NS, "web-1-a")
+    assert raw is not None
+    raw = copy.deepcopy(raw)
+    raw["spec"]["tolerations"] = [{"key": "k", "operator": "Exists", "effect": "NoSchedule"}]
+    twin = copy.deepcopy(raw)
+    twin["metadata"]["uid"] = "another-uid"
+    cached, other = pods.convert(raw), pods.convert(twin)
+    # The store never changes a kept object: the pod keeps its maps, not a copy of each.
+    assert cached.labels is raw["metadata"]["labels"]
+    assert cached.annotations is raw["metadata"].get("annotations", cached.annotations)
+    assert cached.tolerations is other.tolerations  # equal tolerations: one tuple
+    assert [(t.key, t.operator, t.value, t.effect) for t in cached.tolerations] == [
+        ("k", "Exists", "", "NoSchedule")
+    ]
+    # Outside the cache the raw object is the caller's: the pod copies its maps.
+    plain = pod_from_json(raw)
+    assert plain == cached
+    assert plain.labels is not raw["metadata"]["labels"]
+
+
 def test_a_new_version_of_a_pod_is_converted_again_and_replaces_the_old_one() -> None:
     store, pods = shop(), PodCache()
     workload_snapshot(store, WEB, pods=pods)

@@ -77,6 +77,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -211,6 +212,8 @@ class _Batch:
     results: Counter[Result] = field(default_factory=Counter)
     release: ReleaseCostsMessage | None = None
     """The release whose removals these are (``message`` is then ``None``)."""
+    trace_id: str | None = None
+    """The trace of ``message`` (its record's ``traceparent``): one string for all its pods."""
 
 
 class AnnotatorService:
@@ -517,17 +520,24 @@ class AnnotatorService:
                 ATTR_MISSING: list(message.missing),
             },
         )
-        batch = _Batch(record, message, span)
+        batch = _Batch(record, message, span, trace_id=trace_id_of(record.headers))
         self._open.add(batch)
         again = functools.partial(
             decode, DesiredCostsMessage, record.value, record.headers, key=record.key
         )
-        self.decisions.record(message, trace_id_of(record.headers), again)
+        self.decisions.record(message, batch.trace_id, again)
         ticket = self._ledger.open(record.tp, record.offset, len(message.costs), batch)
         if not message.costs:
             self._finish(batch)
         for position, pod in enumerate(message.costs):
-            want = Want(pod.uid, pod.namespace, pod.name, pod.cost, pod.previous, ticket,
+            # Interned: what outlives the write (the queue's last cost per uid, the decision
+            # log's keys) shares the watcher's strings instead of keeping this record's copies.
+            uid, namespace, name = (
+                PodUID(sys.intern(pod.uid)),
+                sys.intern(pod.namespace),
+                sys.intern(pod.name),
+            )
+            want = Want(uid, namespace, name, pod.cost, pod.previous, ticket,
                         first_wrong=message.first_wrong, position=position)  # fmt: skip
             refused = self._refused_now(want, message)
             if refused is not None:
@@ -613,8 +623,7 @@ class AnnotatorService:
         version = batch.message.version
         written = None
         if result is Result.OK:
-            trace_id = trace_id_of(batch.record.headers)
-            written = Written(cost=want.cost, version=version, trace_id=trace_id)
+            written = Written(cost=want.cost, version=version, trace_id=batch.trace_id)
         self.decisions.settle(
             want.namespace, want.name, want.uid, version=version, result=result.value,
             written=written,

@@ -18,7 +18,7 @@ import typer
 
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings
 from podcost.embedded import bootstrap
-from podcost.runtime.heap import freeze_imports
+from podcost.runtime.heap import freeze_imports, heap_dumps_on_signal
 from podcost.runtime.logs import configure_logging
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
@@ -78,6 +78,7 @@ def run_command(
     configure_logging(settings.log_level, settings.log_format)
     setup_tracing("podcost")
     freeze_imports()
+    heap_dumps_on_signal()
     try:
         asyncio.run(_run(settings, bus_settings, watcher_settings, strategy or None))
     except (BusError, KubeError) as error:

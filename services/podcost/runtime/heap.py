@@ -11,7 +11,16 @@ aggregator's deciding in ``tests/bench/bench_aggregator.py``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import itertools
+import os
+import signal
+import sys
+import tempfile
+import tracemalloc
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Final
 
 #: The youngest generation's threshold once settled (CPython's default is 700).
@@ -32,3 +41,75 @@ def freeze_imports() -> None:
     80 000 import-time objects (0.1-0.2 s, blocking the event loop just before the first cost
     writes of a start) to find no garbage among them."""
     gc.freeze()
+
+
+#: Set to a directory: the process traces its allocations and dumps them there on SIGUSR1.
+HEAP_DUMP_ENV: Final = "PODCOST_HEAP_DUMP"
+#: Frames kept per allocation when tracing (``PODCOST_HEAP_DUMP_FRAMES``).
+HEAP_DUMP_FRAMES: Final = 12
+
+
+def heap_dumps_on_signal(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """A debugging aid for memory (issue 14), off unless ``PODCOST_HEAP_DUMP`` names a
+    directory: then ``tracemalloc`` traces every allocation from here on (with
+    ``PODCOST_HEAP_DUMP_FRAMES`` frames, 12 by default; the process runs slower and larger), and
+    each SIGUSR1 collects the garbage and writes ``heap-<n>.tracemalloc`` (a
+    ``tracemalloc.Snapshot``, for ``tests.bench.heap_diff``) and ``heap-<n>.txt`` (the traced
+    total, the RSS, CPython's allocator's own account of its arenas and the 60 largest
+    allocation sites by file:line) into it. With ``PODCOST_HEAP_DUMP_FRAMES=0`` nothing is
+    traced (the process runs as usual) and the text has the RSS and the allocator's account
+    only: how much of the RSS its arenas hold and how much of that is in use. Returns the
+    directory, or ``None`` when off."""
+    target = environ.get(HEAP_DUMP_ENV)
+    if not target:
+        return None
+    directory = Path(target)
+    directory.mkdir(parents=True, exist_ok=True)
+    frames = int(environ.get("PODCOST_HEAP_DUMP_FRAMES", HEAP_DUMP_FRAMES))
+    if frames > 0:
+        tracemalloc.start(frames)
+    count = itertools.count(1)
+
+    def dump(*_: object) -> None:
+        n = next(count)
+        gc.collect()
+        lines = [f"rss {_rss_bytes()} bytes"]
+        snapshot = None
+        if tracemalloc.is_tracing():
+            snapshot = tracemalloc.take_snapshot()
+            snapshot.dump(str(directory / f"heap-{n}.tracemalloc"))
+            current, peak = tracemalloc.get_traced_memory()
+            lines[0] = f"traced {current} bytes (peak {peak}), {lines[0]}"
+        lines += _allocator_account()
+        if snapshot is not None:
+            lines += [str(stat) for stat in snapshot.statistics("lineno")[:60]]
+        (directory / f"heap-{n}.txt").write_text("\n".join(lines) + "\n")
+
+    signal.signal(signal.SIGUSR1, dump)
+    return directory
+
+
+def _allocator_account() -> list[str]:
+    """The summary of ``sys._debugmallocstats()`` (pymalloc's arenas, the bytes in use in them,
+    free, lost), which CPython writes to the C stderr: captured through a temporary file."""
+    with tempfile.TemporaryFile() as out:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(out.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    start = text.find("# arenas allocated total")
+    return ["pymalloc: " + line for line in text[start:].splitlines() if line.strip()]
+
+
+def _rss_bytes() -> int:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return -1

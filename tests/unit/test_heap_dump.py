@@ -1,0 +1,65 @@
+"""``PODCOST_HEAP_DUMP``: the debugging aid that attributes a process's memory (issue 14)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.bench.heap_diff import diff
+
+from podcost.runtime.heap import heap_dumps_on_signal
+
+
+@pytest.fixture
+def restored() -> Iterator[None]:
+    handler = signal.getsignal(signal.SIGUSR1)
+    tracing = tracemalloc.is_tracing()
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, handler)
+        if not tracing:
+            tracemalloc.stop()
+
+
+def test_without_the_variable_nothing_is_traced(restored: None) -> None:
+    assert heap_dumps_on_signal({}) is None
+    assert signal.getsignal(signal.SIGUSR1) is not None
+
+
+def test_each_sigusr1_dumps_the_traced_heap_and_the_diff_names_what_grew(
+    tmp_path: Path, restored: None
+) -> None:
+    directory = heap_dumps_on_signal({"PODCOST_HEAP_DUMP": str(tmp_path / "heap")})
+    assert directory == tmp_path / "heap"
+    assert tracemalloc.is_tracing()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    kept = [bytearray(1000) for _ in range(500)]  # this line grows by 500 KB
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert (directory / "heap-1.txt").read_text().startswith("traced ")
+    lines = diff(str(directory / "heap-1.tracemalloc"), str(directory / "heap-2.tracemalloc"),
+                 by="lineno", top=5, pods=500, frames=1)  # fmt: skip
+    assert lines[0].startswith("traced: ")
+    assert "test_heap_dump.py" in "\n".join(lines[1:3])
+    assert len(kept) == 500
+
+
+def test_with_no_frames_nothing_is_traced_and_the_dump_is_the_allocators_account(
+    tmp_path: Path, restored: None
+) -> None:
+    if tracemalloc.is_tracing():
+        pytest.skip("tracemalloc is on for the whole test run")
+    directory = heap_dumps_on_signal(
+        {"PODCOST_HEAP_DUMP": str(tmp_path), "PODCOST_HEAP_DUMP_FRAMES": "0"}
+    )
+    assert directory == tmp_path
+    assert not tracemalloc.is_tracing()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    lines = (tmp_path / "heap-1.txt").read_text().splitlines()
+    assert lines[0].startswith("rss ")
+    assert any(line.startswith("pymalloc: # bytes in allocated blocks") for line in lines)
+    assert not (tmp_path / "heap-1.tracemalloc").exists()
