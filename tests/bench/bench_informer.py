@@ -30,7 +30,7 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +73,11 @@ def timed_sync(work: Callable[[], Any], runs: int = 3) -> float:
     return min(results)
 
 
-async def list_raw(api: client.ApiClient, namespace: str) -> int:
-    count, token = 0, ""
+async def pages(
+    api: client.ApiClient, namespace: str, loads: Callable[[bytes], Any]
+) -> AsyncIterator[dict[str, Any]]:
+    """The pages of a raw JSON list of ``namespace``'s pods, each parsed with ``loads``."""
+    token = ""
     while True:
         query = [("limit", "500")] + ([("continue", token)] if token else [])
         response = await api.call_api(
@@ -83,35 +86,26 @@ async def list_raw(api: client.ApiClient, namespace: str) -> int:
             _preload_content=False,
         )  # fmt: skip
         try:
-            page = json.loads(await response.read())
+            page = loads(await response.read())
         finally:
             response.release()
-        count += len(page["items"])
+        yield page
         token = page["metadata"].get("continue") or ""
         if not token:
-            return count
+            return
+
+
+async def list_raw(api: client.ApiClient, namespace: str) -> int:
+    return sum([len(page["items"]) async for page in pages(api, namespace, json.loads)])
 
 
 async def served_pods(api: client.ApiClient, namespace: str) -> list[bytes]:
     """Every pod of ``namespace`` as the API server serves it, one JSON document each."""
-    found, token = [], ""
-    while True:
-        query = [("limit", "500")] + ([("continue", token)] if token else [])
-        response = await api.call_api(
-            f"/api/v1/namespaces/{namespace}/pods", "GET", query_params=query,
-            header_params={"Accept": "application/json"}, auth_settings=["BearerToken"],
-            _preload_content=False,
-        )  # fmt: skip
-        try:
-            page = orjson.loads(await response.read())
-        finally:
-            response.release()
-        found += [
-            orjson.dumps({"apiVersion": "v1", "kind": "Pod", **item}) for item in page["items"]
-        ]
-        token = page["metadata"].get("continue") or ""
-        if not token:
-            return found
+    return [
+        orjson.dumps({"apiVersion": "v1", "kind": "Pod", **item})
+        async for page in pages(api, namespace, orjson.loads)
+        for item in page["items"]
+    ]
 
 
 async def list_typed(api: client.ApiClient, namespace: str, sanitize: bool) -> int:
