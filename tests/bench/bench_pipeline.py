@@ -98,7 +98,7 @@ from podcost.runtime.runner import Service, serve
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherService, WatcherSettings
 from podcost.watcher.service import bootstrap as bootstrap_watcher
-from podcost_bus import Bus, BusSettings, open_bus
+from podcost_bus import Bus, BusSettings, Consumer, open_bus
 from podcost_contracts.messages import DesiredCostsMessage, decode
 from podcost_contracts.topics import Topics
 from podcost_core.combine import answers_needed
@@ -1282,6 +1282,18 @@ class PodClock:
             self.annotated_at[name] = now
 
 
+async def read_decisions(
+    reader: Consumer, clock: PodClock, decisions: list[DesiredCostsMessage]
+) -> None:
+    """Every decision on the costs topic as the bench reads it, until cancelled: kept in
+    ``decisions`` and noted by ``clock``."""
+    while True:
+        for record in await reader.poll(max_wait=0.5):
+            decision = decode(DesiredCostsMessage, record.value, record.headers)
+            decisions.append(decision)
+            clock.decided(decision)
+
+
 async def latency(
     mode: Mode, api: Any, helpers: KubeTestCluster, node_label: Mapping[str, str],
     args: argparse.Namespace,
@@ -1305,14 +1317,9 @@ async def latency(
             async with reader, watch:
                 await watch.wait_synced()
 
-                async def read() -> None:
-                    while True:
-                        for record in await reader.poll(max_wait=0.5):
-                            decision = decode(DesiredCostsMessage, record.value, record.headers)
-                            decisions.append(decision)
-                            clock.decided(decision)
-
-                reading = asyncio.create_task(read(), name="decisions")
+                reading = asyncio.create_task(
+                    read_decisions(reader, clock, decisions), name="decisions"
+                )
                 try:
                     for name in deployments:
                         await helpers.create_deployment(
@@ -1397,17 +1404,12 @@ async def latency_processes(
                 async with reader, watch:
                     await watch.wait_synced()
 
-                    async def read() -> None:
-                        while True:
-                            for record in await reader.poll(max_wait=0.5):
-                                decision = decode(DesiredCostsMessage, record.value, record.headers)
-                                decisions.append(decision)
-                                clock.decided(decision)
-
                     async def idle() -> bool:
                         return await annotator.sample("podcost_queue_depth") == 0
 
-                    reading = asyncio.create_task(read(), name="decisions")
+                    reading = asyncio.create_task(
+                        read_decisions(reader, clock, decisions), name="decisions"
+                    )
                     try:
                         for name in deployments:
                             await helpers.create_deployment(
