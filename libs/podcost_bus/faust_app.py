@@ -25,12 +25,19 @@ What podcost relies on, and why it is arranged so:
   its flush is withheld then too).
 - **Sources are raw bytes** (``key_serializer``/``value_serializer`` ``raw``): faust's own JSON
   decoding would crash the agent on a bad record before our code saw it, and would ack it.
-- **States are written after the outputs are acknowledged**: the table writes (changelog
-  records) follow the flush. A crash in between processes the batch again (its offsets are not
-  committed: faust flushes the changelog producer before it commits offsets) and publishes
-  again: at least once, never lost. The changelog producer does not compress batches: the large
-  state parts are gzipped one by one already, and aiokafka's level-9 gzip over them took a
-  twelfth of the process's CPU.
+- **States are written after the outputs are acknowledged, and the batch is done once they
+  are acknowledged too**: the table writes (changelog records) follow the flush, and the agent
+  awaits their delivery (the futures ``_Table`` keeps) before it asks for the next batch. A
+  crash in between processes the batch again (its offsets are not committed) and publishes
+  again: at least once, never lost. faust's own guard is not enough: it flushes its producer
+  before it commits offsets, but the flush of the buffer table writes go through gives up once
+  0.1 s pass without a message sent (``ProducerBuffer.flush_atmost``,
+  ``faust/transport/producer.py`` line 89), so on a busy machine a commit could pass source
+  records whose states were still in that buffer, and a stop then dropped them (the buffer's
+  task ends with the app): the state another member recovers lacked answers whose records
+  nobody would read again, and the workload waited for them forever. The changelog producer
+  does not compress batches: the large state parts are gzipped one by one already, and
+  aiokafka's level-9 gzip over them took a twelfth of the process's CPU.
 - **Tables use the producer's partitioner** (``use_partitioner``): the timer writes outside of
   any stream event, where faust cannot tell the partition from the current event (with batches,
   neither can the agent). The table key is the record key itself, so murmur2 puts a key's
@@ -273,6 +280,22 @@ class _FlowControl(FlowControlEvent):
         super().resume()
 
 
+class _Table(faust.Table[bytes, bytes]):
+    """faust's table, keeping the futures of the changelog records it sends until
+    :meth:`sent` hands them over (see the module docstring): a write's record is delivered when
+    its future is done."""
+
+    def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
+        future = super().send_changelog(*args, **kwargs)
+        self.__dict__.setdefault("_podcost_sent", []).append(future)
+        return future
+
+    def sent(self) -> list[Any]:
+        """The futures of the changelog records sent since the last call."""
+        futures: list[Any] = self.__dict__.pop("_podcost_sent", [])
+        return futures
+
+
 class _App(faust.App):
     """``faust.App`` with the consumer and the flow control above."""
 
@@ -439,6 +462,7 @@ class FaustKeyedApp(Generic[S]):
             topic_replication_factor=settings.replication_factor,
             table_standby_replicas=standby_replicas,
             store="memory://",
+            Table=_Table,
             datadir=str(data_dir),
             web_enabled=False,
             autodiscover=False,
@@ -890,6 +914,11 @@ class FaustKeyedApp(Generic[S]):
                 self.tables[part][key] = value
             stored = tuple(store.get(key) for store in self._stores())
             self._remember(key, _Decoded(stored, new, self.processor.wakeup(new)))
+        # Done once the broker has the changelog records (see the module docstring); a failed
+        # delivery raises, and the batch is withheld like any failure's.
+        sent = [future for table in tables for future in cast(_Table, table).sent()]
+        if sent:
+            await asyncio.gather(*sent)
 
     async def _fail(self, error: BaseException, messages: Sequence[Any] = ()) -> None:
         log.error("%s stops: %r", self.app_id, error, exc_info=error)

@@ -2,11 +2,12 @@
 test's own: a table write while faust's producer knows nothing of the changelog topic, an app
 whose processor fails, which must stop (bounded) without committing the failed record, per-key
 order within a batch, and an app stopped in the middle of a batch whose outputs are not all
-delivered: nothing of that batch is committed or stored, and the restart publishes them all; and
-a recovery whose changelog records are fetched but never reach it (as seen after a consumer-group
-rebalance) is sought again and ends; the progress watchdog: an app with a batch stuck for good,
-one whose consumer stopped fetching, and one that does not start within its bound exit
-(``Stalled``). Every test has its topics and faust app id of its own."""
+delivered: nothing of that batch is committed or stored, and the restart publishes them all; a
+batch committed while faust's producer still buffers its states (they must be delivered
+first); and a recovery whose changelog records are fetched but never reach it (as seen after a
+consumer-group rebalance) is sought again and ends; the progress watchdog: an app with a batch
+stuck for good, one whose consumer stopped fetching, and one that does not start within its
+bound exit (``Stalled``). Every test has its topics and faust app id of its own."""
 
 from __future__ import annotations
 
@@ -326,6 +327,48 @@ async def test_a_stop_in_the_middle_of_a_batch_commits_and_stores_nothing_of_it_
     delivered = batch[: batch.index(b"hold")]
     expected = [*first, *held[:start], *delivered, *held[start:]]
     assert await read_all(kafka.bus, out, len(expected)) == expected
+
+
+async def test_a_commit_never_passes_records_whose_states_faust_has_not_sent_yet(
+    kafka: Kafka,
+) -> None:
+    # faust flushes its producer before it commits offsets, but the flush of the buffer that
+    # table writes go through gives up once 0.1 s pass without a message sent
+    # (``ProducerBuffer.flush_atmost``), and a stop drops what the buffer still holds. The
+    # buffer's sender is slowed here (0.3 s before each changelog record), in the test's own
+    # process: a stand-in for an event loop that a loaded machine starves, which no server
+    # produces on demand. The batch must not be committed before its states are delivered,
+    # or the states a restart recovers lack records nobody reads again.
+    app = kafka.app(Remember())
+    buffer = app.app.producer.buffer
+    send = buffer._send_pending
+
+    async def slow_send(future: Any) -> None:
+        await asyncio.sleep(0.3)
+        await send(future)
+
+    buffer._send_pending = slow_send  # read once, when the buffer's task starts
+    task = await started(app)
+    keys = [b"k1", b"k2", b"k3", b"k4"]
+    try:
+        acks = [await kafka.bus.send(kafka.source, key, b"v-" + key) for key in keys]
+        deliveries = await asyncio.gather(*acks)
+        end = max(delivery.offset for delivery in deliveries) + 1
+        deadline = time.monotonic() + 30.0
+        while await committed(kafka) != end:
+            assert not task.done(), task.exception()
+            assert time.monotonic() < deadline, "the records were never committed"
+            await asyncio.sleep(0.05)
+    finally:
+        await stopped(task)  # at once, once committed: what faust still buffered is dropped
+
+    again = kafka.app(Remember())
+    task = await started(again)
+    try:
+        recovered = {key: again.tables[PART].get(key) for key in keys}
+    finally:
+        await stopped(task)
+    assert recovered == {key: b"v-" + key for key in keys}
 
 
 async def test_an_app_that_stops_making_progress_turns_not_ready_then_exits_stalled(
