@@ -7,7 +7,9 @@ A script, not a test (not part of ``make test``)::
 
 It starts its own control plane in a temporary directory (``podcost_localinfra``: etcd,
 kube-apiserver, kube-controller-manager and kube-scheduler at qps 500, kwok running nodes and
-pods), or uses the cluster of ``$KUBECONFIG`` when ``PODCOST_USE_KUBECONFIG=1`` (then the
+pods; ``--nodes-to-score-percent`` sets the scheduler's ``percentageOfNodesToScore``, which by
+default has it filter and score a third of 1,667 nodes for every pod), or uses the cluster of
+``$KUBECONFIG`` when ``PODCOST_USE_KUBECONFIG=1`` (then the
 control plane's processes are not on this machine and their RSS/CPU read "n/a"; what the bench
 created is deleted at the end).
 
@@ -985,6 +987,13 @@ def main() -> None:
     )
     parser.add_argument("--min-free-gib", type=float, default=1.0)
     parser.add_argument(
+        "--nodes-to-score-percent",
+        type=int,
+        default=None,
+        help="the scheduler's percentageOfNodesToScore (default: its own, from the cluster's "
+        "size); a low one grows a large cluster faster",
+    )
+    parser.add_argument(
         "--keep-going",
         action="store_true",
         help="a failed step stops the growth; the summary is still printed",
@@ -1026,7 +1035,9 @@ def run(args: argparse.Namespace) -> None:
             asyncio.run(bench(os.environ["KUBECONFIG"], args, None, log_dir))
             return
         started = time.monotonic()
-        control_plane = cluster.start(Path(tmp) / "cluster")
+        control_plane = cluster.start(
+            Path(tmp) / "cluster", nodes_to_score_percent=args.nodes_to_score_percent
+        )
         stamp(f"control plane up in {time.monotonic() - started:.1f}s ({tmp})")
         try:
             asyncio.run(bench(str(control_plane.kubeconfig), args, control_plane.run_dir, log_dir))
