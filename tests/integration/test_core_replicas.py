@@ -40,12 +40,18 @@ found). ``podcost_bus.faust_app`` now seeks such a partition again after 10 s wi
 warning, which the test counts and prints.
 
 After the fixes, 32 of 33 runs passed on the shared 2-core machine (two or three runs at once, load
-13 to 25): 17 of 18 quick ones and 15 of 15 seeded ones (every seed at least once). The failure is
-a third cause, not found yet (issue 11 stays open): in a quick run, web-06's version 2 was never
-decided, with every answer on the ranks topic, no skip, no stalled recovery and no torn state,
-around the SIGTERM of the first aggregator, which had held its partitions for 2 s (the other one
-held every partition for the next 2 minutes). The start-up ``/readyz`` time-out seen once was a
-process that took 87 s to log its first line on the loaded machine, with a 90 s limit then;
+13 to 25): 17 of 18 quick ones and 15 of 15 seeded ones (every seed at least once). The failure
+was a third cause: in a quick run, web-06's version 2 was never decided, with every answer on the
+ranks topic, no skip, no stalled recovery and no torn state, around the SIGTERM of the first
+aggregator, which had held its partitions for 2 s (the other one held every partition for the
+next 2 minutes). The likely cause, found reading faust since: a batch was acked once its table
+writes were queued on faust's producer buffer, whose flush before a commit gives up after 0.1 s
+without a message sent and whose stop drops what it holds; on a loaded machine a clean stop
+could so commit answers whose progress state never reached the changelog, and the member that
+took the partition over recovered a state still waiting for them. A batch is now done once its
+changelog records are delivered (``test_faust_app.py`` reproduces that loss with the buffer's
+sender slowed). The start-up ``/readyz`` time-out seen once was a process that took 87 s to log
+its first line on the loaded machine, with a 90 s limit then;
 :data:`READY_TIMEOUT_S` is 240 s now.
 
 The faust aggregator used to skip source records around a rebalance (about 5 runs in 8 on a
