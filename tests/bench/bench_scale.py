@@ -8,7 +8,8 @@ A script, not a test (not part of ``make test``)::
 It starts its own control plane in a temporary directory (``podcost_localinfra``: etcd,
 kube-apiserver, kube-controller-manager and kube-scheduler at qps 500, kwok running nodes and
 pods; ``--nodes-to-score-percent`` sets the scheduler's ``percentageOfNodesToScore``, which by
-default has it filter and score a third of 1,667 nodes for every pod), or uses the cluster of
+default has it filter and score a third of 1,667 nodes for every pod, and ``--kwok-parallelism``
+how many pods kwok moves on at once, 4 by default), or uses the cluster of
 ``$KUBECONFIG`` when ``PODCOST_USE_KUBECONFIG=1`` (then the
 control plane's processes are not on this machine and their RSS/CPU read "n/a"; what the bench
 created is deleted at the end).
@@ -994,6 +995,12 @@ def main() -> None:
         "size); a low one grows a large cluster faster",
     )
     parser.add_argument(
+        "--kwok-parallelism",
+        type=int,
+        default=None,
+        help="pod stages, node stages and node leases kwok plays at once (default: its own, 4)",
+    )
+    parser.add_argument(
         "--keep-going",
         action="store_true",
         help="a failed step stops the growth; the summary is still printed",
@@ -1036,7 +1043,9 @@ def run(args: argparse.Namespace) -> None:
             return
         started = time.monotonic()
         control_plane = cluster.start(
-            Path(tmp) / "cluster", nodes_to_score_percent=args.nodes_to_score_percent
+            Path(tmp) / "cluster",
+            nodes_to_score_percent=args.nodes_to_score_percent,
+            kwok_parallelism=args.kwok_parallelism,
         )
         stamp(f"control plane up in {time.monotonic() - started:.1f}s ({tmp})")
         try:
