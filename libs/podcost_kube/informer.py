@@ -518,6 +518,9 @@ class Informer:
             meta = page.get("metadata") or {}
             version = str(meta.get("resourceVersion", ""))
             token = str(meta.get("continue") or "")
+            # The page as parsed (every field of every object) goes before the next is read: two
+            # alive at once made the sync's peak, which the allocator's arenas keep for good.
+            del page, meta
             if not token:
                 break
         if not version:
