@@ -4,6 +4,7 @@ control plane hold, and what podcost costs there (podcost issue 14, item 1).
 A script, not a test (not part of ``make test``)::
 
     uv run python -m tests.bench.bench_scale --pods 10000,50000,150000 --pods-per-node 30
+    uv run python -m tests.bench.bench_scale --pods 5000,10000 --service watcher
 
 It starts its own control plane in a temporary directory (``podcost_localinfra``: etcd,
 kube-apiserver, kube-controller-manager and kube-scheduler at qps 500, kwok running nodes and
@@ -53,11 +54,25 @@ Method, for each size of ``--pods`` in turn (the cluster grows step by step, nev
    others are attempts that wrote nothing) next to the API server's count of pod PATCHes.
 5. ``podcost run`` is stopped (SIGTERM) before the next step.
 
-``--heap-dump DIR`` attributes podcost's memory: every ``podcost run`` gets
-``PODCOST_HEAP_DUMP=DIR/run<n>`` (``podcost.runtime.heap``), traces its allocations with
+``--service watcher`` measures the fleet's per-cluster ``podcost watcher`` alone instead of
+``podcost run``: over a real Kafka broker (``podcost_localinfra.kafka``, the one
+``bench_fleet.py`` starts; or ``$PODCOST_KAFKA``'s), with ``PODCOST_CLUSTER=scale``, and no
+annotator (the watcher needs none: it only publishes snapshots; nothing writes costs, so there
+are no PATCHes and no event → cost latency to report). Its baseline is the same command against
+the empty cluster: its RSS once synced, and once settled (its ``podcost_snapshots_published_total``
+unchanged for 5 s, then 5 s more). Per step: *initial sync* (process start to the log's
+``watcher synced``); RSS per pod above the baseline's at sync; *first pass published* (to the
+log's ``first pass published``: every opted-in workload's snapshot queued on the bus); RSS per
+pod above the settled baseline once the first pass is published and it has settled, and again
+after the churn has settled. The steady state and the churn are steps 3 and 4 (CPU per 1,000
+events/s of the watcher and of the broker; snapshots published instead of writes).
+
+``--heap-dump DIR`` attributes podcost's memory: every ``podcost run`` (or ``podcost watcher``)
+gets ``PODCOST_HEAP_DUMP=DIR/run<n>`` (``podcost.runtime.heap``), traces its allocations with
 ``--heap-frames`` frames (slower: the timings of such a run mean nothing) and dumps its heap at
-sync and once converged; the bench prints the allocation sites that grew in between, in bytes per
-pod (``tests.bench.heap_diff``; run it on the two files with ``--by traceback`` for who called).
+sync and once converged (the watcher: once settled, again after the churn, and its baseline
+once settled); the bench prints the allocation sites that grew between the first two, in bytes
+per pod (``tests.bench.heap_diff``; run it on two files with ``--by traceback`` for who called).
 ``--heap-frames 0`` traces nothing (the RSS is as usual) and prints pymalloc's account of its
 arenas at both points: how much of the RSS it holds, and how much of that is in use.
 
@@ -637,6 +652,7 @@ class Bench:
                 await asyncio.sleep(5)
                 got = usage(proc.pid)
                 self.watcher_baseline_rss = got.rss_bytes if got else None
+                await self.heap_dump(proc)  # what the allocator holds without a pod
             finally:
                 await proc.stop()
             stamp(f"watcher baseline RSS {fmt_bytes(self.watcher_baseline_rss)} settled, "
