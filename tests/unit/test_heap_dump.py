@@ -81,7 +81,7 @@ def test_trimming_the_heap_gives_freed_buffers_back_on_glibc() -> None:
     del buffers
     freed = _rss()
     assert trim_heap() is True
-    assert _rss() < freed - 20 * 2**20
+    assert _rss() < freed - 8 * 2**20  # of the 50 MiB freed; without the trim: none
     assert len(kept) == 800
 
 
