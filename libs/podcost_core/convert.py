@@ -14,6 +14,7 @@ fails here with a ``ConversionError`` naming the object, never deeper with a ``K
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import sys
@@ -428,7 +429,9 @@ def _pod_shape() -> dict[str, Any]:
     # versions, the annotator the owner's apiVersion (in ``OwnerReferenceJSON`` already).
     shape["apiVersion"] = None
     meta = shape["metadata"]
-    meta.update(name=_UNIQUE, uid=_UNIQUE, resourceVersion=_UNIQUE, creationTimestamp=_UNIQUE)
+    # Not the creation time: the pods a Deployment starts or replaces together mostly share it
+    # (whole seconds), so it is interned like the condition times.
+    meta.update(name=_UNIQUE, uid=_UNIQUE, resourceVersion=_UNIQUE)
     return shape
 
 
@@ -436,8 +439,10 @@ _POD_SHAPE = _pod_shape()
 
 
 def _intern(value: Any) -> Any:
-    """``value`` with its strings interned: a string, or the values of a map of strings (labels,
-    annotations, requests; their keys are shared already, by orjson's cache of keys)."""
+    """``value`` with its strings interned: a string, or the keys and values of a map of strings
+    (labels, annotations, requests). Keys too: orjson's cache of keys is direct-mapped, so a key
+    whose slot another key took (``annotations``, ``resourceVersion`` ...) is a new string in
+    every object parsed."""
     if isinstance(value, str):
         return sys.intern(value) if len(value) <= _INTERN_MAX else value
     if isinstance(value, dict):
@@ -445,9 +450,13 @@ def _intern(value: Any) -> Any:
         for key, item in value.items():
             if not isinstance(item, str):
                 return value
-            interned[key] = sys.intern(item) if len(item) <= _INTERN_MAX else item
+            interned[_intern_key(key)] = sys.intern(item) if len(item) <= _INTERN_MAX else item
         return interned
     return value
+
+
+def _intern_key(key: Any) -> Any:
+    return sys.intern(key) if type(key) is str and len(key) <= _INTERN_MAX else key
 
 
 def _unread_condition(condition: object) -> bool:
@@ -470,6 +479,7 @@ def _project(value: Any, shape: _Shape) -> Any:
         for key, item in value.items():
             if key in shape:
                 inner = shape[key]
+                key = sys.intern(key)  # the shape's own string (orjson's may be a copy)
                 if inner is None:
                     kept[key] = _intern(item)
                 elif inner == _UNIQUE:
@@ -778,13 +788,24 @@ def _tolerations_of(spec: PodSpecJSON) -> tuple[Toleration, ...]:
     return found
 
 
+#: ``parse_time`` for the times of pods: the pods started or replaced together share their
+#: creation and Ready times (whole seconds), and with them one ``float`` each.
+_pod_time = functools.lru_cache(maxsize=4096)(parse_time)
+
+
 def pod_from_json(
-    raw: Mapping[str, Any], *, adopt: Collection[str] = (), shared: bool = False
+    raw: Mapping[str, Any],
+    *,
+    adopt: Collection[str] = (),
+    shared: bool = False,
+    requests_of: Callable[[PodSpecJSON], Resources] = pod_requests,
 ) -> Pod:
     """One pod, as every component that acts on it reads it; a cost set by one of the field
     managers in ``adopt`` counts as podcost's own (``cost_owner``). ``shared``: ``raw`` is never
     changed (an informer's kept object, ``project_pod``'s, whose maps equal pods share), so the
-    pod keeps its labels and annotations maps instead of a copy of each."""
+    pod keeps its labels and annotations maps instead of a copy of each. ``requests_of``: what
+    sums the validated spec's requests (``pod_requests``; a cache may hand out one
+    ``Resources`` for equal sums)."""
     pod: PodJSON = _validate(_POD, raw, "pod")
     meta = pod.get("metadata", {})
     spec = pod.get("spec", {})
@@ -813,11 +834,11 @@ def pod_from_json(
         phase=_phase(status.get("phase")),
         ready=ready,
         ready_since=(
-            parse_time(ready_condition.get("lastTransitionTime"))
+            _pod_time(ready_condition.get("lastTransitionTime"))
             if ready and ready_condition is not None
             else None
         ),
-        created=parse_time(meta.get("creationTimestamp")),
+        created=_pod_time(meta.get("creationTimestamp")),
         replicaset=owner.get("name")
         if owner is not None and owner.get("kind") == "ReplicaSet"
         else None,
@@ -827,7 +848,7 @@ def pod_from_json(
         priority=spec.get("priority", 0),
         qos=_qos(spec, status),
         tolerations=_tolerations_of(spec),
-        requests=pod_requests(spec),
+        requests=requests_of(spec),
         labels=labels if shared else dict(labels),
         annotations=annotations if shared else dict(annotations),
         deletion_cost=parse_deletion_cost(annotations.get(DELETION_COST_ANNOTATION)),

@@ -100,6 +100,13 @@ class ResourceExpired(KubeError):
         super().__init__(message, status=410, retriable=True)
 
 
+#: Objects per list page. Each page is parsed whole (every field of every pod, about 13 KB of
+#: Python objects a kwok pod) before what is kept of it is: the allocator's arenas that peak
+#: leaves are not given back, so a smaller page leaves less (250 rather than 500: 0.2 KB a pod
+#: less at 10,000 pods) for twice the requests.
+PAGE_SIZE = 250
+
+
 def _kept(resource: Resource, obj: RawObject, shared: SharedParts) -> RawObject:
     """What the store keeps of ``obj``: without the managedFields nobody reads, and of a pod
     only what podcost reads, its parts equal to other pods' shared with them
@@ -262,7 +269,7 @@ class Informer:
         label_selector: str | None = None,
         store: Store | None = None,
         handlers: Iterable[Handler] = (),
-        page_size: int = 500,
+        page_size: int = PAGE_SIZE,
         watch_timeout: float = 300.0,
         request_timeout: float = 60.0,
         backoff: Backoff | None = None,
@@ -518,6 +525,9 @@ class Informer:
             meta = page.get("metadata") or {}
             version = str(meta.get("resourceVersion", ""))
             token = str(meta.get("continue") or "")
+            # The page as parsed (every field of every object) goes before the next is read: two
+            # alive at once made the sync's peak, which the allocator's arenas keep for good.
+            del page, meta
             if not token:
                 break
         if not version:

@@ -14,7 +14,8 @@ replaces the older), so the cache holds at most one ``Pod`` and one ``Resources`
 what they are summed from unchanged (status updates, the usual case): only the spec's request
 fields are compared, and no quantity is parsed again. The raw objects are the store's, which
 never changes one (an update replaces it): a ``Pod`` keeps their labels and annotations maps
-(``pod_from_json(shared=True)``) instead of a copy of each. Pure: no I/O, no client library.
+(``pod_from_json(shared=True)``) instead of a copy of each, and equal sums of requests (a
+workload's pods all request the same) are one ``Resources``. Pure: no I/O, no client library.
 """
 
 from __future__ import annotations
@@ -23,9 +24,18 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
-from podcost_core.convert import node_from_json, pod_from_json, pod_requests, pod_requests_inputs
+from podcost_core.convert import (
+    PodSpecJSON,
+    node_from_json,
+    pod_from_json,
+    pod_requests,
+    pod_requests_inputs,
+)
 from podcost_core.model import Node, Pod, Resources
 from podcost_kube.store import Change, ChangeType
+
+#: Distinct sums of requests kept to share; when full, forgotten (the shared ones stay so).
+AMOUNTS_LIMIT = 4096
 
 
 def _identity(raw: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -58,6 +68,8 @@ class PodCache:
         self._nodes: dict[str, tuple[str, Node]] = {}
         """Per node name: the version converted, and the node without its requested sums."""
         self._on_convert = on_convert
+        self._amounts: dict[Resources, Resources] = {}
+        """Each distinct sum of requests once, for the pods that request it to share."""
         self._unreported: set[str] = set()
         """Uids whose cached version was converted with ``report=False`` and not reported yet."""
         self.hits = 0
@@ -81,9 +93,11 @@ class PodCache:
                     self._report(cached[1])
                 return cached[1]
         self.misses += 1
-        pod = pod_from_json(raw, adopt=self.adopt, shared=True)
+        pod = pod_from_json(raw, adopt=self.adopt, shared=True, requests_of=self._summed)
         if identity is not None:
             self._pods[identity[0]] = (identity[1], pod)
+            # The pod's requests are the sum of this version: a summed entry is only a copy.
+            self._requests.pop(identity[0], None)
             if report:
                 self._unreported.discard(identity[0])
             else:
@@ -113,8 +127,19 @@ class PodCache:
         inputs = pod_requests_inputs(spec)
         # A new version with the same request fields (a status update) keeps the sum.
         same = cached is not None and cached[1] == inputs
-        amount = cached[2] if cached is not None and same else pod_requests(spec)
+        amount = cached[2] if cached is not None and same else self._summed(spec)
         self._requests[uid] = (version, inputs, amount)
+        return amount
+
+    def _summed(self, spec: PodSpecJSON) -> Resources:
+        """``pod_requests(spec)``, the one ``Resources`` of that sum this cache hands out."""
+        amount = pod_requests(spec)
+        found = self._amounts.get(amount)
+        if found is not None:
+            return found
+        if len(self._amounts) >= AMOUNTS_LIMIT:
+            self._amounts.clear()
+        self._amounts[amount] = amount
         return amount
 
     def node(self, raw: Mapping[str, Any], requested: Resources) -> Node:

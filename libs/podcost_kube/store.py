@@ -87,8 +87,8 @@ class Store:
 
     _objects: dict[str, dict[str, dict[str, RawObject]]] = field(default_factory=dict)
     """kind → namespace → name → object."""
-    _pods_by_node: dict[str, dict[tuple[str, str], RawObject]] = field(default_factory=dict)
-    """node name → (namespace, name) → pod."""
+    _pods_by_node: dict[str, dict[str, dict[str, RawObject]]] = field(default_factory=dict)
+    """node name → namespace → name → pod (no key object of its own per pod)."""
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -116,8 +116,12 @@ class Store:
 
     def pods_on_node(self, node: str) -> list[RawObject]:
         """The pods bound to ``node`` (any phase), sorted by namespace and name."""
-        pods = self._pods_by_node.get(node, {})
-        return [pods[key] for key in sorted(pods)]
+        by_namespace = self._pods_by_node.get(node, {})
+        return [
+            by_namespace[ns][name]
+            for ns in sorted(by_namespace)
+            for name in sorted(by_namespace[ns])
+        ]
 
     def count(self, kind: str) -> int:
         """How many objects of ``kind`` the store holds."""
@@ -182,7 +186,8 @@ class Store:
         self._objects.setdefault(key.kind, {}).setdefault(key.namespace, {})[key.name] = new
         node = _node_of(key.kind, new)
         if node is not None:
-            self._pods_by_node.setdefault(node, {})[(key.namespace, key.name)] = new
+            by_namespace = self._pods_by_node.setdefault(node, {})
+            by_namespace.setdefault(key.namespace, {})[key.name] = new
 
     def _remove(self, key: ObjectKey, old: RawObject) -> None:
         self._unindex(key, old)
@@ -195,7 +200,10 @@ class Store:
         node = _node_of(key.kind, old)
         if node is None:
             return
-        pods = self._pods_by_node.get(node, {})
-        pods.pop((key.namespace, key.name), None)
-        if not pods:
+        by_namespace = self._pods_by_node.get(node, {})
+        named = by_namespace.get(key.namespace, {})
+        named.pop(key.name, None)
+        if not named:
+            by_namespace.pop(key.namespace, None)
+        if not by_namespace:
             self._pods_by_node.pop(node, None)

@@ -4,15 +4,15 @@ control plane hold, and what podcost costs there (podcost issue 14, item 1).
 A script, not a test (not part of ``make test``)::
 
     uv run python -m tests.bench.bench_scale --pods 10000,50000,150000 --pods-per-node 30
+    uv run python -m tests.bench.bench_scale --pods 5000,10000 --service watcher
 
 It starts its own control plane in a temporary directory (``podcost_localinfra``: etcd,
 kube-apiserver, kube-controller-manager and kube-scheduler at qps 500, kwok running nodes and
 pods; ``--nodes-to-score-percent`` sets the scheduler's ``percentageOfNodesToScore``, which by
 default has it filter and score a third of 1,667 nodes for every pod, and ``--kwok-parallelism``
-how many pods kwok moves on at once, 4 by default), or uses the cluster of
-``$KUBECONFIG`` when ``PODCOST_USE_KUBECONFIG=1`` (then the
-control plane's processes are not on this machine and their RSS/CPU read "n/a"; what the bench
-created is deleted at the end).
+how many pods kwok moves on at once, 4 by default), or uses the cluster of ``$KUBECONFIG`` when
+``PODCOST_USE_KUBECONFIG=1`` (then the control plane's processes are not on this machine and
+their RSS/CPU read "n/a"; what the bench created is deleted at the end).
 
 Method, for each size of ``--pods`` in turn (the cluster grows step by step, never shrinks):
 
@@ -56,11 +56,25 @@ Method, for each size of ``--pods`` in turn (the cluster grows step by step, nev
    others are attempts that wrote nothing) next to the API server's count of pod PATCHes.
 5. ``podcost run`` is stopped (SIGTERM) before the next step.
 
-``--heap-dump DIR`` attributes podcost's memory: every ``podcost run`` gets
-``PODCOST_HEAP_DUMP=DIR/run<n>`` (``podcost.runtime.heap``), traces its allocations with
+``--service watcher`` measures the fleet's per-cluster ``podcost watcher`` alone instead of
+``podcost run``: over a real Kafka broker (``podcost_localinfra.kafka``, the one
+``bench_fleet.py`` starts; or ``$PODCOST_KAFKA``'s), with ``PODCOST_CLUSTER=scale``, and no
+annotator (the watcher needs none: it only publishes snapshots; nothing writes costs, so there
+are no PATCHes and no event → cost latency to report). Its baseline is the same command against
+the empty cluster: its RSS once synced, and once settled (its ``podcost_snapshots_published_total``
+unchanged for 5 s, then 5 s more). Per step: *initial sync* (process start to the log's
+``watcher synced``); RSS per pod above the baseline's at sync; *first pass published* (to the
+log's ``first pass published``: every opted-in workload's snapshot queued on the bus); RSS per
+pod above the settled baseline once the first pass is published and it has settled, and again
+after the churn has settled. The steady state and the churn are steps 3 and 4 (CPU per 1,000
+events/s of the watcher and of the broker; snapshots published instead of writes).
+
+``--heap-dump DIR`` attributes podcost's memory: every ``podcost run`` (or ``podcost watcher``)
+gets ``PODCOST_HEAP_DUMP=DIR/run<n>`` (``podcost.runtime.heap``), traces its allocations with
 ``--heap-frames`` frames (slower: the timings of such a run mean nothing) and dumps its heap at
-sync and once converged; the bench prints the allocation sites that grew in between, in bytes per
-pod (``tests.bench.heap_diff``; run it on the two files with ``--by traceback`` for who called).
+sync and once converged (the watcher: once settled, again after the churn, and its baseline
+once settled); the bench prints the allocation sites that grew between the first two, in bytes
+per pod (``tests.bench.heap_diff``; run it on two files with ``--by traceback`` for who called).
 ``--heap-frames 0`` traces nothing (the RSS is as usual) and prints pymalloc's account of its
 arenas at both points: how much of the RSS it holds, and how much of that is in use.
 
@@ -100,12 +114,15 @@ from tests.bench.procs import usage
 from tests.support.services import ServiceProcess, ServiceSpec, metric_key, sample, series
 
 from podcost.runtime.metrics import LATENCY_BUCKETS
-from podcost_localinfra import cluster
+from podcost_localinfra import cluster, kafka
 
 NAMESPACE = "scale"
 NODE_PREFIX = "scale-n"
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 PODCOST = "podcost-run"
+WATCHER = "podcost-watcher"
+#: The cluster name the bench's ``podcost watcher`` publishes as (``PODCOST_CLUSTER``).
+CLUSTER = "scale"
 #: Seconds without a write (and an empty queue) that count as "nothing left to write".
 QUIET = 5.0
 
@@ -411,9 +428,14 @@ class Bench:
         self.rng = random.Random(args.seed)
         self.baseline_rss: int | None = None
         self.baseline_sync: float | None = None
+        self.watcher_baseline_rss: int | None = None
+        self.watcher_baseline_sync_rss: int | None = None
         self.runs = 0
         self.previous: tuple[int, int] | None = None
         """(pods, converged RSS of podcost run) of the last step that converged."""
+        self.brokers: str | None = None
+        """The Kafka broker ``podcost watcher`` publishes to (``--service watcher``)."""
+        self.broker_pid: int | None = None
 
     # -- growth ----------------------------------------------------------------------------------
 
@@ -504,42 +526,51 @@ class Bench:
 
     # -- podcost ----------------------------------------------------------------------------------
 
-    def spec(self) -> ServiceSpec:
+    def spec(self, service: str = PODCOST) -> ServiceSpec:
         env = {"PODCOST_LOG_FORMAT": "text", "PODCOST_LOG_LEVEL": "INFO"}
-        if self.args.annotator_qps:
+        if self.args.annotator_qps and service == PODCOST:
             env["PODCOST_ANNOTATOR_QPS"] = str(self.args.annotator_qps)
             env["PODCOST_ANNOTATOR_BURST"] = str(int(2 * self.args.annotator_qps))
         if self.args.heap_dump:
             env["PODCOST_HEAP_DUMP"] = str(self.args.heap_dump / f"run{self.runs}")
             env["PODCOST_HEAP_DUMP_FRAMES"] = str(self.args.heap_frames)
+        if service == WATCHER:
+            if self.brokers is None:
+                raise RuntimeError("podcost watcher needs a Kafka broker")
+            env["PODCOST_KAFKA"] = self.brokers
+            env["PODCOST_CLUSTER"] = CLUSTER
+            return ServiceSpec(WATCHER, ("watcher",), env)
         return ServiceSpec(PODCOST, ("run",), env)
 
-    async def start_podcost(self) -> ServiceProcess:
+    async def start_podcost(self, service: str = PODCOST) -> ServiceProcess:
         self.runs += 1
-        proc = ServiceProcess(self.spec(), env={"KUBECONFIG": self.kubeconfig},
+        proc = ServiceProcess(self.spec(service), env={"KUBECONFIG": self.kubeconfig},
                               log_dir=self.log_dir / f"run{self.runs}")  # fmt: skip
         await proc.start()
         return proc
 
-    async def synced(self, proc: ServiceProcess, timeout: float) -> tuple[float, float | None]:
-        """Seconds from the start until the log says the watcher synced, and from the log's
-        ``podcost running`` (services started, imports done) to ``watcher synced`` by the log's
-        own timestamps (``None`` if either line is missing)."""
+    async def synced(
+        self, proc: ServiceProcess, timeout: float, line: str = "watcher synced"
+    ) -> tuple[float, float | None]:
+        """Seconds from the start until the log has a line containing ``line`` (by default: the
+        watcher synced), and from the log's ``podcost running`` (``podcost run``'s services
+        started, imports done) to that line by the log's own timestamps (``None`` if either
+        line is missing: ``podcost watcher`` logs no ``podcost running``)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not proc.alive:
-                raise RuntimeError(f"podcost run exited with {proc.returncode}:\n"
+                raise RuntimeError(f"{proc.spec.name} exited with {proc.returncode}:\n"
                                    f"{proc.log_tail()}")  # fmt: skip
             text = proc.log_path.read_text(errors="replace") if proc.log_path.exists() else ""
-            if "watcher synced" in text:
+            if line in text:
                 return time.monotonic() - proc.started_at, log_interval(
-                    text, "podcost running", "watcher synced")  # fmt: skip
+                    text, "podcost running", line)  # fmt: skip
             await asyncio.sleep(0.1)
-        raise TimeoutError(f"podcost run: no 'watcher synced' after {timeout:.0f}s")
+        raise TimeoutError(f"{proc.spec.name}: no {line!r} after {timeout:.0f}s")
 
     async def heap_dump(self, proc: ServiceProcess) -> Path | None:
-        """With ``--heap-dump``: have ``podcost run`` dump its traced heap (SIGUSR1) and wait for
-        the file; its path."""
+        """With ``--heap-dump``: have the podcost process dump its traced heap (SIGUSR1) and
+        wait for the file; its path."""
         if not self.args.heap_dump:
             return None
         directory = self.args.heap_dump / f"run{self.runs}"
@@ -560,7 +591,8 @@ class Bench:
         # Traced (--heap-dump), the process is several times slower: its port opens later.
         status, body = await proc.get_listening("/metrics", 120 if self.args.heap_dump else 10)
         if status != 200:
-            raise RuntimeError(f"podcost run: GET /metrics answered {status}:\n{proc.log_tail()}")
+            raise RuntimeError(f"{proc.spec.name}: GET /metrics answered {status}:\n"
+                               f"{proc.log_tail()}")  # fmt: skip
         return parse_summed(body)
 
     async def converge(self, proc: ServiceProcess, timeout: float) -> tuple[float, float]:
@@ -583,30 +615,51 @@ class Bench:
         await self.drained(proc, timeout)
         return ready, time.monotonic() - proc.started_at - QUIET
 
-    async def drained(self, proc: ServiceProcess, timeout: float) -> float:
-        """Wait until ``podcost_queue_depth`` and ``podcost_consumer_lag`` are 0 and
-        ``podcost_patches_total`` has not moved for ``QUIET`` seconds; the seconds until it last
-        moved."""
+    async def drained(
+        self, proc: ServiceProcess, timeout: float, counter: str = "podcost_patches_total"
+    ) -> float:
+        """Wait until ``podcost_queue_depth`` and ``podcost_consumer_lag`` are 0 and ``counter``
+        (``podcost_patches_total``; the watcher's: ``podcost_snapshots_published_total``) has
+        not moved for ``QUIET`` seconds; the seconds until it last moved."""
         start = time.monotonic()
         quiet_since, last = start, -1.0
 
         async def idle() -> tuple[bool, str]:
             nonlocal quiet_since, last
             if not proc.alive:
-                raise RuntimeError(f"podcost run exited:\n{proc.log_tail()}")
+                raise RuntimeError(f"{proc.spec.name} exited:\n{proc.log_tail()}")
             metrics = await self.podcost_metrics(proc)
-            patches = sample(metrics, "podcost_patches_total")
+            moved = sample(metrics, counter)
             depth = sample(metrics, "podcost_queue_depth") + sample(metrics, "podcost_consumer_lag")
-            if patches != last or depth:
-                quiet_since, last = time.monotonic(), patches
+            if moved != last or depth:
+                quiet_since, last = time.monotonic(), moved
             quiet = time.monotonic() - quiet_since
-            return quiet >= QUIET and not depth, f"{patches:,.0f} patches, queue+lag {depth:,.0f}"
+            return quiet >= QUIET and not depth, f"{counter} {moved:,.0f}, queue+lag {depth:,.0f}"
 
-        await wait_until(idle, "nothing left to write", timeout, interval=0.5)
+        what = "nothing left to write" if counter == "podcost_patches_total" else "settled"
+        await wait_until(idle, what, timeout, interval=0.5)
         return max(0.0, time.monotonic() - start - QUIET)
 
     async def baseline(self) -> None:
-        """The RSS of ``podcost run`` on the empty cluster, once converged and 10 s after."""
+        """The RSS of ``podcost run`` on the empty cluster, once converged and 10 s after; of
+        ``podcost watcher`` instead with ``--service watcher``, once settled and 5 s after."""
+        if self.args.service == "watcher":
+            stamp("baseline: podcost watcher on the empty cluster")
+            proc = await self.start_podcost(WATCHER)
+            try:
+                await self.synced(proc, 120)
+                got = usage(proc.pid)
+                self.watcher_baseline_sync_rss = got.rss_bytes if got else None
+                await self.drained(proc, 120, "podcost_snapshots_published_total")
+                await asyncio.sleep(5)
+                got = usage(proc.pid)
+                self.watcher_baseline_rss = got.rss_bytes if got else None
+                await self.heap_dump(proc)  # what the allocator holds without a pod
+            finally:
+                await proc.stop()
+            stamp(f"watcher baseline RSS {fmt_bytes(self.watcher_baseline_rss)} settled, "
+                  f"{fmt_bytes(self.watcher_baseline_sync_rss)} at sync")  # fmt: skip
+            return
         stamp("baseline: podcost run on the empty cluster")
         proc = await self.start_podcost()
         try:
@@ -621,6 +674,13 @@ class Bench:
               f"{fmt(self.baseline_sync, '.2f', 's')} after the services started")  # fmt: skip
 
     async def measure(self, step: Step) -> None:
+        """Steps 2 to 5 for the service of ``--service``."""
+        if self.args.service == "watcher":
+            await self.measure_watcher(step)
+        else:
+            await self.measure_run(step)
+
+    async def measure_run(self, step: Step) -> None:
         n, args = step.numbers, self.args
         pods = step.target.pods
         timeout = max(300.0, args.timeout_per_1k * pods / 1000)
@@ -668,9 +728,20 @@ class Bench:
         finally:
             await proc.stop(60)
 
-    async def steady_and_churn(self, step: Step, proc: ServiceProcess) -> None:
+    async def steady_and_churn(
+        self, step: Step, proc: ServiceProcess, service: str = PODCOST
+    ) -> None:
+        """Steps 3 and 4 of the method for ``podcost run`` or (``service=WATCHER``) ``podcost
+        watcher``: no writes nor event → cost latency then, its snapshots published instead,
+        and its RSS once settled after the churn."""
         n, args = step.numbers, self.args
-        pids = {**self.plane.pids, PODCOST: proc.pid}
+        pods = step.target.pods
+        watcher = service == WATCHER
+        who = "watcher" if watcher else "podcost"
+        counter_name = "podcost_snapshots_published_total" if watcher else "podcost_patches_total"
+        pids = {**self.plane.pids, service: proc.pid}
+        if self.broker_pid is not None:
+            pids["kafka broker"] = self.broker_pid
         counter = EventCounter(self.api)
         await counter.start()
         try:
@@ -686,10 +757,14 @@ class Bench:
             idle_cpu = cpu_since(pids, cpu_before, idle_seconds)
             own_after = await self.podcost_metrics(proc)
             api_after = await apiserver_metrics(self.api, ["apiserver_request_total"])
-            n["steady podcost patches (any result)"] = sample(
-                own_after, "podcost_patches_total"
-            ) - sample(own_before, "podcost_patches_total")
-            n["steady apiserver pod PATCHes"] = pod_patches(api_after) - pod_patches(api_before)
+            if watcher:
+                n["steady watcher snapshots published"] = sample(
+                    own_after, counter_name) - sample(own_before, counter_name)  # fmt: skip
+            else:
+                n["steady podcost patches (any result)"] = sample(
+                    own_after, counter_name) - sample(own_before, counter_name)  # fmt: skip
+                n["steady apiserver pod PATCHes"] = pod_patches(api_after) - pod_patches(
+                    api_before)  # fmt: skip
             n["steady pod events/s"] = idle_events
             for name, cpu in idle_cpu.items():
                 n[f"idle CPU {name}"] = cpu
@@ -704,29 +779,90 @@ class Bench:
             churn_seconds = time.monotonic() - start
             rate = (counter.events - events_before) / churn_seconds
             busy_cpu = cpu_since(pids, cpu_before, churn_seconds)
-            stamp("  churn over; waiting until nothing is left to write")
-            n["churn drained after s"] = await self.drained(proc, args.drain_timeout)
+            stamp("  churn over; waiting until " + ("the watcher has settled" if watcher
+                                                   else "nothing is left to write"))  # fmt: skip
+            n[f"churn {'settled' if watcher else 'drained'} after s"] = await self.drained(
+                proc, args.drain_timeout, counter_name)  # fmt: skip
             own_churn = await self.podcost_metrics(proc)
-            api_churn = await apiserver_metrics(self.api, ["apiserver_request_total"])
-            name = "podcost_event_to_annotation_seconds"
-            deltas = bucket_deltas(own_after, own_churn, name)
             n["churn ops done"] = ops
             n["churn pod events/s"] = rate
-            for result, count in patches_by_result(own_after, own_churn).items():
-                n[f"churn podcost patches {result}"] = count
-            n["churn apiserver pod PATCHes"] = pod_patches(api_churn) - pod_patches(api_after)
-            if ops:
-                n["churn podcost patches ok per op"] = n.get("churn podcost patches ok", 0.0) / ops
-            n["churn costs written (histogram count)"] = sum(
-                v for le, v in deltas if math.isinf(le))  # fmt: skip
-            n["event→cost p50 s"] = histogram_quantile(deltas, 0.5)
-            n["event→cost p99 s"] = histogram_quantile(deltas, 0.99)
+            if watcher:
+                n["churn watcher snapshots published"] = sample(
+                    own_churn, counter_name) - sample(own_after, counter_name)  # fmt: skip
+            else:
+                api_churn = await apiserver_metrics(self.api, ["apiserver_request_total"])
+                name = "podcost_event_to_annotation_seconds"
+                deltas = bucket_deltas(own_after, own_churn, name)
+                for result, count in patches_by_result(own_after, own_churn).items():
+                    n[f"churn podcost patches {result}"] = count
+                n["churn apiserver pod PATCHes"] = pod_patches(api_churn) - pod_patches(api_after)
+                if ops:
+                    n["churn podcost patches ok per op"] = (
+                        n.get("churn podcost patches ok", 0.0) / ops)  # fmt: skip
+                n["churn costs written (histogram count)"] = sum(
+                    v for le, v in deltas if math.isinf(le))  # fmt: skip
+                n["event→cost p50 s"] = histogram_quantile(deltas, 0.5)
+                n["event→cost p99 s"] = histogram_quantile(deltas, 0.99)
             for key, cpu in busy_cpu.items():
                 n[f"churn CPU {key}"] = cpu
                 n[f"cores per 1k events/s {key}"] = per_thousand(
                     cpu, idle_cpu.get(key, 0.0), rate, idle_events)  # fmt: skip
+            if watcher:
+                await asyncio.sleep(5)
+                after = usage(proc.pid)
+                if after:
+                    n[f"{who} RSS after churn"] = after.rss_bytes
+                    base = self.watcher_baseline_rss
+                    if base is not None:
+                        n[f"{who} bytes/pod after churn"] = (after.rss_bytes - base) / pods
         finally:
             await counter.stop()
+
+    async def measure_watcher(self, step: Step) -> None:
+        """``podcost watcher`` alone over Kafka (``--service watcher``): its initial sync,
+        RSS per pod at sync and once its first pass is published and it has settled, then the
+        steady state and the churn as for ``podcost run``."""
+        n, args = step.numbers, self.args
+        pods = step.target.pods
+        timeout = max(300.0, args.timeout_per_1k * pods / 1000)
+        stamp(f"starting podcost watcher against {pods:,} pods")
+        proc = await self.start_podcost(WATCHER)
+        try:
+            n["watcher initial sync s"], _ = await self.synced(proc, timeout)
+            synced = usage(proc.pid)
+            if synced:
+                n["watcher RSS at sync"] = synced.rss_bytes
+                if self.watcher_baseline_sync_rss is not None:
+                    n["watcher bytes/pod at sync"] = (
+                        synced.rss_bytes - self.watcher_baseline_sync_rss) / pods  # fmt: skip
+            stamp(f"  synced after {n['watcher initial sync s']:.1f}s")
+            at_sync = await self.heap_dump(proc)
+            n["watcher first pass published s"], _ = await self.synced(
+                proc, timeout, "first pass published")  # fmt: skip
+            await self.drained(proc, timeout, "podcost_snapshots_published_total")
+            metrics = await self.podcost_metrics(proc)
+            n["watcher snapshots published"] = sample(metrics, "podcost_snapshots_published_total")
+            await asyncio.sleep(5)
+            settled = usage(proc.pid)
+            if settled:
+                n["watcher RSS settled"] = settled.rss_bytes
+                n["MemAvailable with podcost watcher"] = mem_available()
+                if self.watcher_baseline_rss is not None:
+                    n["watcher bytes/pod"] = (
+                        settled.rss_bytes - self.watcher_baseline_rss) / pods  # fmt: skip
+            stamp(f"  first pass published after {n['watcher first pass published s']:.1f}s, "
+                  f"settled")  # fmt: skip
+            at_settled = await self.heap_dump(proc)
+            if at_sync and at_settled and at_sync.exists() and at_settled.exists():
+                stamp("  what grew between the sync and the first pass settled (heap_diff)")
+                for line in heap_diff.diff(str(at_sync), str(at_settled), by="lineno", top=30,
+                                           pods=pods, frames=1):  # fmt: skip
+                    print("   ", line, flush=True)
+            step.converged = True
+            await self.steady_and_churn(step, proc, WATCHER)
+            await self.heap_dump(proc)
+        finally:
+            await proc.stop(60)
 
     async def churn(self, names: list[str], seconds: float, rate: float) -> int:
         """Alternately delete a random pod and scale a random Deployment up one (and the
@@ -851,11 +987,11 @@ def show(step: Step) -> None:
     for key, value in step.numbers.items():
         if value is None:
             text = "n/a"
-        elif key.startswith(("RSS", "podcost RSS", "etcd db size", "MemAvailable")):
+        elif key.startswith(("RSS", "podcost RSS", "watcher RSS", "etcd db size", "MemAvailable")):
             text = fmt_bytes(value)
         elif isinstance(value, float) and math.isinf(value):
             text = f"> {LATENCY_BUCKETS[-1]:g} (beyond the histogram's last bucket)"
-        elif key.startswith("podcost bytes/pod"):
+        elif key.startswith(("podcost bytes/pod", "watcher bytes/pod")):
             text = f"{value:,.0f} B/pod (goal <= 1,536)"
         elif key.startswith(("idle CPU", "churn CPU", "growth CPU")):
             text = f"{value:.2f} cores"
@@ -869,24 +1005,37 @@ def show(step: Step) -> None:
     sys.stdout.flush()
 
 
-def summary(steps: Sequence[Step], stopped_by: str | None) -> None:
+def summary(steps: Sequence[Step], stopped_by: str | None, service: str = "run") -> None:
     grown = [s for s in steps if s.grown]
     converged = [s for s in steps if s.converged]
     reached = grown[-1].target if grown else None
     if stopped_by is None:
         stopped_by = "nothing: every requested size was reached (ask for more with --pods)"
-    columns = [
-        ("pods Running s", "grow s", ".0f"),
-        ("podcost initial sync s", "sync s", ".1f"),
-        ("podcost bytes/pod", "B/pod", ",.0f"),
-        ("podcost first decision, every workload s", "decided s", ".0f"),
-        ("podcost nothing left to write s", "written s", ".0f"),
-        ("steady apiserver pod PATCHes", "idle PATCH", ".0f"),
-        ("churn pod events/s", "events/s", ".1f"),
-        ("event→cost p50 s", "p50 s", ".2f"),
-        ("event→cost p99 s", "p99 s", ".2f"),
-        (f"cores per 1k events/s {PODCOST}", "cores/1k ev/s", ".2f"),
-    ]
+    columns = (
+        [
+            ("pods Running s", "grow s", ".0f"),
+            ("watcher initial sync s", "sync s", ".1f"),
+            ("watcher bytes/pod at sync", "B/pod sync", ",.0f"),
+            ("watcher first pass published s", "passed s", ".1f"),
+            ("watcher bytes/pod", "B/pod settled", ",.0f"),
+            ("watcher bytes/pod after churn", "B/pod churned", ",.0f"),
+            ("churn pod events/s", "events/s", ".1f"),
+            (f"cores per 1k events/s {WATCHER}", "cores/1k ev/s", ".2f"),
+        ]
+        if service == "watcher"
+        else [
+            ("pods Running s", "grow s", ".0f"),
+            ("podcost initial sync s", "sync s", ".1f"),
+            ("podcost bytes/pod", "B/pod", ",.0f"),
+            ("podcost first decision, every workload s", "decided s", ".0f"),
+            ("podcost nothing left to write s", "written s", ".0f"),
+            ("steady apiserver pod PATCHes", "idle PATCH", ".0f"),
+            ("churn pod events/s", "events/s", ".1f"),
+            ("event→cost p50 s", "p50 s", ".2f"),
+            ("event→cost p99 s", "p99 s", ".2f"),
+            (f"cores per 1k events/s {PODCOST}", "cores/1k ev/s", ".2f"),
+        ]
+    )
     print("\n== summary")
     print(f"{'pods':>9}{'nodes':>7}" + "".join(f"{title:>14}" for _, title, _ in columns))
     for step in steps:
@@ -895,13 +1044,14 @@ def summary(steps: Sequence[Step], stopped_by: str | None) -> None:
     print()
     if converged:
         top = converged[-1].target
-        print(f"podcost converged up to {top.pods:,} pods / {top.nodes:,} nodes")
+        what = "podcost watcher settled" if service == "watcher" else "podcost converged"
+        print(f"{what} up to {top.pods:,} pods / {top.nodes:,} nodes")
     pods, nodes = (reached.pods, reached.nodes) if reached else (0, 0)
     print(f"largest reached: {pods:,} pods / {nodes:,} nodes; stopped by: {stopped_by}", flush=True)
 
 
 async def bench(kubeconfig: str, args: argparse.Namespace, run_dir: Path | None,
-                log_dir: Path) -> None:  # fmt: skip
+                log_dir: Path, broker: tuple[str, int | None] | None = None) -> None:  # fmt: skip
     api = await config.new_client_from_config(config_file=kubeconfig)
     plane = ControlPlane(run_dir)
     sizes = [layout(p, args.pods_per_node, args.replicas) for p in args.pods]
@@ -909,6 +1059,8 @@ async def bench(kubeconfig: str, args: argparse.Namespace, run_dir: Path | None,
     stopped_by: str | None = None
     async with api:
         runner = Bench(api, kubeconfig, args, plane, log_dir)
+        if broker is not None:
+            runner.brokers, runner.broker_pid = broker
         try:
             await runner.setup()
             await runner.baseline()
@@ -946,7 +1098,7 @@ async def bench(kubeconfig: str, args: argparse.Namespace, run_dir: Path | None,
                     raise
                 show(step)
         finally:
-            summary(steps, stopped_by)
+            summary(steps, stopped_by, args.service)
             if run_dir is None and not args.keep_objects:
                 await runner.cleanup()
 
@@ -1012,6 +1164,13 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument(
+        "--service",
+        choices=("run", "watcher"),
+        default="run",
+        help="what is measured: podcost run (embedded), or podcost watcher alone over a Kafka "
+        "broker (the bench's own unless PODCOST_KAFKA names one)",
+    )
+    parser.add_argument(
         "--heap-dump",
         type=Path,
         default=None,
@@ -1036,20 +1195,33 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix="podcost-scale-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="podcost-scale-") as tmp,
+        contextlib.ExitStack() as stack,
+    ):
         log_dir = Path(tmp) / "podcost"
+        broker: tuple[str, int | None] | None = None
+        if args.service == "watcher":
+            if os.environ.get("PODCOST_KAFKA"):
+                broker = (os.environ["PODCOST_KAFKA"], None)
+            else:
+                started = kafka.start(Path(tmp) / "kafka")
+                stack.callback(started.stop)
+                broker = (started.bootstrap, started.pid)
+                stamp(f"Kafka broker up in {started.started_in:.1f}s ({started.bootstrap})")
         if os.environ.get("PODCOST_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):
-            asyncio.run(bench(os.environ["KUBECONFIG"], args, None, log_dir))
+            asyncio.run(bench(os.environ["KUBECONFIG"], args, None, log_dir, broker))
             return
-        started = time.monotonic()
+        started_at = time.monotonic()
         control_plane = cluster.start(
             Path(tmp) / "cluster",
             nodes_to_score_percent=args.nodes_to_score_percent,
             kwok_parallelism=args.kwok_parallelism,
         )
-        stamp(f"control plane up in {time.monotonic() - started:.1f}s ({tmp})")
+        stamp(f"control plane up in {time.monotonic() - started_at:.1f}s ({tmp})")
         try:
-            asyncio.run(bench(str(control_plane.kubeconfig), args, control_plane.run_dir, log_dir))
+            asyncio.run(bench(str(control_plane.kubeconfig), args, control_plane.run_dir, log_dir,
+                              broker))  # fmt: skip
         finally:
             stamp("stopping the control plane")
             control_plane.stop()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import tracemalloc
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from tests.bench.heap_diff import diff
 
-from podcost.runtime.heap import heap_dumps_on_signal
+from podcost.runtime.heap import heap_dumps_on_signal, trim_heap
 
 
 @pytest.fixture
@@ -63,3 +64,29 @@ def test_with_no_frames_nothing_is_traced_and_the_dump_is_the_allocators_account
     assert lines[0].startswith("rss ")
     assert any(line.startswith("pymalloc: # bytes in allocated blocks") for line in lines)
     assert not (tmp_path / "heap-1.tracemalloc").exists()
+
+
+def test_trimming_the_heap_gives_freed_buffers_back_on_glibc() -> None:
+    if platform.libc_ver()[0] != "glibc":
+        assert trim_heap() is False  # no such call: nothing is done
+        return
+    # Buffers under glibc's mmap threshold, each with a small one after it that stays: freed,
+    # they are holes in malloc's heap that free() cannot give back by itself.
+    buffers: list[bytearray] = []
+    kept: list[bytearray] = []
+    for _ in range(800):
+        buffers.append(bytearray(64 * 1024))
+        buffers[-1][::4096] = b"x" * 16  # touched: resident
+        kept.append(bytearray(1024))
+    del buffers
+    freed = _rss()
+    assert trim_heap() is True
+    assert _rss() < freed - 8 * 2**20  # of the 50 MiB freed; without the trim: none
+    assert len(kept) == 800
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")

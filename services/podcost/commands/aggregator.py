@@ -16,6 +16,7 @@ import typer
 
 from podcost.aggregator import AggregatorSettings, bootstrap
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings
+from podcost.runtime.heap import heap_dumps_on_signal
 from podcost.runtime.logs import configure_logging
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
@@ -35,6 +36,7 @@ def aggregator_command() -> None:
     config = load_settings("aggregator", AggregatorSettings)
     configure_logging(settings.log_level, settings.log_format)
     setup_tracing("podcost-aggregator")
+    heap_dumps_on_signal()
     try:
         service = bootstrap(settings, bus_settings, config=config)
     except (PluginError, PolicyError) as error:

@@ -20,6 +20,7 @@ import typer
 from podcost.annotator import AnnotatorSettings, bootstrap
 from podcost.annotator.plan import Scope
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings, require_cluster
+from podcost.runtime.heap import heap_dumps_on_signal
 from podcost.runtime.logs import configure_logging
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
@@ -55,6 +56,7 @@ def annotator_command(
         fail(COMMAND, str(error))
     configure_logging(settings.log_level, settings.log_format)
     setup_tracing("podcost-annotator")
+    heap_dumps_on_signal()
     if not bus_settings.bootstrap_servers:
         log.warning(
             "PODCOST_KAFKA is not set: the annotator reads an in-process bus that nothing "

@@ -18,6 +18,7 @@ import typer
 
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings
 from podcost.ranker import RankerSettings, bootstrap
+from podcost.runtime.heap import heap_dumps_on_signal
 from podcost.runtime.logs import configure_logging
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
@@ -44,6 +45,7 @@ def ranker_command(
     config = load_settings("ranker", RankerSettings)
     configure_logging(settings.log_level, settings.log_format)
     setup_tracing(f"podcost-ranker-{strategy}")
+    heap_dumps_on_signal()
     try:
         service = bootstrap(settings, bus_settings, strategy=strategy, config=config)
     except (UnknownStrategyError, PluginError, PolicyError) as error:

@@ -15,6 +15,7 @@ import logging
 import typer
 
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings, require_cluster
+from podcost.runtime.heap import heap_dumps_on_signal
 from podcost.runtime.logs import configure_logging
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
@@ -46,6 +47,7 @@ def watcher_command() -> None:
     require_cluster("watcher", settings, bus_settings)
     configure_logging(settings.log_level, settings.log_format)
     setup_tracing("podcost-watcher")
+    heap_dumps_on_signal()
     if not bus_settings.bootstrap_servers:
         log.warning(
             "PODCOST_KAFKA is not set: snapshots go to an in-process bus nobody reads; "

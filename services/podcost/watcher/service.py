@@ -35,7 +35,8 @@ ran is never said to be gone.)
 Publishing does not wait for each snapshot's acknowledgement: snapshots are queued on the bus
 (which keeps one workload's records in order), at most ``MAX_IN_FLIGHT`` unacknowledged, and one
 the bus cannot deliver ends the watcher, whose restart publishes every workload again. Once the
-cache is synced it is frozen out of the garbage collector's passes (``settle_heap``).
+cache is synced it is frozen out of the garbage collector's passes (``settle_heap``), and again
+once the first pass is published (its converted pods), the allocator's free memory given back.
 
 API server outages. The informer runs with ``SERVICE_BACKOFF``: it retries for as long as the
 outage lasts and relists after it, never giving up on a retriable error. While its requests
@@ -418,6 +419,8 @@ class WatcherService:
             self._pass[key.bus_key(self.cluster)] = version
         if not pending:
             log.info("first pass published: %d workloads", len(self._pass))
+            # The converted pods are long-lived too; the pass's transient buffers are not.
+            settle_heap()
 
     async def _watch_outage(self, informer: Informers) -> None:
         """Flip readiness when the informer's requests have failed for too long, and back."""
