@@ -358,6 +358,15 @@ def deployment_body(index: int, replicas: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def show_growth(before: Path | None, after: Path | None, pods: int, between: str) -> None:
+    """Print what grew between two heap dumps (``tests.bench.heap_diff``), in bytes per pod."""
+    if not (before and after and before.exists() and after.exists()):
+        return
+    stamp(f"  what grew between {between} (tests.bench.heap_diff)")
+    for line in heap_diff.diff(str(before), str(after), by="lineno", top=30, pods=pods, frames=1):
+        print("   ", line, flush=True)
+
+
 async def created(make: Callable[[], Awaitable[Any]]) -> None:
     """``make()``, a 409 (already there: a step retried) being fine; 429/5xx retried."""
     for attempt in range(20):
@@ -718,11 +727,7 @@ class Bench:
                     ) / grown_by
                 self.previous = (pods, converged.rss_bytes)
             at_converged = await self.heap_dump(proc)
-            if at_sync and at_converged and at_sync.exists() and at_converged.exists():
-                stamp("  what grew between the sync and every cost written (tests.bench.heap_diff)")
-                for line in heap_diff.diff(str(at_sync), str(at_converged), by="lineno", top=30,
-                                           pods=pods, frames=1):  # fmt: skip
-                    print("   ", line, flush=True)
+            show_growth(at_sync, at_converged, pods, "the sync and every cost written")
             step.converged = True
             await self.steady_and_churn(step, proc)
         finally:
@@ -853,11 +858,7 @@ class Bench:
             stamp(f"  first pass published after {n['watcher first pass published s']:.1f}s, "
                   f"settled")  # fmt: skip
             at_settled = await self.heap_dump(proc)
-            if at_sync and at_settled and at_sync.exists() and at_settled.exists():
-                stamp("  what grew between the sync and the first pass settled (heap_diff)")
-                for line in heap_diff.diff(str(at_sync), str(at_settled), by="lineno", top=30,
-                                           pods=pods, frames=1):  # fmt: skip
-                    print("   ", line, flush=True)
+            show_growth(at_sync, at_settled, pods, "the sync and the first pass settled")
             step.converged = True
             await self.steady_and_churn(step, proc, WATCHER)
             await self.heap_dump(proc)
