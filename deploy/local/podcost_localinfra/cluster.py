@@ -152,6 +152,11 @@ current-context: podcost-local
     )
 
 
+#: The API client rate of kube-controller-manager and kube-scheduler (their defaults, 20 and 50
+#: requests/s, would pace a kwok cluster's growth).
+CLIENT_QPS, CLIENT_BURST = 500, 1000
+
+
 def _scheduler_args(
     run_dir: Path, kubeconfig: Path, nodes_to_score_percent: int | None
 ) -> list[str]:
@@ -161,10 +166,10 @@ def _scheduler_args(
     third of its nodes filtered and scored for every pod, which made the scheduler the slowest
     part of growing a large kwok cluster on 2 cores). It changes nothing below 100 nodes: the
     scheduler always looks at 100 feasible nodes at least."""
-    client = {"kubeconfig": str(kubeconfig), "qps": 500, "burst": 1000}
     if nodes_to_score_percent is None:
-        return [f"--kubeconfig={kubeconfig}", "--leader-elect=false", "--kube-api-qps=500",
-                "--kube-api-burst=1000"]  # fmt: skip
+        return [f"--kubeconfig={kubeconfig}", "--leader-elect=false",
+                f"--kube-api-qps={CLIENT_QPS}", f"--kube-api-burst={CLIENT_BURST}"]  # fmt: skip
+    client = {"kubeconfig": str(kubeconfig), "qps": CLIENT_QPS, "burst": CLIENT_BURST}
     config = run_dir / "kube-scheduler.yaml"
     process.write_json(  # JSON is YAML
         config,
@@ -280,7 +285,8 @@ def start(
           "--use-service-account-credentials=false",
           "--bind-address=127.0.0.1", f"--secure-port={kcm_port}",
           "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
-          "--kube-api-qps=500", "--kube-api-burst=1000", "--concurrent-replicaset-syncs=10",
+          f"--kube-api-qps={CLIENT_QPS}", f"--kube-api-burst={CLIENT_BURST}",
+          "--concurrent-replicaset-syncs=10",
           "--v=1"],
          kcm_port),
         ("kube-scheduler",
