@@ -7,6 +7,9 @@ UV := $(PYTHON) -m uv
 export UV_PYTHON_DOWNLOADS := never
 export UV_PROJECT_ENVIRONMENT := $(CURDIR)/.venv
 RUN := $(UV) run --frozen --quiet
+# A test that hangs fails after this many seconds with its asyncio tasks' stacks
+# (tests/support/hang.py) instead of holding the run until CI's own limit.
+TEST_TIMEOUT ?= 900
 
 .DEFAULT_GOAL := help
 .PHONY: help setup tools lint typecheck contracts check unit integration e2e test test-long \
@@ -38,13 +41,13 @@ unit: setup  ## the pure tier: no servers
 	$(RUN) pytest tests/unit examples/podcost-strategy-example/tests
 
 integration: tools  ## real Kafka broker and real control plane
-	$(RUN) pytest tests/integration
+	$(RUN) pytest --timeout=$(TEST_TIMEOUT) tests/integration
 
 e2e: tools  ## the whole pipeline against the real control plane
-	$(RUN) pytest tests/e2e
+	$(RUN) pytest --timeout=$(TEST_TIMEOUT) tests/e2e
 
 test: check tools  ## everything CI runs: static checks, then all test tiers
-	$(RUN) pytest tests examples/podcost-strategy-example/tests
+	$(RUN) pytest --timeout=$(TEST_TIMEOUT) tests examples/podcost-strategy-example/tests
 
 test-long: tools  ## the long runs (300 differential scenarios, 30 s API outage) and the fuzz tests at >= 100,000 cases; fails if none
 	PODCOST_LONG=1 $(RUN) pytest tests -m "long or fuzz"

@@ -23,6 +23,7 @@ import pytest
 from kubernetes_asyncio import config
 
 from podcost_localinfra import build, cluster, kafka, kafka_secure, process
+from tests.support.hang import set_timer
 from tests.support.kube import KubeTestCluster
 from tests.support.secure_kafka import LAYOUT, SecureBroker
 from tests.support.selection import LONG, empty_long_run, wants_long
@@ -41,6 +42,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     reason = empty_long_run(markexpr, len(items))
     if reason is not None:
         raise pytest.UsageError(reason)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> bool | None:
+    """A test that hangs shows its asyncio tasks' stacks (``tests/support/hang.py``)."""
+    return set_timer(item, settings)
 
 
 def _unavailable(what: str, error: BaseException) -> None:
