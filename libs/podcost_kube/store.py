@@ -193,6 +193,15 @@ class Store:
             for name in sorted(by_namespace[ns])
         ]
 
+    def keyed_pods_on_node(self, node: str) -> list[tuple[str, str, RawObject]]:
+        """:meth:`pods_on_node` with each pod's namespace and name (as strings), in that order."""
+        by_namespace = self._pods_by_node.get(node, {})
+        return [
+            (str(ns), str(name), by_namespace[ns][name])
+            for ns in sorted(by_namespace)
+            for name in sorted(by_namespace[ns])
+        ]
+
     def pods_indexed(self, namespace: str) -> bool:
         """Whether :meth:`pods_controlled_by` and :meth:`pod_label_sets` hold every pod of
         ``namespace``: no pod of it is irregular (see ``_NamespacePods``)."""

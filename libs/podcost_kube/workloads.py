@@ -575,10 +575,8 @@ def _add_nodes(store: Store, objects: ClusterObjects, nodes: set[str]) -> None:
         raw_node = store.get("Node", "", node)
         if raw_node is not None:
             objects.nodes[node] = cast(NodeJSON, raw_node)
-        for pod in store.pods_on_node(node):
-            objects.pods.setdefault(
-                (str(_meta(pod).get("namespace", "")), _name(pod)), cast(PodJSON, pod)
-            )
+        for namespace, name, pod in store.keyed_pods_on_node(node):
+            objects.pods.setdefault((namespace, name), cast(PodJSON, pod))
 
 
 def _controlled_by(obj: Mapping[str, Any], kind: str, owner: Mapping[str, Any]) -> bool:
