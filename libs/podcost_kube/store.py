@@ -151,7 +151,8 @@ def _pod_index_keys(pod: Mapping[str, Any]) -> tuple[tuple[Any, Any] | None, Lab
 
 @dataclass(slots=True)
 class Store:
-    """Raw objects by kind, namespace and name; pods also by the node they are bound to."""
+    """Raw objects by kind, namespace and name; pods also by the node they are bound to, and
+    within their namespace by controller and by label set."""
 
     _objects: dict[str, dict[str, dict[str, RawObject]]] = field(default_factory=dict)
     """kind → namespace → name → object."""
