@@ -7,6 +7,11 @@ list and watch responses and calls its handlers with the :class:`Change` each wr
 snapshots. Objects are stored as the API serves them (``kubectl get -o json`` shapes; the informer
 keeps of a pod only the fields podcost reads, ``podcost_core.convert.project_pod``) and are
 shared, not copied: readers must treat them as read-only.
+
+Pods are also indexed by the node they are bound to, and within their namespace by their
+controller and by their set of labels, so that a workload's snapshot finds its pods without
+reading every pod of the namespace (issue 14): the pods of a workload share one labels map, so a
+namespace has about as many label sets as ReplicaSets, and a selector runs once per label set.
 """
 
 from __future__ import annotations
@@ -74,6 +79,15 @@ def resource_version(obj: Mapping[str, Any]) -> str:
     return str(version)
 
 
+def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference with ``controller: true``, if any."""
+    meta = obj.get("metadata")
+    for ref in (meta.get("ownerReferences") if isinstance(meta, Mapping) else None) or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return ref
+    return None
+
+
 def _node_of(kind: str, obj: Mapping[str, Any]) -> str | None:
     if kind != "Pod":
         return None
@@ -81,14 +95,71 @@ def _node_of(kind: str, obj: Mapping[str, Any]) -> str | None:
     return node if isinstance(node, str) and node else None
 
 
+#: A pod's labels as a dictionary key: its ``(name, value)`` pairs.
+LabelSet = frozenset[tuple[str, str]]
+
+
+@dataclass(slots=True)
+class _LabelGroup:
+    """The pods of one namespace with one set of labels."""
+
+    labels: dict[str, str]
+    pods: dict[str, RawObject] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _NamespacePods:
+    """The pods of one namespace by controller and by label set.
+
+    A pod whose name is not a string, whose labels are not a map of strings, whose
+    ownerReferences are not a list, or whose controller's kind or uid cannot be a key is
+    *irregular* (no API server serves one): it is in neither index, and while the namespace
+    holds one, :meth:`Store.pods_indexed` says no, and readers read every pod as before.
+    """
+
+    by_controller: dict[tuple[Any, Any], dict[str, RawObject]] = field(default_factory=dict)
+    """(controller kind, controller uid) → name → pod."""
+    by_labels: dict[LabelSet, _LabelGroup] = field(default_factory=dict)
+    irregular: set[Any] = field(default_factory=set)
+    """The names of the irregular pods."""
+
+
+def _pod_index_keys(pod: Mapping[str, Any]) -> tuple[tuple[Any, Any] | None, LabelSet] | None:
+    """Where ``pod`` goes in its namespace's :class:`_NamespacePods`: its controller's kind and
+    uid (``None`` without a controller) and its label set; ``None`` when it is irregular."""
+    meta = pod.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name", ""), str):
+        return None
+    refs = meta.get("ownerReferences")
+    if refs and not isinstance(refs, list):
+        return None
+    labels = meta.get("labels") or {}
+    if not isinstance(labels, dict) or not all(
+        isinstance(name, str) and isinstance(value, str) for name, value in labels.items()
+    ):
+        return None
+    controller = None
+    ref = controller_of(pod)
+    if ref is not None:
+        controller = (ref.get("kind"), ref.get("uid"))
+        try:
+            hash(controller)
+        except TypeError:
+            return None
+    return controller, frozenset(labels.items())
+
+
 @dataclass(slots=True)
 class Store:
-    """Raw objects by kind, namespace and name; pods also by the node they are bound to."""
+    """Raw objects by kind, namespace and name; pods also by the node they are bound to, and
+    within their namespace by controller and by label set."""
 
     _objects: dict[str, dict[str, dict[str, RawObject]]] = field(default_factory=dict)
     """kind → namespace → name → object."""
     _pods_by_node: dict[str, dict[str, dict[str, RawObject]]] = field(default_factory=dict)
     """node name → namespace → name → pod (no key object of its own per pod)."""
+    _pods_by_namespace: dict[str, _NamespacePods] = field(default_factory=dict)
+    """namespace → its pods by controller and by label set."""
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -122,6 +193,37 @@ class Store:
             for ns in sorted(by_namespace)
             for name in sorted(by_namespace[ns])
         ]
+
+    def keyed_pods_on_node(self, node: str) -> list[tuple[str, str, RawObject]]:
+        """:meth:`pods_on_node` with each pod's namespace and name (as strings), in that order."""
+        by_namespace = self._pods_by_node.get(node, {})
+        return [
+            (str(ns), str(name), by_namespace[ns][name])
+            for ns in sorted(by_namespace)
+            for name in sorted(by_namespace[ns])
+        ]
+
+    def pods_indexed(self, namespace: str) -> bool:
+        """Whether :meth:`pods_controlled_by` and :meth:`pod_label_sets` hold every pod of
+        ``namespace``: no pod of it is irregular (see ``_NamespacePods``)."""
+        index = self._pods_by_namespace.get(namespace)
+        return index is None or not index.irregular
+
+    def pods_controlled_by(self, namespace: str, kind: Any, uid: Any) -> Mapping[str, RawObject]:
+        """The pods of ``namespace`` whose controller owner reference has ``kind`` and ``uid``,
+        by name (unsorted); only when :meth:`pods_indexed`."""
+        index = self._pods_by_namespace.get(namespace)
+        return index.by_controller.get((kind, uid), {}) if index is not None else {}
+
+    def pod_label_sets(
+        self, namespace: str
+    ) -> Iterator[tuple[Mapping[str, str], Mapping[str, RawObject]]]:
+        """Each distinct set of labels of the pods of ``namespace`` (missing labels are empty
+        ones) with its pods by name, unsorted; only when :meth:`pods_indexed`."""
+        index = self._pods_by_namespace.get(namespace)
+        if index is not None:
+            for group in index.by_labels.values():
+                yield group.labels, group.pods
 
     def count(self, kind: str) -> int:
         """How many objects of ``kind`` the store holds."""
@@ -184,10 +286,26 @@ class Store:
         if old is not None:
             self._unindex(key, old)
         self._objects.setdefault(key.kind, {}).setdefault(key.namespace, {})[key.name] = new
+        if key.kind != "Pod":
+            return
         node = _node_of(key.kind, new)
         if node is not None:
             by_namespace = self._pods_by_node.setdefault(node, {})
             by_namespace.setdefault(key.namespace, {})[key.name] = new
+        index = self._pods_by_namespace.get(key.namespace)
+        if index is None:
+            index = self._pods_by_namespace[key.namespace] = _NamespacePods()
+        keys = _pod_index_keys(new)
+        if keys is None:
+            index.irregular.add(key.name)
+            return
+        controller, labels = keys
+        if controller is not None:
+            index.by_controller.setdefault(controller, {})[key.name] = new
+        group = index.by_labels.get(labels)
+        if group is None:
+            group = index.by_labels[labels] = _LabelGroup(dict(labels))
+        group.pods[key.name] = new
 
     def _remove(self, key: ObjectKey, old: RawObject) -> None:
         self._unindex(key, old)
@@ -197,13 +315,35 @@ class Store:
             del self._objects[key.kind][key.namespace]
 
     def _unindex(self, key: ObjectKey, old: RawObject) -> None:
-        node = _node_of(key.kind, old)
-        if node is None:
+        if key.kind != "Pod":
             return
-        by_namespace = self._pods_by_node.get(node, {})
-        named = by_namespace.get(key.namespace, {})
-        named.pop(key.name, None)
-        if not named:
-            by_namespace.pop(key.namespace, None)
-        if not by_namespace:
-            self._pods_by_node.pop(node, None)
+        node = _node_of(key.kind, old)
+        if node is not None:
+            by_namespace = self._pods_by_node.get(node, {})
+            named = by_namespace.get(key.namespace, {})
+            named.pop(key.name, None)
+            if not named:
+                by_namespace.pop(key.namespace, None)
+            if not by_namespace:
+                self._pods_by_node.pop(node, None)
+        index = self._pods_by_namespace.get(key.namespace)
+        if index is None:
+            return
+        # The object is unchanged since it was indexed, so it has the same keys now.
+        keys = _pod_index_keys(old)
+        if keys is None:
+            index.irregular.discard(key.name)
+        else:
+            controller, labels = keys
+            if controller is not None:
+                pods = index.by_controller.get(controller, {})
+                pods.pop(key.name, None)
+                if not pods:
+                    index.by_controller.pop(controller, None)
+            group = index.by_labels.get(labels)
+            if group is not None:
+                group.pods.pop(key.name, None)
+                if not group.pods:
+                    del index.by_labels[labels]
+        if not index.by_labels and not index.irregular:
+            del self._pods_by_namespace[key.namespace]

@@ -45,7 +45,7 @@ from podcost_core.policy import (
     policy_from_annotations,
 )
 from podcost_kube.podcache import PodCache
-from podcost_kube.store import Change, ChangeType, RawObject, Store
+from podcost_kube.store import Change, ChangeType, RawObject, Store, controller_of
 
 DEPLOYMENT = "Deployment"
 REPLICASET = "ReplicaSet"
@@ -79,14 +79,6 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
     annotations = _meta(obj).get("annotations")
     return annotations if isinstance(annotations, Mapping) else {}
-
-
-def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The owner reference with ``controller: true``, if any."""
-    for ref in _meta(obj).get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller"):
-            return ref
-    return None
 
 
 # --- which workloads ---------------------------------------------------------------------------
@@ -492,7 +484,25 @@ def workload_objects(store: Store, key: WorkloadKey) -> ClusterObjects:
     labels one of their selectors matches (adoptable orphans and bystanders); the nodes of those
     pods and every pod on those nodes (for ``Node.requested``). Objects come from the API, so
     they are taken as they are; ``pod_from_json`` validates every pod it converts.
+
+    The pods are found through the store's indexes (by controller, and one selector run per
+    distinct label set), not by reading every pod of the namespace. A namespace holding a pod
+    the indexes cannot stand for, or an object that makes the indexed way fail, is read pod by
+    pod as before (:func:`_workload_objects_by_scan`): the answer, or the error, is the same.
     """
+    if store.pods_indexed(key.namespace):
+        try:
+            return _workload_objects_indexed(store, key)
+        except Exception:  # a malformed object (or no workload): the scan answers or raises
+            pass
+    return _workload_objects_by_scan(store, key)
+
+
+def _pod_rules(
+    store: Store, key: WorkloadKey
+) -> tuple[ClusterObjects, set[Any], list[LabelSelectorJSON | None]]:
+    """The workload's objects without pods or nodes, the uids of the ReplicaSets whose pods are
+    the workload's, and the selectors of the ReplicaSets related to it."""
     workload = store.get(key.kind, key.namespace, key.name)
     if workload is None:
         raise UnknownWorkload(f"no {key.kind} {key.namespace}/{key.name} in the cache")
@@ -518,6 +528,32 @@ def workload_objects(store: Store, key: WorkloadKey) -> ClusterObjects:
         ] or mine
     uids = {_meta(rs).get("uid") for rs in mine}
     selectors = [_selector(rs) for rs in related]
+    return objects, uids, selectors
+
+
+def _workload_objects_indexed(store: Store, key: WorkloadKey) -> ClusterObjects:
+    objects, uids, selectors = _pod_rules(store, key)
+    found: dict[str, RawObject] = {}
+    for uid in uids:
+        found.update(store.pods_controlled_by(key.namespace, REPLICASET, uid))
+    for labels, pods in store.pod_label_sets(key.namespace):
+        if any(selector_matches(selector, labels) for selector in selectors):
+            found.update(pods)
+    nodes: set[str] = set()
+    for name in sorted(found):
+        pod = found[name]
+        objects.pods[(key.namespace, name)] = cast(PodJSON, pod)
+        node = pod.get("spec", {}).get("nodeName")
+        if node:
+            nodes.add(node)
+    _add_nodes(store, objects, nodes)
+    return objects
+
+
+def _workload_objects_by_scan(store: Store, key: WorkloadKey) -> ClusterObjects:
+    """:func:`workload_objects` reading every pod of the namespace: what it did before the
+    store's pod indexes, and what it still does where they cannot stand for every pod."""
+    objects, uids, selectors = _pod_rules(store, key)
     nodes: set[str] = set()
     for pod in store.objects("Pod", key.namespace):
         ref = controller_of(pod)
@@ -529,15 +565,18 @@ def workload_objects(store: Store, key: WorkloadKey) -> ClusterObjects:
             node = pod.get("spec", {}).get("nodeName")
             if node:
                 nodes.add(node)
+    _add_nodes(store, objects, nodes)
+    return objects
+
+
+def _add_nodes(store: Store, objects: ClusterObjects, nodes: set[str]) -> None:
+    """Add ``nodes`` and every pod bound to them (for ``Node.requested``)."""
     for node in sorted(nodes):
         raw_node = store.get("Node", "", node)
         if raw_node is not None:
             objects.nodes[node] = cast(NodeJSON, raw_node)
-        for pod in store.pods_on_node(node):
-            objects.pods.setdefault(
-                (str(_meta(pod).get("namespace", "")), _name(pod)), cast(PodJSON, pod)
-            )
-    return objects
+        for namespace, name, pod in store.keyed_pods_on_node(node):
+            objects.pods.setdefault((namespace, name), cast(PodJSON, pod))
 
 
 def _controlled_by(obj: Mapping[str, Any], kind: str, owner: Mapping[str, Any]) -> bool:
