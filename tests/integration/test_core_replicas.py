@@ -20,10 +20,9 @@ The oracle is an undisturbed twin: the same services in-process over the in-memo
 Every decision on the costs topic, duplicates included (delivery is at least once), must equal the
 twin's decision for that version, and every workload's last version must be decided.
 
-It runs once with 16 workloads (``quick``) and with eight more seeds of 40 workloads (other
-snapshots, other paces, so the rebalances fall elsewhere), all in ``make test-long`` only: the
-quick one takes about a minute on a quiet machine (42 to 58 s measured) and two to three on the
-shared, loaded one, and still fails now and then (below): it stays out of ``make test``.
+It runs once with 16 workloads (``quick``, in ``make test``: about a minute, 42 to 75 s measured,
+two to three on a loaded machine) and with eight more seeds of 40 workloads (other snapshots,
+other paces, so the rebalances fall elsewhere) in ``make test-long``.
 
 Two causes of a decision lost around the SIGKILL of an aggregator, with every answer on the ranks
 topic and no skip caught, are fixed. (1) A state torn between its two changelog writes (the next
@@ -50,7 +49,9 @@ without a message sent and whose stop drops what it holds; on a loaded machine a
 could so commit answers whose progress state never reached the changelog, and the member that
 took the partition over recovered a state still waiting for them. A batch is now done once its
 changelog records are delivered (``test_faust_app.py`` reproduces that loss with the buffer's
-sender slowed). The start-up ``/readyz`` time-out seen once was a process that took 87 s to log
+sender slowed). After that fix the quick run passed 30 times in 30 (one after the other, on the
+machine shared with two helpers' work: no aggregator restarted, 3 stalled recoveries sought again
+and passed), where it had passed 17 in 18 before; so it is in ``make test`` again. The start-up ``/readyz`` time-out seen once was a process that took 87 s to log
 its first line on the loaded machine, with a 90 s limit then;
 :data:`READY_TIMEOUT_S` is 240 s now.
 
@@ -404,7 +405,7 @@ def core_specs(bus: BusSettings) -> list[ServiceSpec]:
 @pytest.mark.parametrize(
     ("seed", "workloads"),
     [
-        pytest.param(0, QUICK_WORKLOADS, id="quick", marks=pytest.mark.long),
+        pytest.param(0, QUICK_WORKLOADS, id="quick"),
         *(pytest.param(seed, WORKLOADS, id=f"seed-{seed}", marks=pytest.mark.long)
           for seed in LONG_SEEDS),
     ],
