@@ -514,9 +514,9 @@ class SharedParts:
     """Equal parts of many pods kept once: the pods of a workload have the same labels, owner,
     containers' requests, tolerations, managedFields, and mostly the same conditions (their
     times are whole seconds) and container statuses. :func:`project_pod` hands each list or map
-    directly under ``metadata``, ``spec`` and ``status`` to :meth:`share`, which returns an equal
-    one seen before if there is one. Readers of the store must not change what they read
-    (``podcost_kube.store``): a shared part is many pods' part.
+    directly under ``metadata``, ``spec`` and ``status``, then the ``status`` itself, to
+    :meth:`share`, which returns an equal one seen before if there is one. Readers of the store
+    must not change what they read (``podcost_kube.store``): a shared part is many pods' part.
 
     At most ``limit`` distinct parts are remembered; when full, it forgets them all (the parts
     already shared stay so), so churn (new workloads, new condition times) cannot grow it."""
@@ -569,6 +569,12 @@ def project_pod(obj: dict[str, Any], shared: SharedParts | None = None) -> dict[
                 for key, part in parts.items():
                     if isinstance(part, dict | list) and part:
                         parts[key] = shared.share(part)
+        # The whole status too: what is kept of it (phase, QoS class, the Ready condition with its
+        # time in whole seconds, restart counts) is mostly the same for the pods of a workload
+        # started together, and one dict less a pod is 0.18 KB (``bench_store_memory``).
+        status = projected.get("status")
+        if isinstance(status, dict) and status:
+            projected["status"] = shared.share(status)
     return projected
 
 

@@ -171,6 +171,18 @@ def test_equal_parts_of_pods_are_kept_once() -> None:
     assert one["status"]["containerStatuses"] == _kept(served_pod(4))["status"]["containerStatuses"]
 
 
+def test_a_status_equal_to_another_pods_is_kept_once() -> None:
+    shared = SharedParts()
+    one, two, four = (project_pod(served_pod(i), shared) for i in (1, 2, 4))
+    assert one["status"] is four["status"]  # same Ready second, same restarts
+    assert one["status"] != two["status"]  # a restart more
+    assert one["spec"] is not four["spec"]  # different nodes
+    late = served_pod(1)
+    for condition in late["status"]["conditions"]:
+        condition["lastTransitionTime"] = "2030-01-01T00:00:00Z"
+    assert project_pod(late, shared)["status"] is not one["status"]
+
+
 def test_only_parts_equal_in_type_and_order_are_shared() -> None:
     shared = SharedParts()
     parts: list[Any] = [
