@@ -826,6 +826,10 @@ def _tolerations_of(spec: PodSpecJSON) -> tuple[Toleration, ...]:
     return found
 
 
+#: The labels or annotations of every pod without any that ``pod_from_json(shared=True)`` reads:
+#: read-only, as the maps of the store it shares.
+_NO_STRINGS: Mapping[str, str] = {}
+
 #: ``parse_time`` for the times of pods: the pods started or replaced together share their
 #: creation and Ready times (whole seconds), and with them one ``float`` each.
 _pod_time = functools.lru_cache(maxsize=4096)(parse_time)
@@ -861,7 +865,9 @@ def pod_from_json(
     labels = meta.get("labels", {})
     if shared:  # the maps of ``raw`` itself, which validation checked (but copied)
         kept = raw.get("metadata", {})
-        labels, annotations = kept.get("labels", labels), kept.get("annotations", annotations)
+        # Without any, one empty map for every such pod (not a new one each: 64 bytes a pod).
+        labels = kept.get("labels", _NO_STRINGS)
+        annotations = kept.get("annotations", _NO_STRINGS)
     regular, sidecar = _restarts(spec, status)
     return Pod(
         # A pod always has a UID; hand-written dumps may not, and the UID is a tie-breaker.
