@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -864,6 +865,31 @@ def test_a_deleted_pod_leaves_the_cache() -> None:
     assert len(pods) == 6
     workload_snapshot(store, WEB, pods=pods)
     assert (pods.misses, len(pods)) == (3, 6)
+
+
+def test_the_summed_requests_go_once_their_pods_are_converted() -> None:
+    raws = [raw_pod(f"p{index}", rs="web-1", app="web", node="n1") for index in range(200)]
+    pods = PodCache()
+    sums = [pods.requests(raw) for raw in raws]
+    assert len(pods) == 200
+    converted = [pods.convert(raw) for raw in raws]
+    assert [pod.requests for pod in converted] == sums
+    assert len(pods) == 200
+    assert pods.requests(raws[0]) is converted[0].requests
+    # The map that held 200 summed entries was rebuilt as they went, not kept at its peak.
+    assert sys.getsizeof(pods._requests) == sys.getsizeof({})
+
+
+def test_empty_labels_and_annotations_are_one_map_for_every_pod() -> None:
+    raws = [raw_pod(f"p{index}", rs="web-1", app="web", node="n1") for index in range(2)]
+    for raw in raws:
+        del raw["metadata"]["labels"]
+    pods = PodCache()
+    one, two = (pods.convert(raw) for raw in raws)
+    assert one.labels == one.annotations == {}
+    assert one.labels is two.labels
+    assert one.annotations is two.annotations
+    assert one == pod_from_json(raws[0])
 
 
 def test_a_pod_without_a_resource_version_is_converted_every_time() -> None:
