@@ -51,9 +51,9 @@ took the partition over recovered a state still waiting for them. A batch is now
 changelog records are delivered (``test_faust_app.py`` reproduces that loss with the buffer's
 sender slowed). After that fix the quick run passed 30 times in 30 (one after the other, on the
 machine shared with two helpers' work: no aggregator restarted, 3 stalled recoveries sought again
-and passed), where it had passed 17 in 18 before; so it is in ``make test`` again. The start-up ``/readyz`` time-out seen once was a process that took 87 s to log
-its first line on the loaded machine, with a 90 s limit then;
-:data:`READY_TIMEOUT_S` is 240 s now.
+and passed), where it had passed 17 in 18 before; so it is in ``make test`` again. The start-up
+``/readyz`` time-out seen once was a process that took 87 s to log its first line on the loaded
+machine, with a 90 s limit then; :data:`READY_TIMEOUT_S` is 240 s now.
 
 The faust aggregator used to skip source records around a rebalance (about 5 runs in 8 on a
 loaded 2-core machine): a recovery's second resume of faust's flow control cleared the stream
