@@ -206,13 +206,20 @@ async def test_an_aggregator_restarted_mid_decision_finds_its_state_in_the_faust
                 lambda: consumed(first, kafka.topics.ranks) == 1,
                 "the first aggregator to read the capacity-type answer",
             )
-        # Stopped with the snapshot and one answer in its table; the second finds them there.
+        # Stopped with the snapshot and one answer in its table, both in the changelog (a batch
+        # is done only once its changelog records are delivered); the second finds them there.
+        # Whether the stop also committed the source offsets is another matter: at least once, a
+        # clean stop may leave its last batch to be read again (seen in about 3 runs of 8 of
+        # this test alone), which the recovered state then takes as a duplicate.
+        key = SNAPSHOT.workload.key.encode()
+        assert await _changelog_keys(kafka, first) == {key}
         # The last answer comes once it is ready: one arriving during faust's table recovery can
         # be skipped until the next restart (podcost_bus.faust_app, "Skipped records").
         second = kafka.aggregator()
-        async with running(second), running(kafka.ranker(AGE)):
-            [decision] = await costs.take(1)
-            assert consumed(second, kafka.topics.workloads) == 0  # not read again: recovered
+        async with running(second):
+            assert key in _stored_keys(second)  # recovered before the last answer exists
+            async with running(kafka.ranker(AGE)):
+                [decision] = await costs.take(1)
     assert decision.complete
     assert {pod.uid: pod.cost for pod in decision.costs} == expected_costs(SNAPSHOT, POLICY)
 
@@ -228,6 +235,20 @@ async def test_the_consumer_loop_engine_over_kafka_decides_the_same(kafka: Kafka
         [decision] = await costs.take(1)
     assert decision.complete
     assert {pod.uid: pod.cost for pod in decision.costs} == expected_costs(SNAPSHOT, POLICY)
+
+
+async def _changelog_keys(kafka: Kafka, service: AggregatorService) -> set[bytes]:
+    """The keys of the records in every changelog topic of ``service``'s tables (each must
+    hold the same keys: a state's parts)."""
+    transport = service.transport
+    assert isinstance(transport, FaustKeyedApp)
+    found: list[set[bytes]] = []
+    for topic in transport.changelog_topics():
+        async with kafka.bus.consumer([topic], group=f"test-{kafka.run}-{topic}") as consumer:
+            records = await consumer.poll(max_wait=20)
+        found.append({record.key for record in records if record.key is not None})
+    assert all(keys == found[0] for keys in found), found
+    return found[0]
 
 
 def _stored_keys(service: AggregatorService) -> set[bytes]:
