@@ -10,9 +10,11 @@ import pytest
 from tests.bench.bench_scale import (
     Step,
     bucket_deltas,
+    deployment_body,
     histogram_quantile,
     layout,
     log_interval,
+    namespaces,
     parse_summed,
     patches_by_result,
     per_thousand,
@@ -103,3 +105,13 @@ def test_patches_by_result_are_the_moves_of_each_result() -> None:
         'podcost_patches_total{result="conflict"}': 0.0,
     }
     assert patches_by_result(before, after) == {"ok": 2.0, "gone": 3.0}
+
+
+def test_namespaces_are_scale_alone_or_numbered() -> None:
+    assert namespaces(1) == ["scale"]
+    assert namespaces(3) == ["scale-0", "scale-1", "scale-2"]
+    body = deployment_body(7, 30)
+    assert body["metadata"]["labels"] == {"app": "d7", "podcost-bench": "scale"}
+    # The bench's label is on the Deployment, not on its pods or in its selector.
+    assert body["spec"]["selector"]["matchLabels"] == {"app": "d7"}
+    assert body["spec"]["template"]["metadata"]["labels"] == {"app": "d7"}
