@@ -1055,6 +1055,27 @@ def _owned_by(meta: ObjectMetaJSON, kind: str, owner: ObjectMetaJSON) -> bool:
     return ref is not None and _refers_to(ref, kind, owner)
 
 
+def node_share(pod: Mapping[str, Any]) -> tuple[str, tuple[object, ...], bool] | None:
+    """What ``pod`` adds to its node in a snapshot (:func:`_nodes_for`: ``Node.requested`` and
+    ``Node.daemon_pods``): its node, the request fields it is summed from
+    (:func:`pod_requests_inputs`) and whether it is a daemon pod; ``None`` when it adds nothing
+    (unbound, finished or being deleted, or not an object podcost can read). Two versions of a
+    pod with equal shares leave every snapshot's nodes as they were."""
+    spec, meta = pod.get("spec"), pod.get("metadata")
+    if not isinstance(spec, Mapping) or not isinstance(meta, Mapping):
+        return None
+    node = spec.get("nodeName")
+    if not isinstance(node, str) or not node:
+        return None
+    try:
+        if not _is_active(cast(PodJSON, pod)):
+            return None
+        inputs = pod_requests_inputs(cast(PodSpecJSON, spec))
+        return node, inputs, _is_daemon(cast(ObjectMetaJSON, meta))
+    except (AttributeError, TypeError):  # a part that is not an object where one belongs
+        return None
+
+
 def _is_active(pod: PodJSON) -> bool:
     return pod.get("status", {}).get("phase") not in ("Succeeded", "Failed") and (
         pod.get("metadata", {}).get("deletionTimestamp") is None

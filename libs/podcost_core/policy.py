@@ -239,6 +239,30 @@ DEFAULT_POLICY = Policy(
 )
 
 
+#: Built-in strategies whose scores read nothing of what *other* pods on a node take from it
+#: (``Node.requested``, ``Node.daemon_pods``). ``node-consolidation`` does, and so may any
+#: plugin: see :func:`reads_node_load`.
+NODE_LOAD_BLIND = frozenset(
+    {
+        "age",
+        "capacity-type",
+        "co-location",
+        "karpenter",
+        "priority-qos",
+        topology_spread.NAME,
+        "untolerated-taints",
+        "work-in-progress",
+    }
+)
+
+
+def reads_node_load(policy: Policy) -> bool:
+    """Whether ``policy``'s ranks can change when a pod of another workload lands on or leaves
+    one of the workload's nodes (a strategy outside :data:`NODE_LOAD_BLIND`): the watcher then
+    publishes the workload again on such a change, which it otherwise ignores."""
+    return any(spec.name not in NODE_LOAD_BLIND for spec in policy.specs)
+
+
 # --- annotations ---------------------------------------------------------------------------
 
 

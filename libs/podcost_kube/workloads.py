@@ -32,6 +32,7 @@ from podcost_core.convert import (
     WorkloadJSON,
     cost_owner,
     node_from_json,
+    node_share,
     pod_from_json,
     selector_matches,
     snapshot_for_workload,
@@ -327,10 +328,12 @@ def touched_by(
     ``store`` must already hold the change (the informer applies it before calling handlers).
     A pod touches its workload (before and after, if its owner or labels moved it); a ReplicaSet
     its Deployment, or itself; a node every workload with pods on it; a namespace's labels
-    (the namespace selector's input) every workload in it. Node requests are not propagated: a
-    pod added to a node does not re-publish the other workloads on that node; their snapshots
-    show the new sum the next time they change themselves. ``convert_pod`` is what
-    :func:`pod_change_matters` converts with, ``adopt`` the managers it counts as podcost.
+    (the namespace selector's input) every workload in it. A pod landing on or leaving a node
+    changes what the node's other workloads' snapshots say of it (``Node.requested``): which
+    nodes it changes is :func:`nodes_with_moved_load`, and the watcher touches those of their
+    workloads whose policy reads it (``podcost_core.policy.reads_node_load``), not every one.
+    ``convert_pod`` is what :func:`pod_change_matters` converts with, ``adopt`` the managers it
+    counts as podcost.
     """
     old, new = change.old, change.new
     match change.kind:
@@ -366,6 +369,21 @@ def touched_by(
             return frozenset(workloads_in_namespace(store, change.key.name))
         case _:
             return frozenset()
+
+
+def nodes_with_moved_load(change: Change) -> tuple[str, ...]:
+    """The nodes whose sums in a snapshot (``Node.requested``, ``Node.daemon_pods``) a pod
+    change alters: the node it was bound to and the one it is bound to, when its share
+    (``podcost_core.convert.node_share``: bound, active, its request fields) differs between
+    the two versions; nothing for any other kind, or a pod whose share did not move (a status
+    update, a label change, podcost's own cost write)."""
+    if change.kind != "Pod":
+        return ()
+    old = node_share(change.old) if change.old is not None else None
+    new = node_share(change.new) if change.new is not None else None
+    if old == new:
+        return ()
+    return tuple(sorted({share[0] for share in (old, new) if share is not None}))
 
 
 # --- opt-in and policy -------------------------------------------------------------------------

@@ -92,7 +92,7 @@ from podcost_contracts.messages import (
 from podcost_contracts.topics import Topics
 from podcost_core.convert import ConversionError, LabelSelectorJSON, invalid_deletion_cost
 from podcost_core.model import DELETION_COST_ANNOTATION, Pod
-from podcost_core.policy import PolicyError, load_policy_file
+from podcost_core.policy import PolicyError, load_policy_file, reads_node_load
 from podcost_kube.client import Kube
 from podcost_kube.debounce import Debouncer, Emission
 from podcost_kube.informer import NAMESPACE, SERVICE_BACKOFF, WORKLOAD_RESOURCES, Informers
@@ -102,10 +102,12 @@ from podcost_kube.store import Change, Store
 from podcost_kube.workloads import (
     OptInRules,
     WorkloadKey,
+    nodes_with_moved_load,
     opted_in_workloads,
     touched_by,
     workload_policy,
     workload_snapshot,
+    workloads_on_node,
 )
 
 log = logging.getLogger("podcost.watcher")
@@ -280,6 +282,9 @@ class WatcherService:
         self.pods = PodCache(on_convert=self._check_pod, adopt=self.adopt)
         self._published: set[WorkloadKey] = set()
         """The workloads this watcher published a snapshot of and no tombstone since."""
+        self._node_load: set[WorkloadKey] = set()
+        """Those whose policy reads what other pods take from their nodes
+        (``reads_node_load``): touched when a pod lands on or leaves one of their nodes."""
         self._in_flight: deque[asyncio.Future[Delivery]] = deque()
         """Snapshots queued on the bus, oldest first, until acknowledged."""
         self._delivery_error: BaseException | None = None
@@ -332,11 +337,18 @@ class WatcherService:
         self.pods.observe(change)
         if not self.leading():
             return  # the store is updated all the same; becoming the leader touches everything
-        for key in touched_by(
-            change, self.store, convert_pod=self._convert_quietly, adopt=self.adopt
-        ):
+        keys = touched_by(change, self.store, convert_pod=self._convert_quietly, adopt=self.adopt)
+        for key in keys:
             self._change_seen_at.setdefault(key, self.clock.now())
             self.debouncer.touch(key)
+        if self._node_load:
+            # The other workloads on the nodes the pod landed on or left, whose ranks read the
+            # node's load: their snapshots' nodes changed too.
+            for node in nodes_with_moved_load(change):
+                for key in workloads_on_node(self.store, node):
+                    if key in self._node_load and key not in keys:
+                        self._change_seen_at.setdefault(key, self.clock.now())
+                        self.debouncer.touch(key)
 
     def _convert_quietly(self, raw: Mapping[str, Any]) -> Pod:
         # Deciding whether a change matters converts through the cache, so the snapshot that
@@ -356,6 +368,7 @@ class WatcherService:
     def _on_stopped_leading(self) -> None:
         self._change_seen_at.clear()
         self._published.clear()  # the next leader says what is gone
+        self._node_load.clear()
         self.metrics.leading.set(0)
         log.info("standing by: no longer publishing")
 
@@ -509,6 +522,10 @@ class WatcherService:
                 self.topics.workloads, encoded.key, encoded.value, encoded.headers
             )
         self._published.add(key)
+        if policy.policy is not None and reads_node_load(policy.policy):
+            self._node_load.add(key)
+        else:
+            self._node_load.discard(key)
         self._track(asyncio.ensure_future(acked))
         while self._in_flight and self._in_flight[0].done():
             self._in_flight.popleft()
@@ -551,6 +568,7 @@ class WatcherService:
         if key not in self._published:
             return  # not ranked as far as this watcher knows (or already said): nothing to say
         self._published.discard(key)
+        self._node_load.discard(key)
         deleted = self.store.get(key.kind, key.namespace, key.name) is None
         reason = GONE_DELETED if deleted else "opted out" if error is None else f"invalid: {error}"
         message = WorkloadGoneMessage(
