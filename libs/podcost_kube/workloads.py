@@ -329,9 +329,9 @@ def touched_by(
     A pod touches its workload (before and after, if its owner or labels moved it); a ReplicaSet
     its Deployment, or itself; a node every workload with pods on it; a namespace's labels
     (the namespace selector's input) every workload in it. A pod landing on or leaving a node
-    changes what the node's other workloads' snapshots say of it (``Node.requested``): which
-    nodes it changes is :func:`nodes_with_moved_load`, and the watcher touches those of their
-    workloads whose policy reads it (``podcost_core.policy.reads_node_load``), not every one.
+    changes what the node's other workloads' snapshots say of it (``Node.requested``), which
+    does not touch them: :func:`node_load_neighbours` finds those whose order it may move, and
+    the watcher touches the ones whose policy reads it (``podcost_core.policy.reads_node_load``).
     ``convert_pod`` is what :func:`pod_change_matters` converts with, ``adopt`` the managers it
     counts as podcost.
     """
@@ -384,6 +384,51 @@ def nodes_with_moved_load(change: Change) -> tuple[str, ...]:
     if old == new:
         return ()
     return tuple(sorted({share[0] for share in (old, new) if share is not None}))
+
+
+def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
+    """The workloads, other than the changed pod's own, whose ``node-consolidation`` order a pod
+    change may move: on each node of :func:`nodes_with_moved_load`, those for which the node
+    started or stopped holding other workloads' pods (the only way others' pods order a node:
+    ``podcost_core.strategies.node_consolidation``, rule 1), and, when the pod is a DaemonSet or
+    static pod, those for which the node holds no other pods (their utilization tie-break reads
+    its requests). ``store`` must already hold the change.
+
+    Counted as a snapshot counts them (``podcost_core.convert._nodes_for``): a node's active
+    pods less its daemon pods less the workload's own active pods there.
+    """
+    nodes = nodes_with_moved_load(change)
+    if not nodes:
+        return set()
+    old = node_share(change.old) if change.old is not None else None
+    new = node_share(change.new) if change.new is not None else None
+    own_keys = set()
+    for pod in (change.old, change.new):
+        if pod is not None:
+            own_keys |= workloads_of_pod(store, pod)
+    found: set[WorkloadKey] = set()
+    for node in nodes:
+        # The pod's own share of the node's other pods, after less before (0, 1 or -1).
+        counted = [share is not None and share[0] == node and not share[2] for share in (old, new)]
+        delta = int(counted[1]) - int(counted[0])
+        daemon = any(share is not None and share[0] == node and share[2] for share in (old, new))
+        others = 0
+        own: dict[WorkloadKey, int] = {}
+        for pod in store.pods_on_node(node):
+            share = node_share(pod)
+            if share is None or share[0] != node or share[2]:
+                continue
+            others += 1
+            for key in workloads_of_pod(store, pod):
+                own[key] = own.get(key, 0) + 1
+        for key, count in own.items():
+            if key in own_keys:
+                continue
+            after = others - count
+            before = after - delta
+            if (before > 0) != (after > 0) or (daemon and after <= 0):
+                found.add(key)
+    return found
 
 
 # --- opt-in and policy -------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.support.snapshots import large_snapshot
 
 from podcost_core.convert import node_share
-from podcost_core.model import Resources
+from podcost_core.model import Resources, Snapshot
 from podcost_core.policy import (
     DEFAULT_POLICY,
     NODE_LOAD_BLIND,
@@ -25,11 +25,13 @@ from podcost_core.policy import (
     StrategySpec,
     reads_node_load,
 )
+from podcost_core.strategies import node_consolidation
 from podcost_core.strategies.registry import BUILTIN, BUILTIN_REGISTRY
 from podcost_kube.store import Change, ChangeType, Store
 from podcost_kube.workloads import (
     DEPLOYMENT,
     WorkloadKey,
+    node_load_neighbours,
     nodes_with_moved_load,
     workload_snapshot,
 )
@@ -37,7 +39,8 @@ from podcost_kube.workloads import (
 NS = "shop"
 T = "2024-05-01T12:00:00Z"
 WEB = WorkloadKey(NS, DEPLOYMENT, "web")
-NODES = ("n1", "n2", "n3")
+API = WorkloadKey(NS, DEPLOYMENT, "api")
+NODES = ("n1", "n2", "n3", "n4")
 
 
 def _owner(kind: str, name: str) -> list[dict[str, Any]]:
@@ -73,8 +76,29 @@ def _pod(name: str, *, app: str, rs: str | None, node: str | None, **extra: Any)
     return pod  # fmt: skip
 
 
-def _store() -> Store:
-    """Deployment ``web`` (pods on n1 and n2) and, unmanaged by podcost, other pods."""
+def _workload(name: str) -> list[tuple[str, dict[str, Any]]]:
+    """An opted-in Deployment ``name`` and its ReplicaSet ``<name>-1``."""
+    selector = {"matchLabels": {"app": name}}
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "1",
+                     "generation": 1, "annotations": {"podcost.dev/enabled": "true"}},
+        "spec": {"replicas": 2, "selector": selector}, "status": {"observedGeneration": 1},
+    }  # fmt: skip
+    replicaset = {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": f"{name}-1", "namespace": NS, "uid": f"uid-{name}-1",
+                     "resourceVersion": "1", "creationTimestamp": T,
+                     "ownerReferences": _owner(DEPLOYMENT, name)},
+        "spec": {"replicas": 2, "selector": selector}, "status": {"replicas": 2},
+    }  # fmt: skip
+    return [("Deployment", deployment), ("ReplicaSet", replicaset)]
+
+
+def _store(db: bool = True) -> Store:
+    """Deployments ``web`` (pods on n1 and n2) and ``api`` (on n2, n3 and n4: two nodes it can
+    empty, one pod each, ordered by utilization), and, with ``db``, a pod of a workload podcost
+    does not rank on n1."""
     store = Store()
     allocatable = {"cpu": "4", "memory": "8Gi", "pods": "110"}
     for node in NODES:
@@ -82,35 +106,25 @@ def _store() -> Store:
         node_obj = {"apiVersion": "v1", "kind": "Node", "metadata": meta,
                     "status": {"allocatable": allocatable}}  # fmt: skip
         store.apply("Node", ChangeType.ADDED, node_obj)
-    selector = {"matchLabels": {"app": "web"}}
-    deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "web", "namespace": NS, "uid": "uid-web", "resourceVersion": "1",
-                     "generation": 1, "annotations": {"podcost.dev/enabled": "true"}},
-        "spec": {"replicas": 2, "selector": selector}, "status": {"observedGeneration": 1},
-    }  # fmt: skip
-    replicaset = {
-        "apiVersion": "apps/v1", "kind": "ReplicaSet",
-        "metadata": {"name": "web-1", "namespace": NS, "uid": "uid-web-1", "resourceVersion": "1",
-                     "creationTimestamp": T, "ownerReferences": _owner(DEPLOYMENT, "web")},
-        "spec": {"replicas": 2, "selector": selector}, "status": {"replicas": 2},
-    }  # fmt: skip
-    store.apply("Deployment", ChangeType.ADDED, deployment)
-    store.apply("ReplicaSet", ChangeType.ADDED, replicaset)
-    for pod in (
-        _pod("web-a", app="web", rs="web-1", node="n1"),
-        _pod("web-b", app="web", rs="web-1", node="n2"),
-        _pod("db-0", app="db", rs="db", node="n1"),
-    ):
+    for kind, obj in (*_workload("web"), *_workload("api")):
+        store.apply(kind, ChangeType.ADDED, obj)
+    pods = [_pod("web-a", app="web", rs="web-1", node="n1"),
+            _pod("web-b", app="web", rs="web-1", node="n2"),
+            _pod("api-a", app="api", rs="api-1", node="n2"),
+            _pod("api-b", app="api", rs="api-1", node="n3"),
+            _pod("api-c", app="api", rs="api-1", node="n4")]  # fmt: skip
+    if db:
+        pods.append(_pod("db-0", app="db", rs="db", node="n1"))
+    for pod in pods:
         store.apply("Pod", ChangeType.ADDED, pod)
-    return store  # fmt: skip
+    return store
 
 
 # Versions of a bystander pod: where it is bound, whether it still runs, what it requests, and
 # whether a DaemonSet owns it; plus status noise that moves nothing.
 versions = st.fixed_dictionaries(
     {
-        "node": st.sampled_from([None, *NODES]),
+        "node": st.sampled_from([None, "n1", "n2", "n3", "n4"]),
         "phase": st.sampled_from(["Pending", "Running", "Succeeded", "Failed"]),
         "deleting": st.booleans(),
         "cpu": st.sampled_from(["100m", "250m"]),
@@ -133,25 +147,31 @@ def _bystander(version: dict[str, Any], resource_version: str) -> dict[str, Any]
     return pod
 
 
-def _nodes_of_web(store: Store) -> dict[str, Any]:
-    return dict(workload_snapshot(store, WEB).nodes)
+def _consolidation(store: Store, key: WorkloadKey, measure: str) -> dict[str, float]:
+    snapshot = workload_snapshot(store, key)
+    scores = node_consolidation.score(snapshot, node_consolidation.Args(measure))
+    return {pod.name: scores[pod.uid] for pod in snapshot.pods}
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.one_of(st.none(), versions), st.one_of(st.none(), versions))
-def test_a_pod_change_that_moves_a_snapshots_nodes_names_those_nodes(
-    before: dict[str, Any] | None, after: dict[str, Any] | None
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.none(), versions), st.one_of(st.none(), versions), st.booleans())
+def test_a_pod_change_that_moves_a_workloads_node_order_touches_it(
+    before: dict[str, Any] | None, after: dict[str, Any] | None, db: bool
 ) -> None:
     """Whatever a bystander pod does (added, bound, moved, finished, deleted, its requests or
-    its owner changed, status noise), if web's snapshot shows its nodes differently after, the
-    nodes that changed are among those ``nodes_with_moved_load`` names; and it names none when
-    the pod's share did not move."""
-    store = _store()
+    its owner changed, status noise), every other workload whose ``node-consolidation`` scores
+    it changes is among ``node_load_neighbours``; ``nodes_with_moved_load`` names every node
+    whose snapshot sums it changed, and none when the pod's share did not move."""
+    store = _store(db)
     old = _bystander(before, "2") if before is not None else None
     new = _bystander(after, "3") if after is not None else None
     if old is not None:
         store.apply("Pod", ChangeType.ADDED, old)
-    seen = _nodes_of_web(store)
+    measures = ("dominant", "count")
+    seen = {(key, m): _consolidation(store, key, m) for key in (WEB, API) for m in measures}
+    nodes_seen = dict(workload_snapshot(store, WEB).nodes) | dict(
+        workload_snapshot(store, API).nodes
+    )
     if new is not None:
         change = store.apply("Pod", ChangeType.MODIFIED, new)
     elif old is not None:
@@ -159,14 +179,40 @@ def test_a_pod_change_that_moves_a_snapshots_nodes_names_those_nodes(
     else:
         return
     assert change is not None
-    old, new = change.old, change.new
+    touched = node_load_neighbours(store, change)
+    for key in (WEB, API):
+        if any(seen[(key, m)] != _consolidation(store, key, m) for m in measures):
+            assert key in touched, (key, before, after, db)
     moved = set(nodes_with_moved_load(change))
-    now = _nodes_of_web(store)
-    differ = {name for name in seen.keys() | now.keys() if seen.get(name) != now.get(name)}
+    now = dict(workload_snapshot(store, WEB).nodes) | dict(workload_snapshot(store, API).nodes)
+    differ = {name for name in nodes_seen if nodes_seen[name] != now.get(name)}
     assert differ <= moved, (differ, moved)
-    old_share = node_share(old) if old is not None else None
-    new_share = node_share(new) if new is not None else None
+    old_share = node_share(change.old) if change.old is not None else None
+    new_share = node_share(change.new) if change.new is not None else None
     assert (old_share == new_share) == (not moved)
+    assert touched <= {WEB, API}
+
+
+def test_only_a_node_that_starts_or_stops_holding_other_pods_touches_its_workloads() -> None:
+    store = _store(db=True)
+    # n3 holds only api's pod: a bystander landing there changes api's order.
+    lands = store.apply("Pod", ChangeType.ADDED, _bystander(BOUND_N3, "2"))
+    assert lands is not None
+    assert node_load_neighbours(store, lands) == {API}
+    # A second one changes nothing: n3 already holds another workload's pod.
+    second = _bystander(BOUND_N3, "2")
+    second["metadata"]["name"], second["metadata"]["uid"] = "other-2", "uid-other-2"
+    again = store.apply("Pod", ChangeType.ADDED, second)
+    assert again is not None
+    assert node_load_neighbours(store, again) == set()
+    # n1 holds db-0: web's order there is already "cannot be emptied".
+    on_n1 = store.apply("Pod", ChangeType.ADDED, _pod("p1", app="x", rs=None, node="n1"))
+    assert on_n1 is not None
+    assert node_load_neighbours(store, on_n1) == set()
+
+
+BOUND_N3 = {"node": "n3", "phase": "Running", "deleting": False, "cpu": "100m",
+            "daemon": False, "ip": "10.0.0.1"}  # fmt: skip
 
 
 def test_a_pod_that_lands_on_a_node_moves_it_and_one_that_leaves_both() -> None:
@@ -242,15 +288,23 @@ def test_a_blind_strategy_scores_the_same_whatever_its_nodes_load(name: str) -> 
         assert strategy.domains(snapshot, args) == strategy.domains(loaded, args)
 
 
-def test_node_consolidation_does_read_its_nodes_load() -> None:
-    """The other side of the classification: the one built-in left out scores differently."""
+def test_node_consolidation_reads_whether_a_node_holds_other_pods_not_how_many() -> None:
+    """The other side of the classification: the one built-in left out reads its nodes' load,
+    but only whether a node holds other workloads' pods (rule 1): how many does not move it."""
     snapshot = large_snapshot(pods=60, nodes=6)
     strategy = BUILTIN["node-consolidation"]
     args = strategy.default_args()
-    first = next(iter(snapshot.nodes))
-    loaded = dataclasses.replace(
-        snapshot,
-        nodes={**snapshot.nodes, first: dataclasses.replace(
-            snapshot.nodes[first], requested=Resources(pods=100))},
-    )  # fmt: skip
-    assert strategy.score(snapshot, args) != strategy.score(loaded, args)
+    own = {name: sum(1 for pod in snapshot.pods if pod.node == name) for name in snapshot.nodes}
+
+    def with_others(extra: dict[str, int]) -> Snapshot:
+        return dataclasses.replace(snapshot, nodes={
+            name: dataclasses.replace(node, requested=Resources(pods=own[name] + extra[name]),
+                                      daemon_pods=0)
+            for name, node in snapshot.nodes.items()
+        })  # fmt: skip
+
+    alone = strategy.score(with_others(dict.fromkeys(own, 0)), args)
+    first = next(iter(own))
+    assert strategy.score(with_others({**dict.fromkeys(own, 0), first: 1}), args) != alone
+    shared = strategy.score(with_others(dict.fromkeys(own, 1)), args)
+    assert strategy.score(with_others({**dict.fromkeys(own, 1), first: 9}), args) == shared

@@ -14,11 +14,20 @@ The order of the nodes, first drained first, by :func:`node_key`:
    counts them, less ``Node.daemon_pods``: DaemonSet and static pods leave with the node, so
    Karpenter and the cluster autoscaler call a node empty without them; a node without that
    count is taken to run the workload's pods only).
-2. Then the fewest pods first: the workload's pods for a node it can empty, every pod but the
-   daemon pods for the others (the emptiest node, counting all pods the snapshot knows of).
-3. Then the least used first (``measure``: ``dominant``, ``cpu`` or ``memory`` utilization,
-   requested / allocatable, when every node of the snapshot has the numbers; ``count``: skip).
+2. Then the fewest pods first: the workload's pods that must go to empty it for a node it can
+   empty; the workload's own pods for the others.
+3. Then, for a node that holds no other workload's pods, the least used first (``measure``:
+   ``dominant``, ``cpu`` or ``memory`` utilization, requested / allocatable, when every node of
+   the snapshot has the numbers; ``count``: skip).
 4. Then the node name, so that ties between nodes are broken deterministically.
+
+What other workloads run on a node orders it only through rule 1, whether it holds any of their
+pods: neither how many (rule 2) nor what they request (rule 3). Those change with every pod another
+workload places, and a workload's costs would change with them: each pod bound anywhere on its
+nodes would ask for a new decision and its writes. So a workload's order moves only when one of
+its nodes starts or stops holding other pods (or, for a node that holds none, its DaemonSet pods'
+requests change), which is when the watcher re-publishes it
+(``podcost_kube.workloads.node_load_neighbours``).
 
 Deleting pods in that order empties the most nodes any choice of *k* pods can empty, for every
 *k*: the nodes a scale-in can empty cost their pod count each, and taking the cheapest first is
@@ -104,10 +113,13 @@ def node_key(
     ``own`` is the number of the workload's pods that must go to empty it (those of the class
     being ordered), ``own_total`` all its active pods there, ``others`` the node's other
     active pods but daemon pods, ``blocked_by_class`` whether it also holds pods of the workload
-    that the controller deletes only later, ``used`` its utilization (0 when not compared).
+    that the controller deletes only later, ``used`` its utilization (0 when not compared; not
+    read when ``others`` is not 0).
     """
     blocked = others > 0 or blocked_by_class
-    return (blocked, own_total + others if blocked else own, used, name)
+    if others > 0:
+        return (True, own_total, 0.0, name)
+    return (blocked, own_total if blocked else own, used, name)
 
 
 def node_positions(snapshot: Snapshot, args: Args) -> dict[tuple[int, str], int]:

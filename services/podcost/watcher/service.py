@@ -102,12 +102,11 @@ from podcost_kube.store import Change, Store
 from podcost_kube.workloads import (
     OptInRules,
     WorkloadKey,
-    nodes_with_moved_load,
+    node_load_neighbours,
     opted_in_workloads,
     touched_by,
     workload_policy,
     workload_snapshot,
-    workloads_on_node,
 )
 
 log = logging.getLogger("podcost.watcher")
@@ -341,14 +340,13 @@ class WatcherService:
         for key in keys:
             self._change_seen_at.setdefault(key, self.clock.now())
             self.debouncer.touch(key)
-        if self._node_load:
-            # The other workloads on the nodes the pod landed on or left, whose ranks read the
-            # node's load: their snapshots' nodes changed too.
-            for node in nodes_with_moved_load(change):
-                for key in workloads_on_node(self.store, node):
-                    if key in self._node_load and key not in keys:
-                        self._change_seen_at.setdefault(key, self.clock.now())
-                        self.debouncer.touch(key)
+        if self._node_load and change.kind == "Pod":
+            # The other workloads on the nodes the pod landed on or left whose order it moved
+            # (only through whether a node holds other pods: see node_load_neighbours).
+            for key in node_load_neighbours(self.store, change):
+                if key in self._node_load and key not in keys:
+                    self._change_seen_at.setdefault(key, self.clock.now())
+                    self.debouncer.touch(key)
 
     def _convert_quietly(self, raw: Mapping[str, Any]) -> Pod:
         # Deciding whether a change matters converts through the cache, so the snapshot that
