@@ -414,12 +414,23 @@ def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
         daemon = any(share is not None and share[0] == node and share[2] for share in (old, new))
         others = 0
         own: dict[WorkloadKey, int] = {}
+        first: set[WorkloadKey] | None = None
         for pod in store.pods_on_node(node):
             share = node_share(pod)
             if share is None or share[0] != node or share[2]:
                 continue
+            keys = workloads_of_pod(store, pod)
+            if not _same_pod(pod, change):
+                if first is None:
+                    first = keys
+                elif keys.isdisjoint(first):
+                    # Two pods no one workload owns both of, neither of them the changed one:
+                    # every workload has other pods on this node before and after. The usual
+                    # case on a shared node, and found after a few pods: nothing moves here.
+                    own.clear()
+                    break
             others += 1
-            for key in workloads_of_pod(store, pod):
+            for key in keys:
                 own[key] = own.get(key, 0) + 1
         for key, count in own.items():
             if key in own_keys:
@@ -429,6 +440,12 @@ def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
             if (before > 0) != (after > 0) or (daemon and after <= 0):
                 found.add(key)
     return found
+
+
+def _same_pod(pod: Mapping[str, Any], change: Change) -> bool:
+    meta, changed = _meta(pod), _meta(change.obj)
+    return bool(meta.get("namespace") == changed.get("namespace")
+                and meta.get("name") == changed.get("name"))  # fmt: skip
 
 
 # --- opt-in and policy -------------------------------------------------------------------------
