@@ -51,7 +51,13 @@ from typing import Any
 import aiohttp
 import orjson
 
-from podcost_core.convert import SharedParts, project_pod, slim_managed_fields
+from podcost_core.convert import (
+    SharedParts,
+    project_node,
+    project_pod,
+    project_workload,
+    slim_managed_fields,
+)
 from podcost_kube.client import Kube, KubeError
 from podcost_kube.store import Change, ChangeType, RawObject, Store, resource_version
 
@@ -111,9 +117,17 @@ PAGE_SIZE = 100
 def _kept(resource: Resource, obj: RawObject, shared: SharedParts) -> RawObject:
     """What the store keeps of ``obj``: without the managedFields nobody reads, and of a pod
     only what podcost reads, its parts equal to other pods' shared with them
-    (``podcost_core.convert.project_pod``)."""
+    (``podcost_core.convert.project_pod``); of a node all but the status fields nothing reads
+    (``project_node``), of a ReplicaSet or a Deployment all but its pod template, kept as a
+    digest, and its well-formed status conditions (``project_workload``)."""
     slim = slim_managed_fields(obj)
-    return project_pod(slim, shared) if resource.kind == POD.kind else slim
+    if resource.kind == POD.kind:
+        return project_pod(slim, shared)
+    if resource.kind == NODE.kind:
+        return project_node(slim, shared)
+    if resource.kind in (REPLICASET.kind, DEPLOYMENT.kind):
+        return project_workload(slim, shared)
+    return slim
 
 
 class InformerFailed(RuntimeError):
