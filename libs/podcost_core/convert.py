@@ -648,9 +648,10 @@ def _share_parts(
 ) -> None:
     """Each map or list ``obj[section][key]`` of ``parts`` (section → keys), then each whole
     section named with no key, handed to ``shared`` (:class:`SharedParts`): the parts equal
-    between many objects (a node's annotations and allocatable, a workload's annotations,
-    strategy and status); unique ones (names, labels with a hostname) are not offered, as the
-    text each remembered part is kept by would cost more than sharing saves."""
+    between many objects (a node's status, now its allocatable resources; a workload's strategy
+    and status). Parts often unique in a cluster are not offered (labels with a hostname,
+    annotations with a node's addresses or ``kubectl apply``'s last configuration): the text
+    each remembered part is kept by would cost more than sharing saves."""
     for section, keys in parts.items():
         value = obj.get(section)
         if not isinstance(value, dict):
@@ -664,22 +665,18 @@ def _share_parts(
 
 
 #: The parts of a node equal between nodes (:func:`_share_parts`).
-_NODE_SHARED: dict[str, tuple[str, ...]] = {"metadata": ("annotations",), "status": ()}
+_NODE_SHARED: dict[str, tuple[str, ...]] = {"status": ()}
 #: The parts of a ReplicaSet or a Deployment equal between workloads (:func:`_share_parts`).
-_WORKLOAD_SHARED: dict[str, tuple[str, ...]] = {
-    "metadata": ("annotations",),
-    "spec": ("strategy",),
-    "status": (),
-}
+_WORKLOAD_SHARED: dict[str, tuple[str, ...]] = {"spec": ("strategy",), "status": ()}
 
 
 def project_node(obj: dict[str, Any], shared: SharedParts | None = None) -> dict[str, Any]:
     """What an informer keeps of a node (``obj`` changed in place, and returned): all but its
     status, and of the status only ``allocatable`` and the conditions that would fail validation.
     Its addresses, capacity, daemon endpoints, node info, images and well-formed conditions are
-    read by nothing. With ``shared``, its annotations and status are shared with other nodes'
-    equal ones (:class:`SharedParts`; readers must not change them): a kwok node of 8.6 KB of
-    Python objects keeps 2.0 KB, 0.2 KB a pod less at 30 pods a node (``bench_store_memory``).
+    read by nothing. With ``shared``, its status is shared with other nodes' equal ones
+    (:class:`SharedParts`; readers must not change it): a kwok node of 8.6 KB of Python objects
+    keeps 2.3 KB, 0.2 KB a pod less at 30 pods a node (``bench_store_memory``).
     ``node_from_json`` and ``node_change_matters`` answer the same on the projection
     (``tests/unit/test_project_objects.py``). Apply it after :func:`slim_managed_fields`."""
     status = obj.get("status") if isinstance(obj, dict) else None
@@ -711,8 +708,8 @@ def project_workload(obj: dict[str, Any], shared: SharedParts | None = None) -> 
     status conditions (read by nothing but validation). Nothing else reads the template: the
     snapshot reads the selector, replicas, strategy and status counts (``rollout``,
     ``WorkloadJSON``), and the watcher's change filter compares the spec. With ``shared``, its
-    annotations, strategy and status are shared with other workloads' equal ones. A kwok
-    Deployment (ReplicaSet) of 6.4 (5.1) KB of Python objects keeps 2.0 (2.6) KB
+    strategy and status are shared with other workloads' equal ones. A kwok
+    Deployment (ReplicaSet) of 6.4 (5.1) KB of Python objects keeps 2.3 (3.1) KB
     (``bench_store_memory``); ``tests/unit/test_project_objects.py`` checks every reader's
     answer."""
     if not isinstance(obj, dict):
