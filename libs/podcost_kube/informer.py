@@ -32,7 +32,11 @@ client-library models (``tests/bench/bench_informer.py`` measures why). Of each 
 a transform: all podcost reads of them, and a third of a pod's JSON (more of a node's). Of a pod
 it keeps only the fields podcost reads, with its repeated strings interned and its parts equal
 to other pods' (labels, owner, containers, tolerations, conditions...) shared with them
-(``podcost_core.convert.project_pod``): most of a pod's spec and status is read by nothing.
+(``podcost_core.convert.project_pod``): most of a pod's spec and status is read by nothing. Of
+a node it keeps all but the status fields nothing reads (``project_node``: of its status only
+the allocatable resources), of a ReplicaSet or a Deployment all but its pod template, kept as a
+digest that tells templates apart, and its well-formed conditions (``project_workload``): 0.4 KB
+a pod less at 30 pods a node and a Deployment (``tests/bench/bench_store_memory.py``).
 Handlers run synchronously in the informer's task, after the store has been updated, and must be
 quick; a handler that raises fails the informer.
 """
