@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given
 from tests.support.fuzz import fuzz, mutated_json
@@ -134,6 +135,18 @@ def test_the_projection_keeps_only_what_podcost_reads() -> None:
     del slim["spec"]["template"], deployment["spec"]["template"]
     del slim["status"]["conditions"]
     assert deployment == slim
+
+
+def test_the_strings_of_labels_and_annotations_are_interned() -> None:
+    for make in (served_node, served_deployment, served_replicaset):
+        # Parsed as the informer parses them: every value a string of its own.
+        one, two = (_kept(orjson.loads(orjson.dumps(make(i)))) for i in (1, 2))
+        for field in ("labels", "annotations"):
+            for name, value in one["metadata"][field].items():
+                if two["metadata"][field].get(name) == value:
+                    assert two["metadata"][field][name] is value, (make, name)
+    malformed = {"kind": "Node", "metadata": {"name": "n", "labels": {"a": 1}}}
+    assert _kept(malformed)["metadata"]["labels"] == {"a": 1}
 
 
 def test_equal_parts_of_nodes_and_workloads_are_kept_once() -> None:
