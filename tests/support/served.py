@@ -6,6 +6,9 @@ informer keeps of them (``podcost_core.convert.project_pod``).
 The shape is that of a ``kubectl get pod -o json --show-managed-fields`` of a kube-apiserver
 1.3x with kwok; values vary per pod (name, uid, version, volume suffix, IPs, times) as they do
 in a cluster, and repeat within a ReplicaSet (labels, owner, requests) as they do there.
+:func:`served_node`, :func:`served_deployment` and :func:`served_replicaset` are the nodes and
+workloads of ``tests.bench.bench_scale``'s cluster as served (``project_node``,
+``project_workload``).
 """
 
 from __future__ import annotations
@@ -259,5 +262,249 @@ def served_pod(
                 }
             ],
             "qosClass": "Burstable",
+        },
+    }
+
+
+# --- the objects around the pods ---------------------------------------------------------------
+
+_NODE_CONDITIONS = (
+    ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+    ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory"),
+    ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+    ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+    ("NetworkUnavailable", "False", "RouteCreated", "RouteController created a route"),
+)
+
+
+def served_node(index: int, *, pods: int = 30) -> dict[str, Any]:
+    """The ``index``-th kwok node as the API server serves it once kwok's ``node-initialize``
+    stage has run (its conditions, addresses, node info, daemon endpoints), with the labels of
+    ``tests.bench.bench_scale``'s nodes and those the node controller adds."""
+    name = f"kwok-node-{index}"
+    created, beat = _time(60 + index), _time(3000 + index)
+    allocatable = {"cpu": "32", "memory": "128Gi", "pods": str(pods)}
+    version = "kwok-v0.8.0"
+    return {
+        "kind": "Node",
+        "apiVersion": "v1",
+        "metadata": {
+            "name": name,
+            "uid": str(uuid.uuid5(uuid.NAMESPACE_OID, name)),
+            "resourceVersion": str(100000 + index),
+            "creationTimestamp": created,
+            "labels": {
+                "beta.kubernetes.io/arch": "amd64",
+                "beta.kubernetes.io/os": "linux",
+                "karpenter.sh/capacity-type": "spot" if index % 5 == 0 else "on-demand",
+                "kubernetes.io/arch": "amd64",
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "topology.kubernetes.io/zone": f"z{index % 3}",
+                "type": "kwok",
+            },
+            "annotations": {
+                "kwok.x-k8s.io/node": "fake",
+                "node.alpha.kubernetes.io/ttl": "0",
+                "volumes.kubernetes.io/controller-managed-attach-detach": "true",
+            },
+            "managedFields": [
+                {
+                    "manager": "kwok",
+                    "operation": "Update",
+                    "apiVersion": "v1",
+                    "time": beat,
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:status": {"f:conditions": {}, "f:nodeInfo": {}}},
+                    "subresource": "status",
+                }
+            ],
+        },
+        "spec": {
+            "podCIDR": f"10.244.{index % 250}.0/24",
+            "podCIDRs": [f"10.244.{index % 250}.0/24"],
+        },
+        "status": {
+            "capacity": dict(allocatable),
+            "allocatable": allocatable,
+            "conditions": [
+                {
+                    "type": kind,
+                    "status": status,
+                    "lastHeartbeatTime": beat,
+                    "lastTransitionTime": created,
+                    "reason": reason,
+                    "message": message,
+                }
+                for kind, status, reason, message in _NODE_CONDITIONS
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": "10.0.0.1"},
+                {"type": "Hostname", "address": name},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10247}},
+            "nodeInfo": {
+                "machineID": "",
+                "systemUUID": "",
+                "bootID": "",
+                "kernelVersion": version,
+                "osImage": "",
+                "containerRuntimeVersion": version,
+                "kubeletVersion": version,
+                "kubeProxyVersion": version,
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+            "phase": "Running",
+        },
+    }
+
+
+def _template(labels: dict[str, str]) -> dict[str, Any]:
+    container = {
+        "name": "app",
+        "image": "registry.local/podcost/app:1",
+        "resources": {},
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "File",
+        "imagePullPolicy": "IfNotPresent",
+    }
+    return {
+        "metadata": {"creationTimestamp": None, "labels": labels},
+        "spec": {
+            "containers": [container],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 0,
+            "dnsPolicy": "ClusterFirst",
+            "securityContext": {},
+            "schedulerName": "default-scheduler",
+        },
+    }
+
+
+def _manager(name: str, api: str, time: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "manager": name,
+            "operation": "Update",
+            "apiVersion": api,
+            "time": time,
+            "fieldsType": "FieldsV1",
+            "fieldsV1": {"f:spec": {"f:replicas": {}}},
+        }
+    ]
+
+
+def served_deployment(
+    index: int, *, namespace: str = "scale", replicas: int = 30, template_hash: str = "5b6d7f8c9"
+) -> dict[str, Any]:
+    """The ``index``-th opted-in Deployment of ``tests.bench.bench_scale`` (``d{index}``) as the
+    API server serves it once rolled out: defaults filled in, two conditions."""
+    name, created = f"d{index}", _time(600 + index)
+    labels = {"app": name}
+    return {
+        "kind": "Deployment",
+        "apiVersion": "apps/v1",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": str(uuid.uuid5(uuid.NAMESPACE_OID, f"{namespace}/deployment/{name}")),
+            "resourceVersion": str(200000 + index),
+            "generation": 1,
+            "creationTimestamp": created,
+            "labels": labels,
+            "annotations": {
+                "deployment.kubernetes.io/revision": "1",
+                "podcost.dev/enabled": "true",
+            },
+            "managedFields": _manager("bench", "apps/v1", created),
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": _template(labels),
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"},
+            },
+            "revisionHistoryLimit": 10,
+            "progressDeadlineSeconds": 600,
+        },
+        "status": {
+            "observedGeneration": 1,
+            "replicas": replicas,
+            "updatedReplicas": replicas,
+            "readyReplicas": replicas,
+            "availableReplicas": replicas,
+            "conditions": [
+                {
+                    "type": "Available",
+                    "status": "True",
+                    "lastUpdateTime": created,
+                    "lastTransitionTime": created,
+                    "reason": "MinimumReplicasAvailable",
+                    "message": "Deployment has minimum availability.",
+                },
+                {
+                    "type": "Progressing",
+                    "status": "True",
+                    "lastUpdateTime": created,
+                    "lastTransitionTime": created,
+                    "reason": "NewReplicaSetAvailable",
+                    "message": f'ReplicaSet "{name}-{template_hash}" has successfully progressed.',
+                },
+            ],
+        },
+    }
+
+
+def served_replicaset(
+    index: int, *, namespace: str = "scale", replicas: int = 30, template_hash: str = "5b6d7f8c9"
+) -> dict[str, Any]:
+    """The ReplicaSet of :func:`served_deployment` ``index``, as the API server serves it."""
+    deployment = served_deployment(index, namespace=namespace, replicas=replicas)
+    owner, created = deployment["metadata"], _time(600 + index)
+    name = f"{owner['name']}-{template_hash}"
+    labels = {"app": owner["name"], "pod-template-hash": template_hash}
+    return {
+        "kind": "ReplicaSet",
+        "apiVersion": "apps/v1",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": str(uuid.uuid5(uuid.NAMESPACE_OID, f"{namespace}/{name}")),
+            "resourceVersion": str(300000 + index),
+            "generation": 1,
+            "creationTimestamp": created,
+            "labels": labels,
+            "annotations": {
+                "deployment.kubernetes.io/desired-replicas": str(replicas),
+                "deployment.kubernetes.io/max-replicas": str(replicas + (replicas + 3) // 4),
+                "deployment.kubernetes.io/revision": "1",
+                "podcost.dev/enabled": "true",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "Deployment",
+                    "name": owner["name"],
+                    "uid": owner["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+            "managedFields": _manager("kube-controller-manager", "apps/v1", created),
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": _template(labels),
+        },
+        "status": {
+            "replicas": replicas,
+            "fullyLabeledReplicas": replicas,
+            "readyReplicas": replicas,
+            "availableReplicas": replicas,
+            "observedGeneration": 1,
         },
     }
