@@ -5,7 +5,10 @@ whole current view (a ``WorkloadSnapshotMessage``) whenever something that matte
 services; tests build it with :func:`bootstrap`. Every change the informer delivers goes through
 ``podcost_kube.workloads.touched_by`` (which already ignores podcost's own cost writes, so there
 is no feedback loop, and status noise), into a per-workload debouncer, so a burst of pod events
-becomes one snapshot. Each emission is built from the cache as it is then, resolved against the
+becomes one snapshot. A pod that lands on or leaves a node also touches the node's other workloads
+whose ``node-consolidation`` order it moves (``node_load_neighbours``: the node started or stopped
+holding other workloads' pods), if their policy reads node load (``reads_node_load``); any other
+bind leaves them be. Each emission is built from the cache as it is then, resolved against the
 workload's opt-in and policy, and published in a ``podcost.snapshot`` span whose W3C context
 rides in the record's headers: the root of the trace of that cost decision.
 
