@@ -1187,7 +1187,12 @@ def _owned_by(meta: ObjectMetaJSON, kind: str, owner: ObjectMetaJSON) -> bool:
     return ref is not None and _refers_to(ref, kind, owner)
 
 
-def node_share(pod: Mapping[str, Any]) -> tuple[str, tuple[object, ...], bool] | None:
+#: What a pod adds to its node in a snapshot (:func:`node_share`): the node's name, the request
+#: fields it is summed from, whether it is a daemon pod.
+NodeShare = tuple[str, tuple[object, ...], bool]
+
+
+def node_share(pod: Mapping[str, Any]) -> NodeShare | None:
     """What ``pod`` adds to its node in a snapshot (:func:`_nodes_for`: ``Node.requested`` and
     ``Node.daemon_pods``): its node, the request fields it is summed from
     (:func:`pod_requests_inputs`) and whether it is a daemon pod; ``None`` when it adds nothing

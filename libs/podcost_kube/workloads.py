@@ -26,6 +26,7 @@ from podcost_core.convert import (
     ConversionError,
     LabelSelectorJSON,
     NodeJSON,
+    NodeShare,
     ObjectMetaJSON,
     PodJSON,
     UnknownWorkload,
@@ -46,7 +47,7 @@ from podcost_core.policy import (
     policy_from_annotations,
 )
 from podcost_kube.podcache import PodCache
-from podcost_kube.store import Change, ChangeType, RawObject, Store, controller_of
+from podcost_kube.store import Change, ChangeType, RawObject, Store, controller_of, object_key
 
 DEPLOYMENT = "Deployment"
 REPLICASET = "ReplicaSet"
@@ -379,8 +380,17 @@ def nodes_with_moved_load(change: Change) -> tuple[str, ...]:
     update, a label change, podcost's own cost write)."""
     if change.kind != "Pod":
         return ()
+    return _moved_nodes(*_shares(change))
+
+
+def _shares(change: Change) -> tuple[NodeShare | None, NodeShare | None]:
+    """The changed pod's ``node_share`` before and after."""
     old = node_share(change.old) if change.old is not None else None
     new = node_share(change.new) if change.new is not None else None
+    return old, new
+
+
+def _moved_nodes(old: NodeShare | None, new: NodeShare | None) -> tuple[str, ...]:
     if old == new:
         return ()
     return tuple(sorted({share[0] for share in (old, new) if share is not None}))
@@ -397,11 +407,12 @@ def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
     Counted as a snapshot counts them (``podcost_core.convert._nodes_for``): a node's active
     pods less its daemon pods less the workload's own active pods there.
     """
-    nodes = nodes_with_moved_load(change)
+    if change.kind != "Pod":
+        return set()
+    old, new = _shares(change)
+    nodes = _moved_nodes(old, new)
     if not nodes:
         return set()
-    old = node_share(change.old) if change.old is not None else None
-    new = node_share(change.new) if change.new is not None else None
     own_keys = set()
     for pod in (change.old, change.new):
         if pod is not None:
@@ -420,7 +431,7 @@ def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
             if share is None or share[0] != node or share[2]:
                 continue
             keys = workloads_of_pod(store, pod)
-            if not _same_pod(pod, change):
+            if object_key("Pod", pod) != change.key:
                 if first is None:
                     first = keys
                 elif keys.isdisjoint(first):
@@ -440,12 +451,6 @@ def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
             if (before > 0) != (after > 0) or (daemon and after <= 0):
                 found.add(key)
     return found
-
-
-def _same_pod(pod: Mapping[str, Any], change: Change) -> bool:
-    meta, changed = _meta(pod), _meta(change.obj)
-    return bool(meta.get("namespace") == changed.get("namespace")
-                and meta.get("name") == changed.get("name"))  # fmt: skip
 
 
 # --- opt-in and policy -------------------------------------------------------------------------

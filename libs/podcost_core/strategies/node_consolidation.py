@@ -116,10 +116,11 @@ def node_key(
     that the controller deletes only later, ``used`` its utilization (0 when not compared; not
     read when ``others`` is not 0).
     """
-    blocked = others > 0 or blocked_by_class
     if others > 0:
         return (True, own_total, 0.0, name)
-    return (blocked, own_total if blocked else own, used, name)
+    if blocked_by_class:
+        return (True, own_total, used, name)
+    return (False, own, used, name)
 
 
 def node_positions(snapshot: Snapshot, args: Args) -> dict[tuple[int, str], int]:
