@@ -14,6 +14,7 @@ workloads of ``tests.bench.bench_scale``'s cluster as served (``project_node``,
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER
@@ -508,3 +509,30 @@ def served_replicaset(
             "observedGeneration": 1,
         },
     }
+
+
+# --- edits of a served object, for the change filters' tests -----------------------------------
+
+
+def edit(path: tuple[str | int, ...], value: object) -> Callable[[dict[str, Any]], None]:
+    """An edit that sets the field at ``path`` (keys and list indices) of an object to ``value``."""
+
+    def apply(obj: dict[str, Any]) -> None:
+        node: Any = obj
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = value
+
+    return apply
+
+
+def drop(path: tuple[str | int, ...]) -> Callable[[dict[str, Any]], None]:
+    """An edit that removes the field at ``path`` of an object."""
+
+    def apply(obj: dict[str, Any]) -> None:
+        node: Any = obj
+        for part in path[:-1]:
+            node = node[part]
+        del node[path[-1]]
+
+    return apply

@@ -15,6 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.support.snapshots import large_snapshot
+from tests.unit.rawobjects import NS, T, raw_deployment, raw_node, raw_pod, raw_replicaset
+from tests.unit.rawobjects import owner as owner_ref
 
 from podcost_core.convert import node_share
 from podcost_core.model import Resources, Snapshot
@@ -36,63 +38,9 @@ from podcost_kube.workloads import (
     workload_snapshot,
 )
 
-NS = "shop"
-T = "2024-05-01T12:00:00Z"
 WEB = WorkloadKey(NS, DEPLOYMENT, "web")
 API = WorkloadKey(NS, DEPLOYMENT, "api")
 NODES = ("n1", "n2", "n3", "n4")
-
-
-def _owner(kind: str, name: str) -> list[dict[str, Any]]:
-    api = "v1" if kind == "Node" else "apps/v1"
-    return [{"apiVersion": api, "kind": kind, "name": name, "uid": f"uid-{name}",
-             "controller": True}]  # fmt: skip
-
-
-def _pod(name: str, *, app: str, rs: str | None, node: str | None, **extra: Any) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "name": name,
-        "namespace": NS,
-        "uid": f"uid-{name}",
-        "resourceVersion": "1",
-        "creationTimestamp": T,
-        "labels": {"app": app},
-    }
-    if rs is not None:
-        meta["ownerReferences"] = _owner("ReplicaSet", rs)
-    spec: dict[str, Any] = {
-        "containers": [{"name": "c", "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]
-    }
-    if node is not None:
-        spec["nodeName"] = node
-    status = {
-        "phase": "Running",
-        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": T}],
-    }
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec, "status": status}
-    for path, value in extra.items():
-        section, _, field = path.partition("__")
-        pod[section][field] = value
-    return pod  # fmt: skip
-
-
-def _workload(name: str) -> list[tuple[str, dict[str, Any]]]:
-    """An opted-in Deployment ``name`` and its ReplicaSet ``<name>-1``."""
-    selector = {"matchLabels": {"app": name}}
-    deployment = {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "1",
-                     "generation": 1, "annotations": {"podcost.dev/enabled": "true"}},
-        "spec": {"replicas": 2, "selector": selector}, "status": {"observedGeneration": 1},
-    }  # fmt: skip
-    replicaset = {
-        "apiVersion": "apps/v1", "kind": "ReplicaSet",
-        "metadata": {"name": f"{name}-1", "namespace": NS, "uid": f"uid-{name}-1",
-                     "resourceVersion": "1", "creationTimestamp": T,
-                     "ownerReferences": _owner(DEPLOYMENT, name)},
-        "spec": {"replicas": 2, "selector": selector}, "status": {"replicas": 2},
-    }  # fmt: skip
-    return [("Deployment", deployment), ("ReplicaSet", replicaset)]
 
 
 def _store(db: bool = True) -> Store:
@@ -100,21 +48,20 @@ def _store(db: bool = True) -> Store:
     empty, one pod each, ordered by utilization), and, with ``db``, a pod of a workload podcost
     does not rank on n1."""
     store = Store()
-    allocatable = {"cpu": "4", "memory": "8Gi", "pods": "110"}
     for node in NODES:
-        meta = {"name": node, "uid": f"uid-{node}", "resourceVersion": "1"}
-        node_obj = {"apiVersion": "v1", "kind": "Node", "metadata": meta,
-                    "status": {"allocatable": allocatable}}  # fmt: skip
-        store.apply("Node", ChangeType.ADDED, node_obj)
-    for kind, obj in (*_workload("web"), *_workload("api")):
-        store.apply(kind, ChangeType.ADDED, obj)
-    pods = [_pod("web-a", app="web", rs="web-1", node="n1"),
-            _pod("web-b", app="web", rs="web-1", node="n2"),
-            _pod("api-a", app="api", rs="api-1", node="n2"),
-            _pod("api-b", app="api", rs="api-1", node="n3"),
-            _pod("api-c", app="api", rs="api-1", node="n4")]  # fmt: skip
+        store.apply("Node", ChangeType.ADDED, raw_node(node, "a"))
+    for name in ("web", "api"):
+        store.apply(
+            "Deployment", ChangeType.ADDED, raw_deployment(name, {"podcost.dev/enabled": "true"})
+        )
+        store.apply("ReplicaSet", ChangeType.ADDED, raw_replicaset(f"{name}-1", name, name))
+    pods = [raw_pod("web-a", app="web", rs="web-1", node="n1"),
+            raw_pod("web-b", app="web", rs="web-1", node="n2"),
+            raw_pod("api-a", app="api", rs="api-1", node="n2"),
+            raw_pod("api-b", app="api", rs="api-1", node="n3"),
+            raw_pod("api-c", app="api", rs="api-1", node="n4")]  # fmt: skip
     if db:
-        pods.append(_pod("db-0", app="db", rs="db", node="n1"))
+        pods.append(raw_pod("db-0", app="db", rs="db", node="n1"))
     for pod in pods:
         store.apply("Pod", ChangeType.ADDED, pod)
     return store
@@ -136,8 +83,8 @@ versions = st.fixed_dictionaries(
 
 def _bystander(version: dict[str, Any], resource_version: str) -> dict[str, Any]:
     owner = ("DaemonSet", "agent") if version["daemon"] else ("ReplicaSet", "other-1")
-    pod = _pod("other", app="other", rs=None, node=version["node"])
-    pod["metadata"]["ownerReferences"] = _owner(*owner)
+    pod = raw_pod("other", app="other", rs=None, node=version["node"])
+    pod["metadata"]["ownerReferences"] = owner_ref(*owner)
     pod["metadata"]["resourceVersion"] = resource_version
     pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = version["cpu"]
     pod["status"]["phase"] = version["phase"]
@@ -206,7 +153,7 @@ def test_only_a_node_that_starts_or_stops_holding_other_pods_touches_its_workloa
     assert again is not None
     assert node_load_neighbours(store, again) == set()
     # n1 holds db-0: web's order there is already "cannot be emptied".
-    on_n1 = store.apply("Pod", ChangeType.ADDED, _pod("p1", app="x", rs=None, node="n1"))
+    on_n1 = store.apply("Pod", ChangeType.ADDED, raw_pod("p1", app="x", rs=None, node="n1"))
     assert on_n1 is not None
     assert node_load_neighbours(store, on_n1) == set()
 
@@ -216,10 +163,10 @@ BOUND_N3 = {"node": "n3", "phase": "Running", "deleting": False, "cpu": "100m",
 
 
 def test_a_pod_that_lands_on_a_node_moves_it_and_one_that_leaves_both() -> None:
-    unbound = _pod("p", app="x", rs=None, node=None)
-    bound = _pod("p", app="x", rs=None, node="n1")
-    moved_pod = _pod("p", app="x", rs=None, node="n2")
-    finished = _pod("p", app="x", rs=None, node="n1", status__phase="Succeeded")
+    unbound = raw_pod("p", app="x", rs=None, node=None)
+    bound = raw_pod("p", app="x", rs=None, node="n1")
+    moved_pod = raw_pod("p", app="x", rs=None, node="n2")
+    finished = raw_pod("p", app="x", rs=None, node="n1", phase="Succeeded")
 
     def moved(old: dict[str, Any] | None, new: dict[str, Any] | None) -> tuple[str, ...]:
         kind = ChangeType.DELETED if new is None else ChangeType.MODIFIED

@@ -24,7 +24,14 @@ import orjson
 import pytest
 from hypothesis import given
 from tests.support.fuzz import fuzz, mutated_json
-from tests.support.served import served_deployment, served_node, served_pod, served_replicaset
+from tests.support.served import (
+    drop,
+    edit,
+    served_deployment,
+    served_node,
+    served_pod,
+    served_replicaset,
+)
 
 from podcost_core.convert import (
     _WORKLOAD,
@@ -257,52 +264,32 @@ def test_a_snapshot_from_projected_objects_is_the_same() -> None:
 # --- the watcher's change filters on pairs of versions -------------------------------------------
 
 
-def _edit(path: tuple[str | int, ...], value: object) -> Callable[[dict[str, Any]], None]:
-    def apply(obj: dict[str, Any]) -> None:
-        node: Any = obj
-        for part in path[:-1]:
-            node = node[part]
-        node[path[-1]] = value
-
-    return apply
-
-
-def _drop(path: tuple[str | int, ...]) -> Callable[[dict[str, Any]], None]:
-    def apply(obj: dict[str, Any]) -> None:
-        node: Any = obj
-        for part in path[:-1]:
-            node = node[part]
-        del node[path[-1]]
-
-    return apply
-
-
 NODE_EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
-    "heartbeat (read by nothing)": _edit(
+    "heartbeat (read by nothing)": edit(
         ("status", "conditions", 0, "lastHeartbeatTime"), "2026-11-24T09:00:00Z"
     ),
-    "not ready (read by nothing)": _edit(("status", "conditions", 0, "status"), "False"),
-    "node info (read by nothing)": _edit(("status", "nodeInfo", "bootID"), "x"),
-    "capacity (read by nothing)": _edit(("status", "capacity", "cpu"), "64"),
-    "allocatable": _edit(("status", "allocatable", "cpu"), "16"),
-    "broken condition": _edit(("status", "conditions", 1, "status"), 3),
-    "label": _edit(("metadata", "labels", "type"), "other"),
-    "taint": _edit(("spec", "taints"), [{"key": "k", "effect": "NoSchedule"}]),
-    "unschedulable": _edit(("spec", "unschedulable"), True),
-    "pod CIDR": _edit(("spec", "podCIDR"), "10.9.0.0/24"),
+    "not ready (read by nothing)": edit(("status", "conditions", 0, "status"), "False"),
+    "node info (read by nothing)": edit(("status", "nodeInfo", "bootID"), "x"),
+    "capacity (read by nothing)": edit(("status", "capacity", "cpu"), "64"),
+    "allocatable": edit(("status", "allocatable", "cpu"), "16"),
+    "broken condition": edit(("status", "conditions", 1, "status"), 3),
+    "label": edit(("metadata", "labels", "type"), "other"),
+    "taint": edit(("spec", "taints"), [{"key": "k", "effect": "NoSchedule"}]),
+    "unschedulable": edit(("spec", "unschedulable"), True),
+    "pod CIDR": edit(("spec", "podCIDR"), "10.9.0.0/24"),
 }
 
 WORKLOAD_EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
-    "status counts": _edit(("status", "availableReplicas"), 3),
-    "condition (read by nothing)": _edit(("status", "conditions", 0, "status"), "False"),
-    "broken condition": _edit(("status", "conditions", 0, "type"), 7),
-    "replicas": _edit(("spec", "replicas"), 31),
-    "image": _edit(("spec", "template", "spec", "containers", 0, "image"), "app:2"),
-    "template label": _edit(("spec", "template", "metadata", "labels", "x"), "y"),
-    "no template": _drop(("spec", "template")),
-    "strategy": _edit(("spec", "strategy"), {"type": "Recreate"}),
-    "annotation": _edit(("metadata", "annotations", "podcost.dev/enabled"), "false"),
-    "generation (noise)": _edit(("metadata", "generation"), 2),
+    "status counts": edit(("status", "availableReplicas"), 3),
+    "condition (read by nothing)": edit(("status", "conditions", 0, "status"), "False"),
+    "broken condition": edit(("status", "conditions", 0, "type"), 7),
+    "replicas": edit(("spec", "replicas"), 31),
+    "image": edit(("spec", "template", "spec", "containers", 0, "image"), "app:2"),
+    "template label": edit(("spec", "template", "metadata", "labels", "x"), "y"),
+    "no template": drop(("spec", "template")),
+    "strategy": edit(("spec", "strategy"), {"type": "Recreate"}),
+    "annotation": edit(("metadata", "annotations", "podcost.dev/enabled"), "false"),
+    "generation (noise)": edit(("metadata", "generation"), 2),
 }
 
 

@@ -25,7 +25,7 @@ import orjson
 import pytest
 from hypothesis import given
 from tests.support.fuzz import fuzz, mutated_json
-from tests.support.served import served_pod
+from tests.support.served import edit, served_pod
 
 from podcost.annotator.plan import pod_state
 from podcost_core.convert import (
@@ -368,16 +368,6 @@ def test_the_stores_answer_the_same_about_every_pod() -> None:
 # --- the watcher's change filters on pairs of versions -----------------------------------------
 
 
-def _edit(path: tuple[str | int, ...], value: object) -> Callable[[dict[str, Any]], None]:
-    def apply(pod: dict[str, Any]) -> None:
-        node: Any = pod
-        for part in path[:-1]:
-            node = node[part]
-        node[path[-1]] = value
-
-    return apply
-
-
 def _podcost_cost(value: str) -> Callable[[dict[str, Any]], None]:
     def apply(pod: dict[str, Any]) -> None:
         served = served_pod(1, cost=0)
@@ -388,19 +378,19 @@ def _podcost_cost(value: str) -> Callable[[dict[str, Any]], None]:
 
 
 EDITS: dict[str, Callable[[dict[str, Any]], None]] = {
-    "pod IP (read by nothing)": _edit(("status", "podIP"), "10.9.9.9"),
-    "restart count": _edit(("status", "containerStatuses", 0, "restartCount"), 7),
-    "not ready": _edit(("status", "conditions", 1, "status"), "False"),
-    "scheduled condition time (read by nothing)": _edit(
+    "pod IP (read by nothing)": edit(("status", "podIP"), "10.9.9.9"),
+    "restart count": edit(("status", "containerStatuses", 0, "restartCount"), 7),
+    "not ready": edit(("status", "conditions", 1, "status"), "False"),
+    "scheduled condition time (read by nothing)": edit(
         ("status", "conditions", 3, "lastTransitionTime"), "2026-11-24T09:00:00Z"
     ),
-    "phase": _edit(("status", "phase"), "Failed"),
-    "label": _edit(("metadata", "labels", "app"), "other"),
-    "image (read by nothing)": _edit(("spec", "containers", 0, "image"), "other:2"),
-    "request": _edit(("spec", "containers", 0, "resources", "requests", "cpu"), "20m"),
+    "phase": edit(("status", "phase"), "Failed"),
+    "label": edit(("metadata", "labels", "app"), "other"),
+    "image (read by nothing)": edit(("spec", "containers", 0, "image"), "other:2"),
+    "request": edit(("spec", "containers", 0, "resources", "requests", "cpu"), "20m"),
     "podcost's cost": _podcost_cost("3"),
-    "deleted": _edit(("metadata", "deletionTimestamp"), "2026-11-24T03:00:00Z"),
-    "broken request": _edit(("spec", "containers", 0, "resources", "requests", "cpu"), "x"),
+    "deleted": edit(("metadata", "deletionTimestamp"), "2026-11-24T03:00:00Z"),
+    "broken request": edit(("spec", "containers", 0, "resources", "requests", "cpu"), "x"),
 }
 
 
