@@ -360,6 +360,80 @@ class StrategyRanksMessage(WorkloadMessage):
     """The snapshot's ``changed_at``, carried along."""
 
 
+class RankedWorkload(BaseModel):
+    """One workload's answer inside a :class:`StrategyRanksBatchMessage`: what a
+    :class:`StrategyRanksMessage` says of it, less what the batch shares."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", allow_inf_nan=False)
+
+    key: KeyText
+    """``cluster/namespace/kind/name`` of the workload answered."""
+    version: int = Field(ge=0)
+    """The snapshot version answered."""
+    scores: Mapping[PodUID, float]
+    """Raw score per pod uid, as in :class:`StrategyRanksMessage`."""
+    duration_seconds: float = Field(ge=0)
+    changed_at: float | None = None
+    """The snapshot's ``changed_at``, carried along."""
+    trace: Mapping[str, str] = Field(default_factory=dict)
+    """The W3C trace context (``traceparent``, ``tracestate``) of the ranker's span for this
+    answer, a child of the snapshot's trace: what a record's headers carry for one answer."""
+
+
+class StrategyRanksBatchMessage(Message):
+    """One strategy's answers for several workloads of one partition (topic ``ranks``).
+
+    What a ranker publishes: one record per partition of the workloads topic it read snapshots
+    from, holding its answers to them in the order it read them, instead of a record per
+    answer. Keyed by its first answer's workload, so the record lands in the partition of the
+    ranks topic that has the number of the snapshots' partition (both topics have as many
+    partitions), where the aggregator that holds those workloads reads it. The aggregator
+    dead-letters a batch any of whose answers is of a workload another partition holds.
+    """
+
+    KIND: ClassVar[str] = "strategy-ranks-batch"
+
+    schema_version: Literal[1] = 1
+    strategy: StrategyName
+    answers: tuple[RankedWorkload, ...] = Field(min_length=1)
+    """In the order the ranker read the snapshots (a workload may appear more than once, for
+    successive versions)."""
+    emitted_at: float
+    """When the ranker published it (POSIX seconds)."""
+
+    def record_key(self) -> bytes:
+        return self.answers[0].key.encode()
+
+    def messages(self) -> tuple[StrategyRanksMessage, ...]:
+        """Each answer as the :class:`StrategyRanksMessage` it stands for."""
+        return tuple(
+            StrategyRanksMessage.model_construct(
+                schema_version=1,
+                key=answer.key,
+                version=answer.version,
+                strategy=self.strategy,
+                scores=answer.scores,
+                duration_seconds=answer.duration_seconds,
+                emitted_at=self.emitted_at,
+                changed_at=answer.changed_at,
+            )
+            for answer in self.answers
+        )
+
+
+def decode_ranks_record(
+    value: bytes, headers: Mapping[str, bytes] | None = None, *, key: str | bytes | None = None
+) -> StrategyRanksMessage | StrategyRanksBatchMessage:
+    """A record of the ranks topic: a :class:`StrategyRanksBatchMessage` when its
+    ``podcost-schema`` header says so (what rankers publish), else a
+    :class:`StrategyRanksMessage` (one answer, what rankers published before batches). See
+    :func:`decode`, whose :class:`DecodeError` it raises."""
+    raw = (headers or {}).get(SCHEMA_HEADER, b"")
+    if raw.decode("ascii", "replace").partition("/")[0] == StrategyRanksBatchMessage.KIND:
+        return decode(StrategyRanksBatchMessage, value, headers, key=key)
+    return decode(StrategyRanksMessage, value, headers, key=key)
+
+
 class StrategyTerm(BaseModel):
     """What one strategy contributed to one pod's cost."""
 

@@ -35,12 +35,15 @@ from podcost_contracts.messages import (
     InvalidKey,
     Message,
     PodCost,
+    RankedWorkload,
+    StrategyRanksBatchMessage,
     StrategyRanksMessage,
     StrategyTerm,
     WorkloadGoneMessage,
     WorkloadKey,
     WorkloadSnapshotMessage,
     decode,
+    decode_ranks_record,
     decode_workload_record,
     encode,
     trace_context,
@@ -64,6 +67,21 @@ VALID: dict[type[Message], Message] = {
         strategy="capacity-type",
         scores={UIDS[0]: 1.0, UIDS[1]: -2.5, UIDS[2]: 0.0},
         duration_seconds=0.002,
+        emitted_at=1_714_568_400.1,
+    ),
+    StrategyRanksBatchMessage: StrategyRanksBatchMessage(
+        strategy="capacity-type",
+        answers=(
+            RankedWorkload(
+                key=KEY,
+                version=1,
+                scores={UIDS[0]: 1.0, UIDS[1]: -2.5, UIDS[2]: 0.0},
+                duration_seconds=0.002,
+                changed_at=1_714_568_399.5,
+                trace={TRACEPARENT: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+            ),
+            RankedWorkload(key=KEY, version=2, scores={UIDS[0]: 3.0}, duration_seconds=0.0),
+        ),
         emitted_at=1_714_568_400.1,
     ),
     DesiredCostsMessage: DesiredCostsMessage(
@@ -190,6 +208,8 @@ def _decode_any(
 ) -> Message:
     if kind is WorkloadSnapshotMessage:
         return decode_workload_record(value, headers, key=key)
+    if kind is StrategyRanksBatchMessage:  # what the aggregator reads the ranks topic with
+        return decode_ranks_record(value, headers, key=key)
     return decode(kind, value, headers, key=key)
 
 

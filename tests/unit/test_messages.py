@@ -28,7 +28,9 @@ from podcost_contracts.messages import (
     MessageTooLarge,
     PodCost,
     PodRef,
+    RankedWorkload,
     ReleaseCostsMessage,
+    StrategyRanksBatchMessage,
     StrategyRanksMessage,
     StrategyTerm,
     WorkloadGoneMessage,
@@ -36,6 +38,7 @@ from podcost_contracts.messages import (
     WorkloadSnapshotMessage,
     decode,
     decode_costs_record,
+    decode_ranks_record,
     decode_workload_record,
     encode,
     trace_context,
@@ -552,3 +555,50 @@ def test_a_gone_message_read_as_a_snapshot_is_refused_by_its_header() -> None:
         decode(WorkloadSnapshotMessage, encoded.value, encoded.headers)
     with pytest.raises(DecodeError, match="record key"):
         decode_workload_record(encoded.value, encoded.headers, key=b"c/ns/Deployment/other")
+
+
+def batch(*keys: str) -> StrategyRanksBatchMessage:
+    """A ranker's batch: the answer of :func:`ranks`, for each of ``keys``."""
+    answer = ranks()
+    return StrategyRanksBatchMessage(
+        strategy=answer.strategy,
+        answers=tuple(
+            RankedWorkload(
+                key=key, version=answer.version, scores=answer.scores,
+                duration_seconds=answer.duration_seconds, changed_at=1_714_568_399.0,
+                trace={TRACEPARENT: f"00-{'1' * 32}-{'2' * 16}-01"},
+            )
+            for key in keys
+        ),
+        emitted_at=answer.emitted_at,
+    )  # fmt: skip
+
+
+def test_a_batch_of_answers_travels_under_its_first_workload_and_reads_as_its_answers() -> None:
+    keys = ("prod-eu-1/shop/Deployment/web", "prod-eu-1/shop/Deployment/api")
+    message = batch(*keys)
+    encoded = encode(message)
+    assert encoded.key == keys[0].encode()
+    assert encoded.headers[SCHEMA_HEADER] == b"strategy-ranks-batch/1"
+    decoded = decode_ranks_record(encoded.value, encoded.headers, key=encoded.key)
+    assert decoded == message
+    assert isinstance(decoded, StrategyRanksBatchMessage)
+    single = ranks()
+    assert [answer.model_dump() for answer in decoded.messages()] == [
+        single.model_copy(update={"key": key, "changed_at": 1_714_568_399.0}).model_dump()
+        for key in keys
+    ]
+    # The ranks topic still reads one answer a record, as rankers published before batches.
+    one = encode(single)
+    assert decode_ranks_record(one.value, one.headers, key=one.key) == single
+
+
+def test_an_empty_batch_or_one_with_a_malformed_key_is_refused() -> None:
+    payload = json.loads(encode(batch("prod-eu-1/shop/Deployment/web")).value)
+    empty = json.dumps(payload | {"answers": []}).encode()
+    assert reason_for(StrategyRanksBatchMessage, empty).startswith(
+        "invalid strategy-ranks-batch: answers: Tuple should have at least 1 item"
+    )
+    payload["answers"][0]["key"] = "shop/web"
+    reason = reason_for(StrategyRanksBatchMessage, json.dumps(payload).encode())
+    assert "answers.0.key: Value error, invalid workload key 'shop/web'" in reason
