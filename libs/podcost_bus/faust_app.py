@@ -132,12 +132,12 @@ from typing import Any, Generic, TypeVar, cast
 
 import faust
 from aiokafka.helpers import create_ssl_context
-from aiokafka.partitioner import murmur2
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from mode.threads import WorkerThread
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
+from podcost_bus.kafka import key_partition
 from podcost_bus.keyed import DROP, Batch, KeyedProcessor, process_batch, tick_batch
 from podcost_bus.protocol import Record, TopicPartition
 from podcost_bus.settings import BusSettings
@@ -170,7 +170,7 @@ FETCH_MAX_WAIT_MS = 100
 
 #: The most records one batch holds, and how long the agent waits for a batch to fill: a batch is
 #: taken once full, or after that wait with what there is (the latency it adds at a low rate).
-BATCH_MAX = 1000
+BATCH_MAX = 250
 BATCH_WITHIN_S = 0.02
 
 #: How long a changelog partition may stay behind its highwater, during a recovery, without
@@ -360,12 +360,6 @@ class RecoveryStalls(Generic[K]):
                 stalled[tp] = max(offset + 1, 0)
                 self._since[tp] = (offset, now)
         return stalled
-
-
-def key_partition(key: bytes, partitions: int) -> int:
-    """The partition the Kafka producers' default partitioner (murmur2) gives ``key``."""
-    hashed: int = murmur2(key)
-    return (hashed & 0x7FFFFFFF) % partitions
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from aiokafka.errors import (
     for_code,
 )
 from aiokafka.helpers import create_ssl_context
+from aiokafka.partitioner import murmur2
 
 from podcost_bus.protocol import (
     BusError,
@@ -116,6 +117,12 @@ async def _start(starting: Awaitable[None], settings: BusSettings) -> None:
         elif not task.cancelled():
             task.exception()  # retrieved: its failure means nothing to a caller going away
         raise
+
+
+def key_partition(key: bytes, partitions: int) -> int:
+    """The partition the Kafka producers' default partitioner (murmur2) gives ``key``."""
+    hashed: int = murmur2(key)
+    return (hashed & 0x7FFFFFFF) % partitions
 
 
 class KafkaBus(Lifecycle):

@@ -6,9 +6,10 @@ decides what each record and the passing of time do to it; a transport reads the
 them to the processor with their keys' states, persists the new states and commits offsets. It
 works in batches, in two phases (:func:`process_batch`, :func:`tick_batch`):
 
-1. *decide*: each record of the batch, in order, with the state its key has so far (the one the
-   previous record of the same key left, so per-key order holds within a batch); the processor
-   queues what it must publish without waiting for it;
+1. *decide*: each record of the batch, in order, split into its steps (one per key whose state
+   it changes: a ranker's batch of answers changes many), each with the state its key has so
+   far (the one the previous step of the same key left, so per-key order holds within a batch);
+   the processor queues what it must publish without waiting for it;
 2. *flush*: :meth:`KeyedProcessor.flush` sends everything queued and returns once all of it is
    acknowledged (a publish refused for good dead-letters its record, transient errors are
    retried).
@@ -37,7 +38,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from podcost_bus.protocol import Bus, BusError, Consumer, Record, TopicPartition
 
@@ -66,11 +67,20 @@ class KeyedProcessor(Protocol[S]):
         """The names of the parts a state is stored in (one faust table each)."""
         ...
 
-    def on_record(self, record: Record, state: S | None) -> S | Drop | None:
-        """Decide what ``record`` does; ``state`` is its key's (``None``: none yet). Returns the
-        new state, ``None`` when the state is unchanged, or :data:`DROP` to forget it. What must
-        be published is queued for :meth:`flush`; raising means the record cannot be processed
-        and stops the transport (decode errors are the processor's to dead-letter)."""
+    def split(self, record: Record) -> Sequence[tuple[bytes | None, Any]]:
+        """The steps ``record`` makes, in order: per step, the key whose state it changes and
+        what :meth:`on_record` is given for it. A record of one key is one step (often
+        ``(record.key, record)``); one that carries several keys' data (a ranker's batch of
+        answers) is one step per key, all of keys read from the record's partition. A record
+        that cannot be decoded is the processor's to dead-letter: no step. Raising means the
+        record cannot be processed and stops the transport."""
+        ...
+
+    def on_record(self, step: Any, state: S | None) -> S | Drop | None:
+        """Decide what ``step`` (from :meth:`split`) does; ``state`` is its key's (``None``:
+        none yet). Returns the new state, ``None`` when the state is unchanged, or
+        :data:`DROP` to forget it. What must be published is queued for :meth:`flush`;
+        raising stops the transport."""
         ...
 
     def on_tick(self, key: bytes | None, state: S) -> S | None:
@@ -124,8 +134,9 @@ class Batch(Generic[S]):
     replaced: set[bytes | None] = field(default_factory=set)
     """Keys dropped during the batch: what is stored for them must be replaced as a whole by
     their entry in ``states``, not patched."""
-    outcomes: list[S | Drop | None] = field(default_factory=list)
-    """Per record, in order: what :meth:`KeyedProcessor.on_record` returned."""
+    outcomes: list[tuple[Record, bytes | None, S | Drop | None]] = field(default_factory=list)
+    """Per step, in order: its record, its key and what :meth:`KeyedProcessor.on_record`
+    returned."""
 
 
 class _Pacer:
@@ -153,20 +164,20 @@ async def process_batch(
     states = batch.states
     pacer = _Pacer()
     for record in records:
-        key = record.key
-        if key in states:
-            current = states[key]
-            state = None if current is DROP else current
-        else:
-            state = stored(key)
-        new = processor.on_record(record, state)
-        batch.outcomes.append(new)
-        if new is DROP:
-            if state is None and key not in states:
-                continue  # nothing was kept for it: nothing to forget
-            batch.replaced.add(key)
-        if new is not None:
-            states[key] = new
+        for key, step in processor.split(record):
+            if key in states:
+                current = states[key]
+                state = None if current is DROP else current
+            else:
+                state = stored(key)
+            new = processor.on_record(step, state)
+            batch.outcomes.append((record, key, new))
+            if new is DROP:
+                if state is None and key not in states:
+                    continue  # nothing was kept for it: nothing to forget
+                batch.replaced.add(key)
+            if new is not None:
+                states[key] = new
         await pacer.pace()
     await processor.flush()
     return batch
@@ -264,9 +275,9 @@ class KeyedConsumerLoop(Generic[S]):
             async with self._lock:
                 batch = await process_batch(self.processor, records, self._states.get)
                 # Delivered: keep the states, then commit what no waiting state needs.
-                for record, new in zip(records, batch.outcomes, strict=True):
+                for record in records:
                     self._uncommitted.setdefault(record.tp, deque()).append(record)
-                    key = record.key
+                for record, key, new in batch.outcomes:
                     self._where[key] = record.tp
                     if new is DROP:
                         self._forget(key)

@@ -107,6 +107,11 @@ class MemoryBus(Lifecycle):
     async def stop(self) -> None:
         """Nothing to flush: every record is stored when ``send`` returns."""
 
+    def partition_of(self, key: bytes) -> int:
+        """The partition a record keyed ``key`` goes to, in every topic (all have as many)."""
+        # crc32, not hash(): stable across processes, like Kafka's murmur2 partitioner.
+        return zlib.crc32(key) % self._partitions
+
     async def ensure_topics(self, topics: Iterable[str]) -> None:
         for topic in topics:
             self._log(topic)
@@ -186,9 +191,11 @@ class MemoryBus(Lifecycle):
                 retriable=False,
             )
         logs = self._log(topic)
-        # crc32, not hash(): stable across processes, like Kafka's murmur2 partitioner.
-        slot = zlib.crc32(key_bytes) if key_bytes is not None else next(self._unkeyed)
-        partition = slot % len(logs)
+        partition = (
+            self.partition_of(key_bytes)
+            if key_bytes is not None
+            else next(self._unkeyed) % len(logs)
+        )
         log = logs[partition]
         log.records.append(
             Record(

@@ -42,6 +42,9 @@ class Remember:
         self.fail_on = fail_on
         self.seen: list[bytes] = []
 
+    def split(self, record: Record) -> list[tuple[bytes | None, Record]]:
+        return [(record.key, record)]
+
     def on_record(self, record: Record, state: bytes | None) -> bytes | Drop | None:
         self.seen.append(record.value)
         if record.value == self.fail_on:
@@ -82,6 +85,9 @@ class Relay(Remember):
         self.hold = hold
         self.queued: list[Record] = []
         self.batches: list[list[bytes]] = []
+
+    def split(self, record: Record) -> list[tuple[bytes | None, Record]]:
+        return [(record.key, record)]
 
     def on_record(self, record: Record, state: bytes | None) -> bytes | Drop | None:
         self.seen.append(record.value)

@@ -26,6 +26,9 @@ class Offsets:
     def __init__(self) -> None:
         self.offsets: list[int] = []
 
+    def split(self, record: Record) -> list[tuple[bytes | None, Record]]:
+        return [(record.key, record)]
+
     def on_record(self, record: Record, state: int | None) -> int | None:
         self.offsets.append(record.offset)
         return None

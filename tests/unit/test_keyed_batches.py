@@ -66,6 +66,9 @@ class Appender:
         self.flushed: list[int] = []
         self.gate: asyncio.Event | None = None
 
+    def split(self, record: Record) -> list[tuple[bytes | None, Record]]:
+        return [(record.key, record)]
+
     def on_record(self, record: Record, state: bytes | None) -> bytes | Drop | None:
         self.seen.append((record.value, state))
         if record.value == b"drop":
@@ -126,7 +129,17 @@ async def test_each_record_of_a_batch_sees_the_state_the_previous_one_of_its_key
     ]
     assert batch.states == {b"a": b"0|1|2|3", b"b": b"y"}  # one state per key to persist
     assert batch.replaced == {b"b"}  # what was stored for b is replaced, not patched
-    assert batch.outcomes == [b"0|1", b"x", b"0|1|2", DROP, b"y", b"0|1|2|3"]
+    assert [outcome for _, _, outcome in batch.outcomes] == [
+        b"0|1",
+        b"x",
+        b"0|1|2",
+        DROP,
+        b"y",
+        b"0|1|2|3",
+    ]
+    assert [(record, key) for record, key, _ in batch.outcomes] == [
+        (record, record.key) for record in records
+    ]
     assert processor.flushed == [5]  # one flush, after every record was decided
 
 
@@ -394,7 +407,9 @@ async def test_a_state_s_snapshot_is_stored_as_its_record_and_reads_back_the_sam
     encoded = encode(message, trace=trace)
     assert encoded.compressed is (pods == 200)
     source = Record(TOPICS.workloads, 0, 0, encoded.key, encoded.value, encoded.headers)
-    state = processor.on_record(source, None)
+    [(key, step)] = processor.split(source)
+    assert key == source.key
+    state = processor.on_record(step, None)
     assert isinstance(state, WorkloadState)
     assert state.latest is not None
     await processor.flush()  # the transport stores what a batch decided after its flush

@@ -3,15 +3,18 @@ aggregation (``podcost_core.aggregate``).
 
 Both transports run it (``podcost_bus.faust_app.FaustKeyedApp`` over Kafka,
 ``podcost_bus.keyed.KeyedConsumerLoop`` over the in-memory bus); ``podcost.aggregator.service``
-builds it. Per record: decode it as a snapshot (workloads topic) or a strategy's answer (ranks
-topic), an undecodable one, or one whose workload policy is invalid, going to the dead-letter
-topic with the reason; apply the transition; ask whether a decision is due and, if so, queue the
-desired costs for the costs topic of the workload's cluster (created on first use), in a
-``podcost.combine`` span, child of the snapshot's trace (every pod's rank and cost in its
-attributes), with the span's context in the record headers. A ``WorkloadGoneMessage`` on the
-workloads topic drops the key's state instead (the transport forgets it), so states do not pile
-up; unless the workload was deleted, it also queues a ``ReleaseCostsMessage`` naming the pods of
-its latest snapshot for the costs topic, so the annotator removes the costs podcost wrote on them.
+builds it. Per record (:meth:`AggregationProcessor.split`): decode it as a snapshot (workloads
+topic) or a ranker's answers (ranks topic: a ``StrategyRanksBatchMessage``, one step per answer,
+each answer's workload in the record's partition; or one ``StrategyRanksMessage``), an undecodable
+one, a batch with an answer of another partition's workload, or a snapshot whose workload policy is
+invalid, going to the dead-letter topic with the reason. Per step
+(:meth:`AggregationProcessor.on_record`): apply the transition; ask whether a decision is due and,
+if so, queue the desired costs for the costs topic of the workload's cluster (created on first
+use), in a ``podcost.combine`` span, child of the snapshot's trace (every pod's rank and cost in
+its attributes), with the span's context in the record headers. A ``WorkloadGoneMessage`` on the
+workloads topic drops the key's state instead (the transport forgets it), so states do not pile up;
+unless the workload was deleted, it also queues a ``ReleaseCostsMessage`` naming the pods of its
+latest snapshot for the costs topic, so the annotator removes the costs podcost wrote on them.
 
 Records come in batches (``podcost_bus.keyed``): :meth:`AggregationProcessor.on_record` only
 decides and queues what to publish; :meth:`AggregationProcessor.flush`, once per batch, sends
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -65,13 +68,16 @@ from podcost_contracts.messages import (
     EncodeError,
     PodCost,
     PodRef,
+    RankedWorkload,
     ReleaseCostsMessage,
+    StrategyRanksBatchMessage,
     StrategyRanksMessage,
     StrategyTerm,
     WorkloadGoneMessage,
     WorkloadKey,
     WorkloadSnapshotMessage,
     decode,
+    decode_ranks_record,
     decode_workload_record,
     encode,
     encode_json,
@@ -224,6 +230,17 @@ class _Outgoing:
     """Why sending it failed at once (``bus.send`` itself raised)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """What one decoded record does to one workload's state (see
+    :meth:`AggregationProcessor.split`)."""
+
+    record: Record
+    message: WorkloadSnapshotMessage | WorkloadGoneMessage | StrategyRanksMessage | RankedWorkload
+    strategy: str = ""
+    """The strategy a batch's answer (``RankedWorkload``) is of."""
+
+
 class AggregationProcessor:
     """The aggregator's ``KeyedProcessor`` (see the module docstring)."""
 
@@ -240,8 +257,12 @@ class AggregationProcessor:
         tracer: Tracer,
         clock: Clock,
         backoff: Backoff = DEFAULT_BACKOFF,
+        partition_of: Callable[[bytes], int] | None = None,
     ) -> None:
         self.aggregator = aggregator
+        self.partition_of = partition_of
+        """The partition of the source topics the bus gives a key: a ranker's batch must hold
+        only workloads of the partition it is on (``None``: not checked)."""
         self.bus = bus
         self.topics = topics
         self.group = group
@@ -259,30 +280,61 @@ class AggregationProcessor:
         self._storable: dict[str, _Received] = {}
         """Those of the batch last flushed: what :meth:`dump` stores as they came."""
 
-    def on_record(self, record: Record, state: WorkloadState | None) -> WorkloadState | Drop | None:
-        started = time.time_ns()
+    def split(self, record: Record) -> list[tuple[bytes | None, _Step]]:
+        """Decode ``record`` into its steps: one for a snapshot, a gone workload or one answer,
+        one per answer of a ranker's batch, each with the key of the workload whose state it
+        changes. An undecodable record, or a batch with an answer for a workload another
+        partition holds, is dead-lettered (no step)."""
         if record.topic not in (self.topics.workloads, self.topics.ranks):
             raise ValueError(f"the aggregator does not read {record.topic!r}")
         if record.key is None:
             reason = "the record has no key (expected cluster/namespace/kind/name)"
             self._dead_letter(record, reason, None)
-            return None
+            return []
         message: WorkloadSnapshotMessage | WorkloadGoneMessage | StrategyRanksMessage
         try:
             if record.topic == self.topics.workloads:
                 message = decode_workload_record(record.value, record.headers, key=record.key)
             else:
-                message = decode(StrategyRanksMessage, record.value, record.headers, key=record.key)
+                ranks = decode_ranks_record(record.value, record.headers, key=record.key)
+                if isinstance(ranks, StrategyRanksBatchMessage):
+                    return self._split_batch(record, ranks)
+                message = ranks
         except DecodeError as error:
             self._dead_letter(record, error.reason, error)
-            return None
+            return []
+        self._consumed_ok(record.topic).inc()
+        return [(record.key, _Step(record, message))]
+
+    def _split_batch(
+        self, record: Record, batch: StrategyRanksBatchMessage
+    ) -> list[tuple[bytes | None, _Step]]:
+        steps: list[tuple[bytes | None, _Step]] = []
+        for answer in batch.answers:
+            key = answer.key.encode()
+            if self.partition_of is not None and self.partition_of(key) != record.partition:
+                # Its workload's state is another partition's, perhaps another aggregator's:
+                # a ranker that groups its answers by the snapshots' partition never sends it.
+                reason = (
+                    f"the batch answers {answer.key!r}, a workload of partition "
+                    f"{self.partition_of(key)}, on partition {record.partition}"
+                )
+                self._dead_letter(record, reason, None)
+                return []
+            steps.append((key, _Step(record, answer, batch.strategy)))
+        self._consumed_ok(record.topic).inc()
+        return steps
+
+    def on_record(self, step: _Step, state: WorkloadState | None) -> WorkloadState | Drop | None:
+        started = time.time_ns()
+        record, message = step.record, step.message
         if isinstance(message, WorkloadGoneMessage):
             return self._gone(record, message, state)
         now = self.clock.now()
         current = state if state is not None else WorkloadState(message.key)
         if isinstance(message, WorkloadSnapshotMessage):
             try:
-                step = self.aggregator.on_snapshot(
+                transition = self.aggregator.on_snapshot(
                     current,
                     message.snapshot,
                     emitted_at=message.emitted_at,
@@ -294,25 +346,24 @@ class AggregationProcessor:
                 reason = f"the workload's policy is invalid: {error}"
                 self._dead_letter(record, reason, error)
                 return None
-            if step.outcome is Outcome.ACCEPTED and step.state.latest is not None:
-                self._received[message.key] = _Received(step.state.latest, record)
+            if transition.outcome is Outcome.ACCEPTED and transition.state.latest is not None:
+                self._received[message.key] = _Received(transition.state.latest, record)
         else:
-            step = self.aggregator.on_ranks(
+            transition = self.aggregator.on_ranks(
                 current,
-                strategy=message.strategy,
+                strategy=step.strategy if isinstance(message, RankedWorkload) else message.strategy,
                 version=message.version,
                 scores=message.scores,
                 now=now,
             )
-        self._consumed_ok(record.topic).inc()
-        log.debug("%s v%d from %s: %s", message.key, message.version, record.topic, step.outcome)
-        new = self._decide(step.state, now, started, record)
+        log.debug("%s v%d from %s: %s", message.key, message.version, record.topic,
+                  transition.outcome)  # fmt: skip
+        new = self._decide(transition.state, now, started, record)
         return None if new is current else new
 
     def _gone(
         self, record: Record, message: WorkloadGoneMessage, state: WorkloadState | None
     ) -> Drop | None:
-        self._consumed_ok(record.topic).inc()
         outcome = (
             Outcome.ACCEPTED
             if state is None

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -148,6 +149,7 @@ def bootstrap(
         metrics=metrics,
         tracer=tracer(tracer_provider),
         clock=clock,
+        partition_of=_partition_of(bus, bus_settings),
     )
     sources = (topics.workloads, topics.ranks)
     transport: Transport
@@ -179,6 +181,18 @@ def bootstrap(
     return AggregatorService(
         processor=processor, transport=transport, bus=bus, topics=topics, metrics=metrics
     )
+
+
+def _partition_of(bus: Bus, bus_settings: BusSettings) -> Callable[[bytes], int]:
+    """Which partition of the source topics the bus puts a key in (a ranker's batch must hold
+    only workloads of its own partition)."""
+    if isinstance(bus, MemoryBus):
+        return bus.partition_of
+    # Imported here, like the faust app: aiokafka is imports embedded mode never uses.
+    from podcost_bus.kafka import key_partition
+
+    partitions = bus_settings.partitions
+    return lambda key: key_partition(key, partitions)
 
 
 def _own_bus_settings(bus_settings: BusSettings) -> BusSettings:
