@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.pipeline import Reader, Runnable, fresh_kafka_settings, running
+from tests.support.pipeline import Reader, Runnable, answers_of, fresh_kafka_settings, running
 from tests.support.services import ServiceProcess, ServiceSpec, assert_alive, chart_specs, processes
 from tests.support.snapshots import CLUSTER
 from tests.support.snapshots import snapshot as deployment
@@ -95,7 +95,6 @@ from podcost_bus import BusSettings, Consumer, KafkaBus, MemoryBus, publish_mess
 from podcost_contracts.messages import (
     DeadLetter,
     DesiredCostsMessage,
-    StrategyRanksMessage,
     WorkloadSnapshotMessage,
     decode,
 )
@@ -221,8 +220,8 @@ class Stream:
                         decode(DeadLetter, record.value, record.headers, key=record.key)
                     )
                     continue
-                answer = decode(StrategyRanksMessage, record.value, record.headers, key=record.key)
-                self.answers[answer.key, answer.version].append(answer.strategy)
+                for answer in answers_of(record):
+                    self.answers[answer.key, answer.version].append(answer.strategy)
 
     async def drive(self, index: int) -> None:
         """Workload ``index``: publish a version, wait for its decision, pause, and again, until

@@ -47,6 +47,8 @@ from podcost_contracts.messages import (
     DeadLetter,
     DesiredCostsMessage,
     Message,
+    RankedWorkload,
+    StrategyRanksBatchMessage,
     StrategyRanksMessage,
     WorkloadSnapshotMessage,
     encode,
@@ -193,6 +195,15 @@ def ranks(snapshot: Snapshot) -> StrategyRanksMessage:
     )
 
 
+def ranks_batch(snapshot: Snapshot) -> StrategyRanksBatchMessage:
+    """A ranker's batch answering ``snapshot`` (what rankers publish)."""
+    answer = ranks(snapshot)
+    ranked = RankedWorkload(
+        key=answer.key, version=answer.version, scores=answer.scores, duration_seconds=0.001
+    )
+    return StrategyRanksBatchMessage(strategy=CAP, answers=(ranked,), emitted_at=time.time())
+
+
 @pytest.fixture
 async def bus(kafka_bootstrap: str) -> AsyncIterator[KafkaBus]:
     settings = fresh_kafka_settings(kafka_bootstrap, "poison")
@@ -210,7 +221,17 @@ async def test_poison_on_workloads_and_ranks_is_dead_lettered_and_the_next_snaps
     snapshot_message = WorkloadSnapshotMessage.of(GOOD, emitted_at=time.time())
     costs_message = desired("shop", "web", [Desire("p", "u", 1)], cluster=GOOD.workload.cluster)
     on_workloads = poison(snapshot_message, costs_message, "snapshot.pods.0.deletion_cost")
-    on_ranks = poison(ranks(GOOD), snapshot_message, "version")
+    on_ranks = [
+        *poison(ranks(GOOD), snapshot_message, "version"),
+        # A header of another kind is read as one answer's (what rankers published before
+        # batches), and refused as that.
+        *(
+            replace(record, reason=f"expected a {StrategyRanksMessage.KIND} message")
+            if record.name == "wrong kind"
+            else record
+            for record in poison(ranks_batch(GOOD), snapshot_message, "answers.0.version")
+        ),
+    ]
     # Valid, with a 5,000-digit cost annotation on a pod: decided, that cost read as none.
     odd = replace(
         GOOD.pods[0], deletion_cost_raw=DIGITS, annotations={DELETION_COST_ANNOTATION: DIGITS}

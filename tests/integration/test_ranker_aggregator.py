@@ -13,7 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from tests.support.pipeline import Reader, eventually, expected_costs, fresh_kafka_settings, running
+from tests.support.pipeline import (
+    AnswersReader,
+    Reader,
+    eventually,
+    expected_costs,
+    fresh_kafka_settings,
+    running,
+)
 from tests.support.snapshots import CLUSTER
 from tests.support.snapshots import snapshot as deployment
 
@@ -28,7 +35,6 @@ from podcost_contracts.messages import (
     TRACEPARENT,
     DeadLetter,
     DesiredCostsMessage,
-    StrategyRanksMessage,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
 )
@@ -174,7 +180,7 @@ async def test_a_ranker_restarted_before_committing_ranks_again_and_the_decision
     async with (
         running(kafka.ranker(AGE), kafka.aggregator()),
         Reader(kafka.bus, kafka.topics.costs_for(CLUSTER), DesiredCostsMessage) as costs,
-        Reader(kafka.bus, kafka.topics.ranks, StrategyRanksMessage) as ranks,
+        AnswersReader(kafka.bus, kafka.topics.ranks) as ranks,
     ):
         await kafka.publish()
         crashing = kafka.ranker(CAP)
@@ -266,7 +272,7 @@ async def test_a_workload_gone_leaves_the_faust_tables_and_their_changelog_and_r
     first = kafka.aggregator()
     async with (
         Reader(kafka.bus, kafka.topics.costs_for(CLUSTER), DesiredCostsMessage) as costs,
-        Reader(kafka.bus, kafka.topics.ranks, StrategyRanksMessage) as ranks,
+        AnswersReader(kafka.bus, kafka.topics.ranks) as ranks,
         Reader(kafka.bus, kafka.topics.deadletter, DeadLetter) as dead,
     ):
         async with running(*rankers, first):

@@ -18,7 +18,13 @@ from contextlib import asynccontextmanager
 from typing import Any, Generic, Protocol, TypeVar
 
 from podcost_bus import Bus, BusSettings, Consumer, Record
-from podcost_contracts.messages import Message, decode
+from podcost_contracts.messages import (
+    Message,
+    StrategyRanksBatchMessage,
+    StrategyRanksMessage,
+    decode,
+    decode_ranks_record,
+)
 from podcost_core.combine import rank
 from podcost_core.implied import drop_implied
 from podcost_core.labels import current_costs, label_costs
@@ -129,6 +135,50 @@ class Reader(Generic[M]):
         """Fail if a message comes within ``wait`` seconds (absence takes a wait to show)."""
         extra = await self._consumer.poll(max_wait=wait)
         assert extra == [], f"unexpected {self.kind.KIND} messages: {len(extra)}"
+
+
+class AnswersReader:
+    """Reads the ranks topic as a consumer group of its own: every answer, one
+    ``StrategyRanksMessage`` each, whether it came alone or in a ranker's batch."""
+
+    def __init__(self, bus: Bus, topic: str) -> None:
+        self.records: list[Record] = []
+        self._consumer: Consumer = bus.consumer([topic], group=f"test-reader-{uuid.uuid4().hex}")
+        self._ready: list[StrategyRanksMessage] = []
+        """Answers read but not taken yet (a batch held more than asked for)."""
+
+    async def __aenter__(self) -> AnswersReader:
+        await self._consumer.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._consumer.stop()
+
+    async def take(self, count: int, timeout: float = 20.0) -> list[StrategyRanksMessage]:
+        """The next ``count`` answers; fails naming how many came before ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while len(self._ready) < count:
+            left = deadline - time.monotonic()
+            batch = await self._consumer.poll(max_wait=max(0.0, left))
+            self.records.extend(batch)
+            for record in batch:
+                self._ready.extend(answers_of(record))
+            if not batch and time.monotonic() >= deadline:
+                raise AssertionError(f"got {len(self._ready)} of {count} answers in {timeout}s")
+        taken, self._ready = self._ready[:count], self._ready[count:]
+        return taken
+
+    async def nothing_more(self, wait: float = 0.5) -> None:
+        """Fail if an answer is left or comes within ``wait`` seconds."""
+        extra = await self._consumer.poll(max_wait=wait)
+        answers = [*self._ready, *(a for record in extra for a in answers_of(record))]
+        assert answers == [], f"unexpected answers: {answers}"
+
+
+def answers_of(record: Record) -> tuple[StrategyRanksMessage, ...]:
+    """The answers a ranks record carries."""
+    message = decode_ranks_record(record.value, record.headers, key=record.key)
+    return message.messages() if isinstance(message, StrategyRanksBatchMessage) else (message,)
 
 
 def expected_costs(snapshot: Snapshot, policy: Policy) -> dict[PodUID, int]:

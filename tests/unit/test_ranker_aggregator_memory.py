@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tests.support.clock import FakeClock
-from tests.support.pipeline import Reader, eventually, expected_costs, running
+from tests.support.pipeline import AnswersReader, Reader, eventually, expected_costs, running
 from tests.support.snapshots import CLUSTER
 from tests.support.snapshots import snapshot as deployment
 from tests.support.tasks import leak_check
@@ -23,6 +23,7 @@ from tests.support.tasks import leak_check
 from podcost import aggregator, ranker
 from podcost.aggregator import AggregatorService, AggregatorSettings
 from podcost.ranker import RankerService, RankerSettings, group_of
+from podcost.ranker.service import BATCH_MAX_ANSWERS
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_COMPLETE,
@@ -42,10 +43,12 @@ from podcost_contracts.messages import (
     TRACEPARENT,
     DeadLetter,
     DesiredCostsMessage,
+    RankedWorkload,
     ReleaseCostsMessage,
-    StrategyRanksMessage,
+    StrategyRanksBatchMessage,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
+    decode,
     decode_costs_record,
 )
 from podcost_core.aggregate import WorkloadState
@@ -131,7 +134,7 @@ async def test_a_snapshot_goes_through_every_enabled_ranker_to_the_costs_rank_wo
         leak_check(),
         running(*rankers, combiner),
         Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
-        Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
+        AnswersReader(world.bus, TOPICS.ranks) as ranks,
     ):
         await world.publish()
         [decision] = await costs.take(1)
@@ -181,7 +184,7 @@ async def test_every_step_of_a_decision_is_a_span_of_the_snapshot_trace(world: W
     async with (
         running(world.ranker(CAP), world.ranker(AGE), world.aggregator()),
         Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
-        Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
+        AnswersReader(world.bus, TOPICS.ranks) as ranks,
     ):
         await world.publish()
         await costs.take(1)
@@ -204,14 +207,18 @@ async def test_every_step_of_a_decision_is_a_span_of_the_snapshot_trace(world: W
     names = [f"{pod.namespace}/{pod.name}" for pod in SNAPSHOT.pods]
     assert sorted(attributes[ATTR_POD]) == sorted(names)  # type: ignore[arg-type]
     assert len(attributes[ATTR_RANK]) == len(attributes[ATTR_COST]) == len(names)  # type: ignore[arg-type]
-    # The published records carry the context of the span that made them.
+    # The published costs carry the context of the span that made them, and so does each answer
+    # in the rankers' batches.
     own = {span.context.span_id: span for span in spans}
-    for record in [*ranks.records, *costs.records]:
-        _, trace_id, span_id, _ = record.headers[TRACEPARENT].decode().split("-")
+    carriers = [(SPAN_COMBINE, record.headers[TRACEPARENT].decode()) for record in costs.records]
+    for record in ranks.records:
+        batch = decode(StrategyRanksBatchMessage, record.value, record.headers, key=record.key)
+        carriers.extend((SPAN_STRATEGY, answer.trace[TRACEPARENT]) for answer in batch.answers)
+    assert len(carriers) == len(costs.records) + 2
+    for name, traceparent in carriers:
+        _, trace_id, span_id, _ = traceparent.split("-")
         assert trace_id == TRACE_ID
-        assert own[int(span_id, 16)].name == (
-            SPAN_COMBINE if record.topic == COSTS else SPAN_STRATEGY
-        )
+        assert own[int(span_id, 16)].name == name
 
 
 async def test_a_strategy_that_does_not_answer_gives_a_deadline_decision_flagged_incomplete(
@@ -274,6 +281,82 @@ async def test_undecodable_records_are_dead_lettered_and_the_pipeline_goes_on(
                    outcome="dead_letter") == 1  # fmt: skip
 
 
+async def test_a_ranker_answers_many_workloads_in_a_record_per_partition_and_each_is_decided(
+    world: World,
+) -> None:
+    # 150 workloads: more answers than a record holds (BATCH_MAX_ANSWERS) in some partition.
+    snapshots = [
+        replace(deployment(f"app-{index}", pods=3, nodes=3, seed=index), annotations=ANNOTATIONS)
+        for index in range(150)
+    ]
+    partition_of = {item.workload.key: world.bus.partition_of(item.workload.key.encode())
+                    for item in snapshots}  # fmt: skip
+    async with (
+        leak_check(),
+        running(world.ranker(CAP), world.ranker(AGE), world.aggregator()),
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
+        AnswersReader(world.bus, TOPICS.ranks) as ranks,
+    ):
+        for item in snapshots:
+            await world.publish(item)
+        decisions = await costs.take(len(snapshots), timeout=60)
+        await ranks.take(2 * len(snapshots))
+        await ranks.nothing_more(0.2)
+
+    assert {decision.key for decision in decisions} == set(partition_of)
+    for decision in decisions:
+        item = next(s for s in snapshots if s.workload.key == decision.key)
+        assert decision.complete
+        assert {pod.uid: pod.cost for pod in decision.costs} == expected_costs(item, POLICY)
+    # Fewer records than answers: per strategy, a record per partition read (and per
+    # BATCH_MAX_ANSWERS), each holding only workloads of the partition it is on.
+    assert len(ranks.records) < 2 * len(snapshots) / 10
+    for record in ranks.records:
+        batch = decode(StrategyRanksBatchMessage, record.value, record.headers, key=record.key)
+        assert len(batch.answers) <= BATCH_MAX_ANSWERS
+        assert {partition_of[answer.key] for answer in batch.answers} == {record.partition}
+    assert max(partition_of.values()) > 0  # the workloads are spread over the partitions
+
+
+async def test_a_batch_of_answers_with_a_workload_of_another_partition_is_dead_lettered(
+    world: World,
+) -> None:
+    here = world.bus.partition_of(SNAPSHOT.workload.key.encode())
+    other = next(  # a workload the bus puts in another partition
+        item
+        for item in (
+            replace(deployment(f"elsewhere-{index}", pods=3, nodes=3), annotations=ANNOTATIONS)
+            for index in range(100)
+        )
+        if world.bus.partition_of(item.workload.key.encode()) != here
+    )
+    answers = tuple(
+        RankedWorkload(key=item.workload.key, version=item.version,
+                       scores={pod.uid: 1.0 for pod in item.pods}, duration_seconds=0.0)
+        for item in (SNAPSHOT, other)
+    )  # fmt: skip
+    forged = StrategyRanksBatchMessage(strategy=AGE, answers=answers, emitted_at=START)
+    combiner = world.aggregator()
+    async with (
+        running(world.ranker(CAP), world.ranker(AGE), combiner),
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
+        Reader(world.bus, TOPICS.deadletter, DeadLetter) as dead,
+    ):
+        await world.publish()
+        [decision] = await costs.take(1)
+        # Keyed by its first workload: it lands in that workload's partition.
+        await publish_message(world.bus, TOPICS.ranks, forged)
+        [letter] = await dead.take(1)
+        await costs.nothing_more(0.3)  # the batch's answer for SNAPSHOT changed nothing
+
+    assert decision.complete
+    assert letter.topic == TOPICS.ranks
+    assert letter.partition == here
+    assert f"answers {other.workload.key!r}, a workload of partition" in letter.reason
+    assert counted(combiner, "podcost_messages_consumed_total", topic=TOPICS.ranks,
+                   outcome="dead_letter") == 1  # fmt: skip
+
+
 async def test_a_workload_whose_policy_is_invalid_is_dead_lettered_with_the_culprit(
     world: World,
 ) -> None:
@@ -295,7 +378,7 @@ async def test_a_ranker_restarted_before_committing_ranks_again_and_the_decision
     async with (
         running(world.ranker(AGE), world.aggregator()),
         Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
-        Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
+        AnswersReader(world.bus, TOPICS.ranks) as ranks,
     ):
         await world.publish()
         crashing = world.ranker(CAP)
@@ -434,7 +517,7 @@ async def test_the_cluster_default_policy_file_decides_which_rankers_answer(
     async with (
         running(world.ranker(AGE, settings), world.ranker(CAP, settings), combiner),
         Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
-        Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
+        AnswersReader(world.bus, TOPICS.ranks) as ranks,
     ):
         await world.publish(plain)
         [decision] = await costs.take(1)
@@ -474,7 +557,7 @@ async def test_the_time_of_the_change_travels_from_the_snapshot_through_the_rank
     async with (
         running(world.ranker(CAP), world.ranker(AGE), world.aggregator()),
         Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
-        Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
+        AnswersReader(world.bus, TOPICS.ranks) as ranks,
     ):
         await world.publish(changed_at=changed_at)
         [decision] = await costs.take(1)
@@ -499,7 +582,7 @@ async def test_a_workload_gone_is_skipped_by_the_rankers_and_forgotten_by_the_ag
     async with (
         running(cap, world.ranker(AGE), combiner),
         Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
-        Reader(world.bus, TOPICS.ranks, StrategyRanksMessage) as ranks,
+        AnswersReader(world.bus, TOPICS.ranks) as ranks,
         Reader(world.bus, TOPICS.deadletter, DeadLetter) as dead,
     ):
         await world.publish()

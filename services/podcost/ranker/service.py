@@ -11,8 +11,12 @@ there is nothing left to rank): decode it (an undecodable record goes to the
 dead-letter topic with the reason, and the ranker goes on), resolve the workload's policy (its
 annotations over the cluster default, with the aggregator's own resolver so both agree), and if
 the policy needs this strategy's answer, run the strategy in a span (``podcost.strategy``, a
-child of the snapshot's trace) and the ``strategy_duration`` histogram, then publish its raw
-scores for that snapshot version with the span's trace context. The batch's offsets are committed
+child of the snapshot's trace) and the ``strategy_duration`` histogram. The raw scores for each
+snapshot version go out together: per partition of the workloads topic the batch read, one
+``StrategyRanksBatchMessage`` with its answers in the order read (several if they do not fit in
+one), keyed by its first workload so it lands in the ranks topic's partition of the same number,
+where the aggregator holding those workloads reads it. A record per answer was most of what the
+aggregator spent on each decision in faust's per-record path. The batch's offsets are committed
 only once every answer is acknowledged (at least once: a ranker that dies before re-reads and
 re-publishes the same answers, which the aggregator treats as duplicates). A snapshot the
 strategy cannot rank (it raises, or breaks the score contract) or whose policy is invalid is
@@ -56,7 +60,8 @@ from podcost_contracts.messages import (
     DecodeError,
     Encoded,
     MessageTooLarge,
-    StrategyRanksMessage,
+    RankedWorkload,
+    StrategyRanksBatchMessage,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
     decode_workload_record,
@@ -79,11 +84,28 @@ def group_of(strategy: str) -> str:
     return RankerSettings().group_for(strategy)
 
 
+#: The most answers one ranks record holds, and about the most bytes of JSON (estimated from the
+#: pods scored): a record stays well below what a record may be (about 1 MB, compressed), and an
+#: aggregator's step over one stays short.
+BATCH_MAX_ANSWERS = 100
+BATCH_MAX_BYTES = 256 * 1024
+#: About what one pod's score takes in a batch's JSON (a uid of 36 characters and a float).
+_BYTES_PER_SCORE = 64
+
+
 @dataclass(frozen=True, slots=True)
 class _Answer:
-    """A record's answer, ready to publish."""
+    """A record's answer."""
 
     record: Record
+    ranked: RankedWorkload
+
+
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """A ranks record ready to publish, and the records whose answers it holds."""
+
+    records: tuple[Record, ...]
     encoded: Encoded
 
 
@@ -146,9 +168,10 @@ class RankerService:
             # Let the loop turn between records: a batch ranked in one go would hold up every
             # service sharing the loop (embedded mode, or several in one process) for all of it.
             await asyncio.sleep(0)
-        queued: list[tuple[_Answer, Awaitable[Delivery] | None]] = []
-        for answer in answers:  # queued together, so the producer batches them
-            encoded = answer.encoded
+        batches = await self._batches(answers)
+        queued: list[tuple[_Batch, Awaitable[Delivery] | None]] = []
+        for batch in batches:  # queued together, so the producer batches them
+            encoded = batch.encoded
             try:
                 acked = await self.bus.send(
                     self.topics.ranks, encoded.key, encoded.value, encoded.headers
@@ -157,13 +180,54 @@ class RankerService:
                 if not error.retriable:
                     raise
                 acked = None  # published again below, with backoff
-            queued.append((answer, acked))
-        for answer, acked in queued:
-            await self._settle(answer, acked)
+            queued.append((batch, acked))
+        for batch, acked in queued:
+            await self._settle(batch, acked)
 
-    async def _settle(self, answer: _Answer, acked: Awaitable[Delivery] | None) -> None:
-        """Wait for ``answer``'s acknowledgement; publish it again while the error is transient;
-        dead-letter its record if the bus refuses it for good."""
+    async def _batches(self, answers: list[_Answer]) -> list[_Batch]:
+        """The records that carry ``answers``: per partition the snapshots came from, their
+        answers in the order read, in as few records as fit (:data:`BATCH_MAX_ANSWERS`,
+        :data:`BATCH_MAX_BYTES`, and never more than one record may hold)."""
+        by_partition: dict[int, list[_Answer]] = {}
+        for answer in answers:
+            by_partition.setdefault(answer.record.partition, []).append(answer)
+        batches = []
+        for group in by_partition.values():
+            chunk: list[_Answer] = []
+            size = 0
+            for answer in group:
+                estimate = len(answer.ranked.scores) * _BYTES_PER_SCORE
+                if chunk and (len(chunk) >= BATCH_MAX_ANSWERS or size + estimate > BATCH_MAX_BYTES):
+                    batches.extend(await self._encoded(chunk))
+                    chunk, size = [], 0
+                chunk.append(answer)
+                size += estimate
+            if chunk:
+                batches.extend(await self._encoded(chunk))
+        return batches
+
+    async def _encoded(self, chunk: list[_Answer]) -> list[_Batch]:
+        """``chunk`` as one record, or as several if it does not fit in one; an answer that
+        does not fit in a record by itself dead-letters its snapshot's record."""
+        message = StrategyRanksBatchMessage.model_construct(
+            schema_version=1,
+            strategy=self.strategy.name,
+            answers=tuple(answer.ranked for answer in chunk),
+            emitted_at=self.clock.now(),
+        )
+        try:
+            return [_Batch(tuple(answer.record for answer in chunk), encode(message))]
+        except MessageTooLarge as error:
+            if len(chunk) == 1:
+                reason = f"the ranks do not fit in a record: {error}"
+                await self._dead_letter(chunk[0].record, reason, error)
+                return []
+            half = len(chunk) // 2
+            return [*await self._encoded(chunk[:half]), *await self._encoded(chunk[half:])]
+
+    async def _settle(self, batch: _Batch, acked: Awaitable[Delivery] | None) -> None:
+        """Wait for ``batch``'s acknowledgement; publish it again while the error is transient;
+        dead-letter the records it answers if the bus refuses it for good."""
         try:
             if acked is not None:
                 try:
@@ -173,9 +237,10 @@ class RankerService:
                         raise
                     acked = None
             if acked is None:
-                await self._publish_retrying(answer.encoded)
+                await self._publish_retrying(batch.encoded)
         except BusError as error:
-            await self._dead_letter(answer.record, f"cannot publish the ranks: {error}", error)
+            for record in batch.records:
+                await self._dead_letter(record, f"cannot publish the ranks: {error}", error)
             return
         self.metrics.produced.labels(self.topics.ranks).inc()
 
@@ -235,24 +300,19 @@ class RankerService:
                     record, f"strategy {name!r} broke the score contract: {problem}", None
                 )
                 return None
-            answer = StrategyRanksMessage(
+            # Built without validation: the contract was just checked (score_problem), and
+            # the key and version are the decoded snapshot's.
+            ranked = RankedWorkload.model_construct(
                 key=message.key,
                 version=message.version,
-                strategy=name,
                 scores=dict(scores),
                 duration_seconds=duration,
-                emitted_at=self.clock.now(),
                 changed_at=message.changed_at,
+                trace=inject(),
             )
-            try:
-                encoded = encode(answer, trace=inject())
-            except MessageTooLarge as error:
-                span.set_status(Status(StatusCode.ERROR, str(error)))
-                await self._dead_letter(record, f"the ranks do not fit in a record: {error}", error)
-                return None
         self.metrics.snapshots_ranked.labels(name).inc()
         self.metrics.consumed.labels(record.topic, "ok").inc()
-        return _Answer(record, encoded)
+        return _Answer(record, ranked)
 
     async def _publish_retrying(self, encoded: Encoded) -> Delivery:
         async def publish() -> Delivery:
