@@ -48,9 +48,12 @@ from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import setup_tracing
 from podcost_bus import BusSettings, Delivery, KafkaBus
+from podcost_bus.kafka import key_partition
 from podcost_contracts.messages import (
     TRACEPARENT,
     DesiredCostsMessage,
+    RankedWorkload,
+    StrategyRanksBatchMessage,
     StrategyRanksMessage,
     WorkloadSnapshotMessage,
     decode,
@@ -109,12 +112,55 @@ def answers(snapshots: list[Snapshot]) -> list[StrategyRanksMessage]:
     return out
 
 
-async def preload(bus: KafkaBus, settings: BusSettings, snapshots: list[Snapshot]) -> int:
+def batched(
+    ranks: list[StrategyRanksMessage], per_record: int, partitions: int
+) -> list[StrategyRanksMessage | StrategyRanksBatchMessage]:
+    """The records rankers publish for ``ranks``: per partition of the snapshots, each ranker
+    answers the same ``per_record`` snapshots in a record of its own, and the rankers' records
+    for those snapshots follow one another, as rankers reading the same backlog publish them
+    (0: one ``StrategyRanksMessage`` per answer, as rankers published before batches)."""
+    if per_record == 0:
+        return list(ranks)
+    by_partition: dict[int, dict[str, list[StrategyRanksMessage]]] = {}
+    for answer in ranks:
+        strategies = by_partition.setdefault(key_partition(answer.key.encode(), partitions), {})
+        strategies.setdefault(answer.strategy, []).append(answer)
+    out: list[StrategyRanksMessage | StrategyRanksBatchMessage] = []
+    for strategies in by_partition.values():
+        longest = max(len(group) for group in strategies.values())
+        for start in range(0, longest, per_record):
+            for strategy, group in strategies.items():
+                chunk = group[start : start + per_record]
+                if not chunk:
+                    continue
+                ranked = tuple(
+                    RankedWorkload(
+                        key=a.key,
+                        version=a.version,
+                        scores=a.scores,
+                        duration_seconds=a.duration_seconds,
+                        changed_at=a.changed_at,
+                    )
+                    for a in chunk
+                )
+                out.append(
+                    StrategyRanksBatchMessage(
+                        strategy=strategy, answers=ranked, emitted_at=time.time()
+                    )
+                )
+    return out
+
+
+async def preload(
+    bus: KafkaBus, settings: BusSettings, snapshots: list[Snapshot], per_record: int
+) -> int:
     """Publish the snapshots and their answers (answers after their snapshot, the usual order);
     returns how many answers."""
     started = time.perf_counter()
     ranks = answers(snapshots)
     print(f"  computed {len(ranks)} answers in {time.perf_counter() - started:.1f}s")
+    records = batched(ranks, per_record, settings.partitions)
+    print(f"  in {len(records)} ranks records ({per_record or 1} answers a record)")
     topics = settings.topics
     acks: list[Awaitable[Delivery]] = []
     for index, item in enumerate(snapshots):
@@ -125,10 +171,10 @@ async def preload(bus: KafkaBus, settings: BusSettings, snapshots: list[Snapshot
         if len(acks) >= 2000 or index == len(snapshots) - 1:
             await asyncio.gather(*acks)
             acks.clear()
-    for index, answer in enumerate(ranks):
-        encoded = encode(answer)
+    for index, record in enumerate(records):
+        encoded = encode(record)
         acks.append(await bus.send(topics.ranks, encoded.key, encoded.value, encoded.headers))
-        if len(acks) >= 2000 or index == len(ranks) - 1:
+        if len(acks) >= 2000 or index == len(records) - 1:
             await asyncio.gather(*acks)
             acks.clear()
     return len(ranks)
@@ -160,7 +206,9 @@ async def read_back(
         await consumer.stop()
 
 
-async def bench(bootstrap: str, count: int, pods: int, engine: str, profile: str | None) -> None:
+async def bench(
+    bootstrap: str, count: int, pods: int, engine: str, profile: str | None, per_record: int
+) -> None:
     run = uuid.uuid4().hex[:8]
     settings = BusSettings(
         bootstrap_servers=bootstrap,
@@ -177,7 +225,7 @@ async def bench(bootstrap: str, count: int, pods: int, engine: str, profile: str
     snapshots = workloads(count, pods)
     async with KafkaBus(settings) as bus:
         await bus.ensure_topics(topics.shared())
-        answered = await preload(bus, settings, snapshots)
+        answered = await preload(bus, settings, snapshots, per_record)
     print(f"  pre-loaded {count} snapshots and {answered} answers in "
           f"{time.perf_counter() - started:.1f}s")  # fmt: skip
 
@@ -208,6 +256,7 @@ async def bench(bootstrap: str, count: int, pods: int, engine: str, profile: str
     try:
         decided = 0
         cpu = [(time.time(), time.process_time())]  # when, and this process's CPU time then
+        ready: tuple[float, float] | None = None  # the sample when the aggregator was ready
         while decided < count:
             if task.done():
                 task.result()
@@ -215,6 +264,8 @@ async def bench(bootstrap: str, count: int, pods: int, engine: str, profile: str
             await asyncio.sleep(POLL_S)
             decided = sum((await ends.end_offsets(costs)).values())
             cpu.append((time.time(), time.process_time()))
+            if ready is None and service.ready():
+                ready = cpu[-1]
         finished = time.time()
     finally:
         if profiler:
@@ -248,6 +299,12 @@ async def bench(bootstrap: str, count: int, pods: int, engine: str, profile: str
           f"({count / (finished - launched):.0f}/s counting the start)")  # fmt: skip
     if changelog:
         print(f"  {changelog} changelog records ({changelog / count:.1f} per workload)")
+    if ready is not None:
+        # Throughout: a decision waits for records that may come in the batch after, so the
+        # time from the first decision alone flatters large batches.
+        busy, spent = finished - ready[0], cpu[-1][1] - ready[1]
+        print(f"  ready -> last decision: {busy:.2f}s, {count / busy:.0f} decisions/s; "
+              f"CPU {spent:.2f}s, {count / spent:.0f} decisions per CPU-second")  # fmt: skip
     print(f"  this process's CPU meanwhile: {used:.2f}s ({used / (cpu[-1][0] - since[0]):.0%} of "
           f"one core), {count / used:.0f} decisions per CPU-second")  # fmt: skip
 
@@ -258,6 +315,10 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=25)
     parser.add_argument("--engine", choices=("faust", "consumer"), default="faust")
     parser.add_argument("--profile", default=None, help="write cProfile stats to this file")
+    parser.add_argument(
+        "--answers-per-record", type=int, default=100,
+        help="answers in a ranks record, as a ranker batches them (0: a record per answer)",
+    )  # fmt: skip
     args = parser.parse_args()
     with contextlib.ExitStack() as stack:
         bootstrap = os.environ.get("PODCOST_KAFKA")
@@ -266,7 +327,16 @@ def main() -> None:
             broker = kafka.start(run_dir / "kafka")
             stack.callback(broker.stop)
             bootstrap = broker.bootstrap
-        asyncio.run(bench(bootstrap, args.workloads, args.pods, args.engine, args.profile))
+        asyncio.run(
+            bench(
+                bootstrap,
+                args.workloads,
+                args.pods,
+                args.engine,
+                args.profile,
+                args.answers_per_record,
+            )
+        )
 
 
 if __name__ == "__main__":
