@@ -63,14 +63,18 @@ class Change:
 
     @property
     def key(self) -> ObjectKey:
-        meta = self.obj.get("metadata", {})
-        return ObjectKey(self.kind, meta.get("namespace", ""), meta.get("name", ""))
+        return object_key(self.kind, self.obj)
 
 
 def object_key(kind: str, obj: Mapping[str, Any]) -> ObjectKey:
-    """The store key of ``obj`` of ``kind``."""
+    """The store key of ``obj`` of ``kind``: text, whatever a malformed object holds (a name
+    that is a number would otherwise be compared with names, and sorting raised TypeError)."""
     meta = obj.get("metadata", {})
-    return ObjectKey(kind, meta.get("namespace", ""), meta.get("name", ""))
+    return ObjectKey(kind, _text(meta.get("namespace")), _text(meta.get("name")))
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
 def resource_version(obj: Mapping[str, Any]) -> str:

@@ -73,6 +73,22 @@ def test_a_relist_reports_only_what_changed_while_the_watch_was_down() -> None:
     assert [p["metadata"]["name"] for p in store.pods_on_node("n1")] == ["changed", "new", "same"]
 
 
+def test_a_relist_with_an_object_whose_name_is_not_text_keeps_every_object() -> None:
+    # Sorting a number among names raised TypeError and stopped the relist.
+    odd = {**pod("x", "1"), "metadata": {**pod("x", "1")["metadata"], "name": 7}}
+    store = Store()
+    store.apply("Pod", ChangeType.ADDED, pod("gone", "1"))
+    changes = store.replace("Pod", [pod("b", "1"), odd, pod("a", "1")])
+    assert [(c.type, c.key.name) for c in changes] == [
+        (ChangeType.DELETED, "gone"),
+        (ChangeType.ADDED, "7"),
+        (ChangeType.ADDED, "a"),
+        (ChangeType.ADDED, "b"),
+    ]
+    assert len(store.objects("Pod")) == 3
+    assert store.get("Pod", "ns", "7") is odd
+
+
 def test_a_relist_of_one_namespace_leaves_the_other_namespaces_alone() -> None:
     store = Store()
     elsewhere = {**pod("other", "1"), "metadata": {**pod("other", "1")["metadata"],
