@@ -93,7 +93,8 @@ def drop_implied(
         if not _realised(entries):
             continue
         for uid in sorted((uid for uid in entries if uid in writes), key=group_of.__getitem__):
-            kept = current.get(uid, CurrentCost()).value
+            cost = current.get(uid)
+            kept = None if cost is None else cost.value
             if kept is None or kept not in band:
                 continue  # an invalid value is always replaced, one beyond the band too
             key = clockless_key(by_uid[uid], ranks[uid], kept)
