@@ -28,6 +28,7 @@ written, where a full labelling had it already.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from itertools import pairwise
@@ -39,18 +40,17 @@ from podcost_core.victims import BURST_REPLICAS, clockless_key, colocation_ranks
 Key = tuple[int, int, int, int, int]
 
 
-def _fits(key: Key, group: int, others: Sequence[tuple[Key, int]]) -> bool:
-    """Whether a pod of ``group`` with ``key`` keeps the order with ``others`` (key, group)."""
-    for other_key, other_group in others:
-        if other_key == key:
-            if other_group != group:
-                return False  # a tie the clock would break
-        elif other_key < key:
-            if other_group > group:
-                return False
-        elif other_group < group:
-            return False
-    return True
+def _fits(key: Key, group: int, ordered: Sequence[tuple[Key, int]]) -> bool:
+    """Whether a pod of ``group`` with ``key`` keeps the order with the others, ``ordered``
+    (key, group) sorted and realised (:func:`_realised`): their groups never decrease along
+    their keys and a key is one group, so only the neighbours of ``key`` need a look."""
+    at = bisect_left(ordered, (key,))  # the first other whose key is not smaller
+    if at < len(ordered) and ordered[at][0] == key:
+        return ordered[at][1] == group  # else a tie the clock would break
+    # The last smaller key has the largest group below, the first larger one the smallest above.
+    return (at == 0 or ordered[at - 1][1] <= group) and (
+        at == len(ordered) or ordered[at][1] >= group
+    )
 
 
 def _realised(entries: Mapping[PodUID, tuple[Key, int]]) -> bool:
@@ -92,17 +92,20 @@ def drop_implied(
         }
         if not _realised(entries):
             continue
+        ordered = sorted(entries.values())  # realised, and kept so (each change fits)
         for uid in sorted((uid for uid in entries if uid in writes), key=group_of.__getitem__):
             cost = current.get(uid)
             kept = None if cost is None else cost.value
             if kept is None or kept not in band:
                 continue  # an invalid value is always replaced, one beyond the band too
             key = clockless_key(by_uid[uid], ranks[uid], kept)
-            others = [entry for other, entry in entries.items() if other != uid]
-            if _fits(key, group_of[uid], others):
-                entries[uid] = (key, group_of[uid])
+            entry = entries[uid]
+            del ordered[bisect_left(ordered, entry)]  # the others
+            if _fits(key, group_of[uid], ordered):
+                entry = entries[uid] = (key, group_of[uid])
                 costs[uid] = kept
                 del writes[uid]
+            insort(ordered, entry)
     if len(writes) == len(labelling.writes):
         return labelling
     return replace(labelling, costs=costs, writes=writes)
