@@ -401,7 +401,10 @@ class Aggregator:
         if progress.verdict is Verdict.COMPLETE or progress.answers.get(strategy) == scores:
             return Step(state, Outcome.DUPLICATE)
         answers = {**progress.answers, strategy: scores}
-        return Step(replace(state, progress=replace(progress, answers=answers)), Outcome.ACCEPTED)
+        # Built directly, not by dataclasses.replace (which costs several times more): this
+        # runs for every answer.
+        progress = Progress(progress.verdict, answers, progress.early)
+        return Step(WorkloadState(state.key, latest, progress), Outcome.ACCEPTED)
 
     def _wait(
         self, state: WorkloadState, strategy: str, version: int, scores: Scores, now: float
@@ -421,11 +424,12 @@ class Aggregator:
         :meth:`next_wakeup` has passed.
         """
         progress = state.progress
-        ttl = self.config.early_ttl_s
-        early = tuple(waiting for waiting in progress.early if now < waiting.since + ttl)
-        if early != progress.early:
-            progress = replace(progress, early=early)
-            state = replace(state, progress=progress)
+        if progress.early:
+            ttl = self.config.early_ttl_s
+            early = tuple(waiting for waiting in progress.early if now < waiting.since + ttl)
+            if early != progress.early:
+                progress = replace(progress, early=early)
+                state = replace(state, progress=progress)
         latest = state.latest
         if latest is None or progress.verdict is Verdict.COMPLETE:
             return state, None
@@ -440,7 +444,7 @@ class Aggregator:
         else:
             kept = {n: s for n, s in progress.answers.items() if n not in decision.rejected}
             progress = Progress(Verdict.PARTIAL, kept, progress.early)
-        return replace(state, progress=progress), decision
+        return WorkloadState(state.key, latest, progress), decision
 
     def next_wakeup(self, state: WorkloadState) -> float | None:
         """When :meth:`due` may next change ``state`` without any new input (``None``: never)."""
