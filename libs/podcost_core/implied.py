@@ -53,10 +53,9 @@ def _fits(key: Key, group: int, ordered: Sequence[tuple[Key, int]]) -> bool:
     )
 
 
-def _realised(entries: Mapping[PodUID, tuple[Key, int]]) -> bool:
-    """Whether keys order the groups: sorted by key, groups never decrease and a key is one
-    group."""
-    ordered = sorted(entries.values())
+def _realised(ordered: Sequence[tuple[Key, int]]) -> bool:
+    """Whether keys order the groups: along ``ordered`` (key, group) sorted, groups never
+    decrease and a key is one group."""
     for (key_a, group_a), (key_b, group_b) in pairwise(ordered):
         if group_b < group_a or (key_a == key_b and group_a != group_b):
             return False
@@ -90,9 +89,10 @@ def drop_implied(
             pod.uid: (clockless_key(pod, ranks[pod.uid], costs[pod.uid]), group_of[pod.uid])
             for pod in pods
         }
-        if not _realised(entries):
+        ordered = sorted(entries.values())
+        if not _realised(ordered):
             continue
-        ordered = sorted(entries.values())  # realised, and kept so (each change fits)
+        # Realised, and kept so below (each change fits); ``_fits`` relies on it.
         for uid in sorted((uid for uid in entries if uid in writes), key=group_of.__getitem__):
             cost = current.get(uid)
             kept = None if cost is None else cost.value
