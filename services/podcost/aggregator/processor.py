@@ -262,6 +262,8 @@ class AggregationProcessor:
         self._ok: dict[str, Any] = {}
         self._costs_topics: set[str] = set()
         """The per-cluster costs topics this process has made sure exist."""
+        self._topic_of: dict[str, str] = {}
+        """The costs topic of each cluster met (:meth:`_costs_topic`)."""
         self._received: dict[str, _Received] = {}
         """The snapshot records accepted since the last flush, by workload key."""
         self._storable: dict[str, _Received] = {}
@@ -487,8 +489,13 @@ class AggregationProcessor:
     def _costs_topic(self, key: str) -> str:
         """The costs topic of ``key``'s cluster (``Topics.costs_for``); :meth:`flush` creates
         it the first time this process publishes to it, so a new cluster of the fleet needs no
-        set-up here."""
-        return self.topics.costs_for(WorkloadKey.parse(key).cluster)
+        set-up here. Kept per cluster (the key's first part; keys come from decoded, so valid,
+        messages): parsing and checking the names again cost as much for every decision."""
+        cluster = key.partition("/")[0]
+        topic = self._topic_of.get(cluster)
+        if topic is None:
+            topic = self._topic_of[cluster] = self.topics.costs_for(WorkloadKey.parse(key).cluster)
+        return topic
 
     async def _ensure_costs_topics(self, queued: list[_Outgoing]) -> None:
         costs = [item for item in queued if item.decision is not None or item.release is not None]
