@@ -35,7 +35,7 @@ from itertools import pairwise
 
 from podcost_core.labels import DEFAULT_BAND, CostBand, CurrentCost, Labelling
 from podcost_core.model import PodUID, Snapshot
-from podcost_core.victims import BURST_REPLICAS, clockless_key, colocation_ranks, victim_inputs
+from podcost_core.victims import BURST_REPLICAS, ReplicaSetViews, clockless_key
 
 Key = tuple[int, int, int, int, int]
 
@@ -69,21 +69,23 @@ def drop_implied(
     current: Mapping[PodUID, CurrentCost],
     *,
     band: CostBand = DEFAULT_BAND,
+    views: ReplicaSetViews | None = None,
 ) -> Labelling:
     """``labelling`` without the writes whose pods the controller's own order already places
     (module docstring); ``costs`` then holds the cost such a pod keeps. Only a current cost
-    inside ``band`` (the one ``label_costs`` wrote in) is kept."""
+    inside ``band`` (the one ``label_costs`` wrote in) is kept. ``views``: ``snapshot``'s, when
+    the caller has them already."""
     if not labelling.writes:
         return labelling
+    views = ReplicaSetViews.of(snapshot, views)
     group_of = {uid: index for index, group in enumerate(order) for uid in group}
     costs = dict(labelling.costs)
     writes = dict(labelling.writes)
     written_sets = {pod.replicaset for pod in snapshot.pods if pod.uid in writes}
     for replicaset in sorted(rs for rs in written_sets if rs is not None):
-        pods, related = victim_inputs(snapshot, replicaset)
+        pods, ranks = views(replicaset)
         if len(pods) > BURST_REPLICAS or any(pod.uid not in group_of for pod in pods):
             continue
-        ranks = colocation_ranks(pods, related)
         by_uid = {pod.uid: pod for pod in pods}
         entries = {
             pod.uid: (clockless_key(pod, ranks[pod.uid], costs[pod.uid]), group_of[pod.uid])
