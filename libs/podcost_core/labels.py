@@ -321,20 +321,26 @@ def label_costs(
     pod's ReplicaSet, ``current`` the costs on the pods now (a pod missing from it gets a
     cost written; ``current_costs`` reads a pod without the annotation as 0, which may stay).
     """
-    _check_order(order)
     costs: dict[PodUID, int] = {}
     # A foreign value outside the band is a person's override (force first or last): kept,
-    # and left out of the fitting, so its group claims no slot.
+    # and left out of the fitting, so its group claims no slot. (The same pass checks the
+    # order, as ``_check_order``.)
+    seen: set[PodUID] = set()
     for group in order:
         for uid in group:
+            if uid in seen:
+                raise ValueError(f"pod {uid} appears twice in the order")
+            seen.add(uid)
             cost = current.get(uid, _NO_COST)
+            value = cost.value
             if (
-                _fixed(cost, overwrite_foreign)
-                and cost.value not in band
-                and cost.value is not None
+                cost.foreign
+                and not overwrite_foreign
+                and value is not None
+                and not band.low <= value <= band.high
             ):
-                costs[uid] = cost.value
-    fitted = [[uid for uid in group if uid not in costs] for group in order]
+                costs[uid] = value
+    fitted = [[uid for uid in group if uid not in costs] for group in order] if costs else order
     conflicts: list[PodUID] = []
     for groups in _by_replicaset(fitted, replicaset_of).values():
         labelled, clashing = _label_replicaset(groups, current, overwrite_foreign, band)
@@ -375,6 +381,6 @@ def _writes(
     writes: dict[PodUID, int] = {}
     for uid, value in costs.items():
         cost = current.get(uid, _NO_COST)
-        if not _fixed(cost, overwrite_foreign) and cost.value != value:
+        if cost.value != value and not _fixed(cost, overwrite_foreign):
             writes[uid] = value
     return writes
