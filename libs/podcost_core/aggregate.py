@@ -68,6 +68,7 @@ from podcost_core.policy import (
 )
 from podcost_core.strategies.registry import Registry
 from podcost_core.urgency import first_wrong
+from podcost_core.victims import ReplicaSetViews
 
 Scores = Mapping[PodUID, float]
 """One strategy's raw scores for the pods of one snapshot version."""
@@ -266,6 +267,9 @@ class Decision:
     """Answers left out because they broke the score contract: strategy → reason."""
     changed_at: float | None = None
     """When the watcher saw the change the decided snapshot answers (``None``: not said)."""
+    views: ReplicaSetViews | None = field(default=None, compare=False, repr=False)
+    """The snapshot's ReplicaSet views, as the decision's labelling read them (``first_wrong``
+    reads the same ones rather than compute them again)."""
 
     @property
     def version(self) -> int:
@@ -285,7 +289,7 @@ class Decision:
     def first_wrong(self) -> int | None:
         """The smallest scale-in that would now, before these writes, delete a pod the order
         keeps (``urgency.first_wrong``): how urgent the writes are."""
-        return first_wrong(self.combined.order, self.snapshot)
+        return first_wrong(self.combined.order, self.snapshot, self.views)
 
     def pods(self) -> list[PodDecision]:
         """Every ranked pod, in snapshot order."""
@@ -401,7 +405,10 @@ class Aggregator:
         if progress.verdict is Verdict.COMPLETE or progress.answers.get(strategy) == scores:
             return Step(state, Outcome.DUPLICATE)
         answers = {**progress.answers, strategy: scores}
-        return Step(replace(state, progress=replace(progress, answers=answers)), Outcome.ACCEPTED)
+        # Built directly, not by dataclasses.replace (which costs several times more): this
+        # runs for every answer.
+        progress = Progress(progress.verdict, answers, progress.early)
+        return Step(WorkloadState(state.key, latest, progress), Outcome.ACCEPTED)
 
     def _wait(
         self, state: WorkloadState, strategy: str, version: int, scores: Scores, now: float
@@ -421,11 +428,12 @@ class Aggregator:
         :meth:`next_wakeup` has passed.
         """
         progress = state.progress
-        ttl = self.config.early_ttl_s
-        early = tuple(waiting for waiting in progress.early if now < waiting.since + ttl)
-        if early != progress.early:
-            progress = replace(progress, early=early)
-            state = replace(state, progress=progress)
+        if progress.early:
+            ttl = self.config.early_ttl_s
+            early = tuple(waiting for waiting in progress.early if now < waiting.since + ttl)
+            if early != progress.early:
+                progress = replace(progress, early=early)
+                state = replace(state, progress=progress)
         latest = state.latest
         if latest is None or progress.verdict is Verdict.COMPLETE:
             return state, None
@@ -440,7 +448,7 @@ class Aggregator:
         else:
             kept = {n: s for n, s in progress.answers.items() if n not in decision.rejected}
             progress = Progress(Verdict.PARTIAL, kept, progress.early)
-        return replace(state, progress=progress), decision
+        return WorkloadState(state.key, latest, progress), decision
 
     def next_wakeup(self, state: WorkloadState) -> float | None:
         """When :meth:`due` may next change ``state`` without any new input (``None``: never)."""
@@ -480,10 +488,14 @@ class Aggregator:
             overwrite_foreign=self.config.overwrite_foreign,
             band=band,
         )
-        labelling = drop_implied(labelling, combined.order, snapshot, current, band=band)
-        return Decision(
-            key, snapshot, combined, labelling, current, latest.trace, rejected, latest.changed_at
+        views = ReplicaSetViews(snapshot)
+        labelling = drop_implied(
+            labelling, combined.order, snapshot, current, band=band, views=views
         )
+        return Decision(
+            key, snapshot, combined, labelling, current, latest.trace, rejected,
+            latest.changed_at, views,
+        )  # fmt: skip
 
 
 # --- persistence ------------------------------------------------------------------------------

@@ -185,7 +185,7 @@ class Combined:
 
 def answers_needed(policy: Policy) -> tuple[str, ...]:
     """The strategies whose ranker answers ``combine`` uses: all but the spread strategies."""
-    return tuple(bound.name for bound in policy.bound if not bound.strategy.spread)
+    return policy.ranked
 
 
 def rank(snapshot: Snapshot, policy: Policy = DEFAULT_POLICY) -> Combined:

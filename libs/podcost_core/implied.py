@@ -28,35 +28,34 @@ written, where a full labelling had it already.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from itertools import pairwise
 
 from podcost_core.labels import DEFAULT_BAND, CostBand, CurrentCost, Labelling
 from podcost_core.model import PodUID, Snapshot
-from podcost_core.victims import BURST_REPLICAS, clockless_key, colocation_ranks, victim_inputs
+from podcost_core.victims import BURST_REPLICAS, ReplicaSetViews, clockless_key
 
 Key = tuple[int, int, int, int, int]
 
 
-def _fits(key: Key, group: int, others: Sequence[tuple[Key, int]]) -> bool:
-    """Whether a pod of ``group`` with ``key`` keeps the order with ``others`` (key, group)."""
-    for other_key, other_group in others:
-        if other_key == key:
-            if other_group != group:
-                return False  # a tie the clock would break
-        elif other_key < key:
-            if other_group > group:
-                return False
-        elif other_group < group:
-            return False
-    return True
+def _fits(key: Key, group: int, ordered: Sequence[tuple[Key, int]]) -> bool:
+    """Whether a pod of ``group`` with ``key`` keeps the order with the others, ``ordered``
+    (key, group) sorted and realised (:func:`_realised`): their groups never decrease along
+    their keys and a key is one group, so only the neighbours of ``key`` need a look."""
+    at = bisect_left(ordered, (key,))  # the first other whose key is not smaller
+    if at < len(ordered) and ordered[at][0] == key:
+        return ordered[at][1] == group  # else a tie the clock would break
+    # The last smaller key has the largest group below, the first larger one the smallest above.
+    return (at == 0 or ordered[at - 1][1] <= group) and (
+        at == len(ordered) or ordered[at][1] >= group
+    )
 
 
-def _realised(entries: Mapping[PodUID, tuple[Key, int]]) -> bool:
-    """Whether keys order the groups: sorted by key, groups never decrease and a key is one
-    group."""
-    ordered = sorted(entries.values())
+def _realised(ordered: Sequence[tuple[Key, int]]) -> bool:
+    """Whether keys order the groups: along ``ordered`` (key, group) sorted, groups never
+    decrease and a key is one group."""
     for (key_a, group_a), (key_b, group_b) in pairwise(ordered):
         if group_b < group_a or (key_a == key_b and group_a != group_b):
             return False
@@ -70,38 +69,45 @@ def drop_implied(
     current: Mapping[PodUID, CurrentCost],
     *,
     band: CostBand = DEFAULT_BAND,
+    views: ReplicaSetViews | None = None,
 ) -> Labelling:
     """``labelling`` without the writes whose pods the controller's own order already places
     (module docstring); ``costs`` then holds the cost such a pod keeps. Only a current cost
-    inside ``band`` (the one ``label_costs`` wrote in) is kept."""
+    inside ``band`` (the one ``label_costs`` wrote in) is kept. ``views``: ``snapshot``'s, when
+    the caller has them already."""
     if not labelling.writes:
         return labelling
+    views = ReplicaSetViews.of(snapshot, views)
     group_of = {uid: index for index, group in enumerate(order) for uid in group}
     costs = dict(labelling.costs)
     writes = dict(labelling.writes)
     written_sets = {pod.replicaset for pod in snapshot.pods if pod.uid in writes}
     for replicaset in sorted(rs for rs in written_sets if rs is not None):
-        pods, related = victim_inputs(snapshot, replicaset)
+        pods, ranks = views(replicaset)
         if len(pods) > BURST_REPLICAS or any(pod.uid not in group_of for pod in pods):
             continue
-        ranks = colocation_ranks(pods, related)
         by_uid = {pod.uid: pod for pod in pods}
         entries = {
             pod.uid: (clockless_key(pod, ranks[pod.uid], costs[pod.uid]), group_of[pod.uid])
             for pod in pods
         }
-        if not _realised(entries):
+        ordered = sorted(entries.values())
+        if not _realised(ordered):
             continue
+        # Realised, and kept so below (each change fits); ``_fits`` relies on it.
         for uid in sorted((uid for uid in entries if uid in writes), key=group_of.__getitem__):
-            kept = current.get(uid, CurrentCost()).value
+            cost = current.get(uid)
+            kept = None if cost is None else cost.value
             if kept is None or kept not in band:
                 continue  # an invalid value is always replaced, one beyond the band too
             key = clockless_key(by_uid[uid], ranks[uid], kept)
-            others = [entry for other, entry in entries.items() if other != uid]
-            if _fits(key, group_of[uid], others):
-                entries[uid] = (key, group_of[uid])
+            entry = entries[uid]
+            del ordered[bisect_left(ordered, entry)]  # the others
+            if _fits(key, group_of[uid], ordered):
+                entry = entries[uid] = (key, group_of[uid])
                 costs[uid] = kept
                 del writes[uid]
+            insort(ordered, entry)
     if len(writes) == len(labelling.writes):
         return labelling
     return replace(labelling, costs=costs, writes=writes)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 
 from podcost_core.model import CostOwner, Pod, PodUID
 from podcost_core.victims import deletion_cost_error
@@ -90,6 +91,12 @@ class CurrentCost:
     """Set by someone else: kept as it is unless ``overwrite_foreign``."""
 
 
+#: The cost of a pod missing from the current costs (podcost writes one), and of a pod without
+#: the annotation (read as 0): shared, not built for every lookup (they are frozen).
+_NO_COST = CurrentCost()
+_ZERO_COST = CurrentCost(0)
+
+
 @dataclass(frozen=True, slots=True)
 class Labelling:
     """The costs that realise an order, and what has to be written for them."""
@@ -107,19 +114,22 @@ def current_costs(pods: Iterable[Pod]) -> dict[PodUID, CurrentCost]:
     result: dict[PodUID, CurrentCost] = {}
     for pod in pods:
         raw = pod.deletion_cost_raw
+        value = pod.deletion_cost
         if raw is None:
             # No annotation reads as 0: a cost like any other, kept when 0 is where it belongs.
-            result[pod.uid] = CurrentCost(0)
+            result[pod.uid] = _ZERO_COST
+        elif raw == str(value) and INT32_MIN <= value <= INT32_MAX:
+            # The usual case, without parsing: a value written as ``str`` writes an int32 is
+            # valid (what ``deletion_cost_error`` would say), and it is the one read.
+            result[pod.uid] = CurrentCost(value, foreign=pod.cost_owner is CostOwner.OTHER)
         elif deletion_cost_error(raw) is not None:
             # An invalid value (the controller reads 0 too), whoever set it: no cost to keep,
             # so podcost writes one.
-            result[pod.uid] = CurrentCost()
+            result[pod.uid] = _NO_COST
         elif pod.cost_owner is CostOwner.OTHER:
-            result[pod.uid] = CurrentCost(pod.deletion_cost, foreign=True)
-        elif str(pod.deletion_cost) == raw:
-            result[pod.uid] = CurrentCost(pod.deletion_cost)
+            result[pod.uid] = CurrentCost(value, foreign=True)
         else:
-            result[pod.uid] = CurrentCost()  # our own, valid but not as we write it: rewrite
+            result[pod.uid] = _NO_COST  # our own, valid but not as we write it: rewrite
     return result
 
 
@@ -138,6 +148,9 @@ def _by_replicaset(
     """The order restricted to each ReplicaSet, empty groups dropped."""
     result: dict[str | None, list[list[PodUID]]] = {}
     for group in order:
+        if len(group) == 1:  # most groups: no split needed
+            result.setdefault(replicaset_of.get(group[0]), []).append(list(group))
+            continue
         parts: dict[str | None, list[PodUID]] = {}
         for uid in group:
             parts.setdefault(replicaset_of.get(uid), []).append(uid)
@@ -146,25 +159,40 @@ def _by_replicaset(
     return result
 
 
-class _PrefixMax:
-    """A Fenwick tree over positions 1..size keeping (best score, item) prefix maxima."""
+def _heaviest_chain(keys: list[int], weights: list[int]) -> set[int]:
+    """The items of a heaviest non-decreasing subsequence of ``keys`` (``weights`` aligned), by
+    index: of equally heavy ones, the one ending latest.
 
-    def __init__(self, size: int) -> None:
-        self._tree: list[tuple[int, int]] = [(0, -1)] * (size + 1)
-
-    def update(self, position: int, value: tuple[int, int]) -> None:
-        while position < len(self._tree):
-            if value[0] > self._tree[position][0]:
-                self._tree[position] = value
-            position += position & -position
-
-    def query(self, position: int) -> tuple[int, int]:
-        best = (0, -1)
-        while position > 0:
-            if self._tree[position][0] > best[0]:
-                best = self._tree[position]
-            position -= position & -position
-        return best
+    A Fenwick tree over the distinct keys keeps (best weight, item) prefix maxima, inlined in two
+    parallel lists: this runs for every decision."""
+    distinct = sorted(set(keys))
+    position = {key: rank + 1 for rank, key in enumerate(distinct)}
+    size = len(distinct) + 1
+    tree_best = [0] * size
+    tree_item = [-1] * size
+    previous: list[int] = []
+    scores: list[int] = []
+    for item, key in enumerate(keys):
+        spot = position[key]
+        best, before = 0, -1
+        while spot > 0:  # the best chain ending at a key <= this one
+            if tree_best[spot] > best:
+                best, before = tree_best[spot], tree_item[spot]
+            spot -= spot & -spot
+        best += weights[item]
+        scores.append(best)
+        previous.append(before)
+        spot = position[key]
+        while spot < size:
+            if best > tree_best[spot]:
+                tree_best[spot], tree_item[spot] = best, item
+            spot += spot & -spot
+    kept: set[int] = set()
+    item = max(range(len(keys)), key=lambda i: (scores[i], i), default=-1)
+    while item >= 0:
+        kept.add(item)
+        item = previous[item]
+    return kept
 
 
 #: The step between new values placed beyond the first or last kept cost. Moving pods to the
@@ -200,52 +228,40 @@ def _label_replicaset(
     if size > band.high - band.low + 1:
         raise ValueError(f"{size} groups do not fit in the band [{band.low}, {band.high}]")
     weight_foreign = sum(len(group) for group in groups) + 1
+    low, high = band.low, band.high
+    top = high + 1 - size
     candidates: list[tuple[int, int, PodUID, int]] = []  # (group, value, uid, weight)
+    pinned: list[PodUID] = []  # the pods whose cost podcost must leave as it is, in order
     for index, group in enumerate(groups):
         for uid in group:
-            cost = current.get(uid, CurrentCost())
-            if cost.value is None or cost.value not in band:
+            cost = current.get(uid, _NO_COST)
+            value = cost.value
+            if value is None:
                 continue
-            key = cost.value - index
-            if band.low <= key <= band.high + 1 - size:
-                foreign = _fixed(cost, overwrite_foreign)
-                candidates.append((index, cost.value, uid, weight_foreign if foreign else 1))
-    candidates.sort(key=lambda item: (item[0], item[1]))
+            foreign = cost.foreign and not overwrite_foreign  # _fixed, inlined
+            if foreign:
+                pinned.append(uid)
+            if low <= value <= high and low <= value - index <= top:
+                candidates.append((index, value, uid, weight_foreign if foreign else 1))
+    candidates.sort(key=itemgetter(0, 1))
 
     # Weighted longest non-decreasing subsequence of value - group; foreign pods weigh more
     # than all podcost pods together, so the fewest foreign constraints are given up first.
-    keys = sorted({value - index for index, value, _, _ in candidates})
-    position = {key: rank + 1 for rank, key in enumerate(keys)}
-    tree = _PrefixMax(len(keys))
-    previous: list[int] = []
-    scores: list[int] = []
-    for item, (index, value, _, weight) in enumerate(candidates):
-        spot = position[value - index]
-        best, before = tree.query(spot)
-        scores.append(best + weight)
-        previous.append(before)
-        tree.update(spot, (best + weight, item))
-    kept: set[int] = set()
     # Of equally good choices, the one ending latest in the order: a first costing then keeps
     # the last of equal groups at 0 and writes the others below it, first deleted lowest, so
     # writing them first-deleted first makes small scale-ins right early (``urgency``).
-    item = max(range(len(candidates)), key=lambda i: (scores[i], i), default=-1)
-    while item >= 0:
-        kept.add(item)
-        item = previous[item]
+    kept = _heaviest_chain(
+        [value - index for index, value, _, _ in candidates],
+        [weight for _, _, _, weight in candidates],
+    )
 
-    anchors: dict[int, list[int]] = {}  # group -> kept values
+    anchors: dict[int, list[int]] = {}  # group -> kept values, ascending (as the candidates)
     costs: dict[PodUID, int] = {}
     for item, (index, value, uid, _) in enumerate(candidates):
         if item in kept:
             anchors.setdefault(index, []).append(value)
             costs[uid] = value
-    conflicts = [
-        uid
-        for group in groups
-        for uid in group
-        if uid not in costs and _fixed(current.get(uid, CurrentCost()), overwrite_foreign)
-    ]
+    conflicts = [uid for uid in pinned if uid not in costs]
 
     # Groups without a kept pod get fresh values, evenly spread in the gap they sit in.
     lower = band.low - 1
@@ -254,29 +270,30 @@ def _label_replicaset(
         if index < size and index not in anchors:
             pending.append(index)
             continue
-        upper = min(anchors[index]) if index < size else band.high + 1
-        free = upper - lower - 1
-        if not anchors:
-            # A first labelling takes the middle half of the band: the quarters beyond are
-            # room for pods moved to the front or the back later, EDGE_STEP apart.
-            quarter = (upper - lower) // 4
-            if free - 2 * quarter < len(pending):
-                quarter = 0  # a band too narrow for that
-            values = _spread(lower + quarter, upper - quarter, len(pending))
-        elif lower < band.low:
-            values = _edge(upper, free, len(pending), before=True)
-        elif upper > band.high:
-            values = _edge(lower, free, len(pending), before=False)
-        else:
-            values = _spread(lower, upper, len(pending))
-        for gap_index, value in zip(pending, values, strict=True):
-            for uid in groups[gap_index]:
-                costs.setdefault(uid, value)
-        pending = []
+        upper = anchors[index][0] if index < size else band.high + 1
+        if pending:
+            free = upper - lower - 1
+            if not anchors:
+                # A first labelling takes the middle half of the band: the quarters beyond are
+                # room for pods moved to the front or the back later, EDGE_STEP apart.
+                quarter = (upper - lower) // 4
+                if free - 2 * quarter < len(pending):
+                    quarter = 0  # a band too narrow for that
+                values = _spread(lower + quarter, upper - quarter, len(pending))
+            elif lower < band.low:
+                values = _edge(upper, free, len(pending), before=True)
+            elif upper > band.high:
+                values = _edge(lower, free, len(pending), before=False)
+            else:
+                values = _spread(lower, upper, len(pending))
+            for gap_index, value in zip(pending, values, strict=True):
+                for uid in groups[gap_index]:
+                    costs.setdefault(uid, value)
+            pending = []
         if index < size:
             for uid in groups[index]:
                 costs.setdefault(uid, upper)
-            lower = max(anchors[index])
+            lower = anchors[index][-1]
 
     for uid in conflicts:
         fixed = current[uid].value
@@ -304,20 +321,26 @@ def label_costs(
     pod's ReplicaSet, ``current`` the costs on the pods now (a pod missing from it gets a
     cost written; ``current_costs`` reads a pod without the annotation as 0, which may stay).
     """
-    _check_order(order)
     costs: dict[PodUID, int] = {}
     # A foreign value outside the band is a person's override (force first or last): kept,
-    # and left out of the fitting, so its group claims no slot.
+    # and left out of the fitting, so its group claims no slot. (The same pass checks the
+    # order, as ``_check_order``.)
+    seen: set[PodUID] = set()
     for group in order:
         for uid in group:
-            cost = current.get(uid, CurrentCost())
+            if uid in seen:
+                raise ValueError(f"pod {uid} appears twice in the order")
+            seen.add(uid)
+            cost = current.get(uid, _NO_COST)
+            value = cost.value
             if (
-                _fixed(cost, overwrite_foreign)
-                and cost.value not in band
-                and cost.value is not None
+                cost.foreign
+                and not overwrite_foreign
+                and value is not None
+                and not band.low <= value <= band.high
             ):
-                costs[uid] = cost.value
-    fitted = [[uid for uid in group if uid not in costs] for group in order]
+                costs[uid] = value
+    fitted = [[uid for uid in group if uid not in costs] for group in order] if costs else order
     conflicts: list[PodUID] = []
     for groups in _by_replicaset(fitted, replicaset_of).values():
         labelled, clashing = _label_replicaset(groups, current, overwrite_foreign, band)
@@ -346,7 +369,7 @@ def dense_costs(
     costs: dict[PodUID, int] = {}
     for index, group in enumerate(order):
         for uid in group:
-            cost = current.get(uid, CurrentCost())
+            cost = current.get(uid, _NO_COST)
             fixed = _fixed(cost, overwrite_foreign) and cost.value is not None
             costs[uid] = cost.value if fixed and cost.value is not None else band.low + index
     return Labelling(costs, _writes(costs, current, overwrite_foreign))
@@ -357,7 +380,7 @@ def _writes(
 ) -> dict[PodUID, int]:
     writes: dict[PodUID, int] = {}
     for uid, value in costs.items():
-        cost = current.get(uid, CurrentCost())
-        if not _fixed(cost, overwrite_foreign) and cost.value != value:
+        cost = current.get(uid, _NO_COST)
+        if cost.value != value and not _fixed(cost, overwrite_foreign):
             writes[uid] = value
     return writes

@@ -52,7 +52,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import InitVar, dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -184,6 +184,13 @@ class Policy:
         object.__setattr__(self, "bound", tuple(bound))
         object.__setattr__(self, "tiers", tuple(tiers))
         object.__setattr__(self, "tier_spans", tuple(spans))
+
+    @cached_property
+    def ranked(self) -> tuple[str, ...]:
+        """The strategies rankers answer for, in policy order: all but the spread strategies,
+        which the combiner levels itself (``combine.answers_needed``). Computed once: the
+        aggregator asks for every answer it reads."""
+        return tuple(bound.name for bound in self.bound if not bound.strategy.spread)
 
     @property
     def names(self) -> tuple[str, ...]:

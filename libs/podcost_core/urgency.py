@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from itertools import groupby
 
 from podcost_core.model import PodUID, Snapshot
-from podcost_core.victims import clockless_key, colocation_ranks, victim_inputs
+from podcost_core.victims import ReplicaSetViews, clockless_key
 
 
 def _first_wrong_in(classes: Sequence[Sequence[int]]) -> int | None:
@@ -56,16 +56,21 @@ def _first_wrong_in(classes: Sequence[Sequence[int]]) -> int | None:
     return None
 
 
-def first_wrong(order: Sequence[Sequence[PodUID]], snapshot: Snapshot) -> int | None:
+def first_wrong(
+    order: Sequence[Sequence[PodUID]],
+    snapshot: Snapshot,
+    views: ReplicaSetViews | None = None,
+) -> int | None:
     """The smallest scale-in (pods of one ReplicaSet) that, with the costs on ``snapshot``'s pods
-    now, may delete a pod ``order`` keeps; ``None`` when every scale-in follows the order."""
+    now, may delete a pod ``order`` keeps; ``None`` when every scale-in follows the order.
+    ``views``: ``snapshot``'s, when the caller has them already."""
+    views = ReplicaSetViews.of(snapshot, views)
     group_of = {uid: index for index, group in enumerate(order) for uid in group}
     replicasets = sorted({pod.replicaset for pod in snapshot.pods if pod.uid in group_of
                           and pod.replicaset is not None})  # fmt: skip
     found: int | None = None
     for replicaset in replicasets:
-        pods, related = victim_inputs(snapshot, replicaset)
-        ranks = colocation_ranks(pods, related)
+        pods, ranks = views(replicaset)
         keyed = sorted(
             (clockless_key(pod, ranks[pod.uid]), group_of[pod.uid])
             for pod in pods

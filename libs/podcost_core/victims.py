@@ -369,6 +369,33 @@ def victim_inputs(snapshot: Snapshot, replicaset: str) -> tuple[list[Pod], list[
     return pods, related
 
 
+class ReplicaSetViews:
+    """Per ReplicaSet of one snapshot, what the controller's victim selection reads: its
+    filtered pods (:func:`victim_inputs`) and their :func:`colocation_ranks`, each computed on
+    first use and kept. A decision reads them twice (``implied.drop_implied`` and
+    ``urgency.first_wrong``): the aggregator passes both the same views."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self._views: dict[str, tuple[list[Pod], dict[PodUID, int]]] = {}
+
+    @classmethod
+    def of(cls, snapshot: Snapshot, views: ReplicaSetViews | None) -> ReplicaSetViews:
+        """``views`` when they are ``snapshot``'s, else new views of ``snapshot`` (a decision
+        copied with another snapshot does not read the first one's)."""
+        if views is not None and views.snapshot is snapshot:
+            return views
+        return cls(snapshot)
+
+    def __call__(self, replicaset: str) -> tuple[list[Pod], dict[PodUID, int]]:
+        """The filtered pods of ``replicaset`` and their co-location ranks."""
+        view = self._views.get(replicaset)
+        if view is None:
+            pods, related = victim_inputs(self.snapshot, replicaset)
+            view = self._views[replicaset] = (pods, colocation_ranks(pods, related))
+        return view
+
+
 # --- the choice -----------------------------------------------------------------------------
 
 

@@ -148,44 +148,53 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
     """``desired_costs(decision, emitted_at=...).model_dump_json()``, built without the
     message's models: the same bytes (the unit tests compare them), at a fraction of the cost of
     one model per pod and strategy, which was most of deciding. Valid for the same reasons as
-    :func:`desired_costs` (the core builds decisions consistent with the message's checks)."""
+    :func:`desired_costs` (the core builds decisions consistent with the message's checks).
+
+    Assembled from JSON fragments rather than serialized as one tree of dicts: a dict per pod
+    and strategy term was most of the cost again (pydantic serializes a small dict slower than
+    its values). Every string and float is still written by pydantic's ``to_json`` (its
+    escaping, its float format): only the fixed keys, the punctuation and the ints of the terms
+    (normalized scores, weights, tiers) are written here."""
     combined = decision.combined
     by_uid = {pod.uid: pod for pod in decision.snapshot.pods}
     costs = decision.labelling.costs
     current = decision.current
     normalized = combined.normalized
-    # Per strategy of the breakdown, its term of every ranked pod (aligned with ``uids``).
-    columns = [
-        (bound.name, _terms(bound.weight, bound.spec.tier, normalized[bound.name],
-                            combined.raw[bound.name]))
-        for bound in combined.policy.bound
-        if bound.name in normalized
-    ]  # fmt: skip
-    pods = []
     ranks = combined.ranks
     uids = combined.uids
-    for index in sorted(range(len(uids)), key=lambda index: ranks[uids[index]]):
-        uid = uids[index]
-        pod = by_uid[uid]
-        now = current.get(uid)
-        pods.append(
-            {
-                "namespace": pod.namespace,
-                "name": pod.name,
-                "uid": uid,
-                "cost": costs[uid],
-                "previous": None if now is None else now.value,
-                "breakdown": {name: terms[index] for name, terms in columns},
-            }
-        )
     changed_at = decision.changed_at
     try:
-        return to_json(
+        # A pod's JSON is its fields, then its breakdown: a template with each strategy's
+        # normalized score and raw score left out, filled per pod from columns aligned with
+        # ``uids`` (zipped into one row per pod).
+        terms: list[bytes] = []
+        columns: list[Sequence[int] | list[bytes]] = []
+        for bound in combined.policy.bound:
+            if bound.name in normalized:
+                name = to_json(bound.name).replace(b"%", b"%%")
+                terms.append(b'%s:{"normalized":%%d,"weight":%d,"tier":%d,"raw":%%s}'
+                             % (name, bound.weight, bound.spec.tier))  # fmt: skip
+                columns += (normalized[bound.name], _floats_json(combined.raw[bound.name]))
+        template = b'%%s,"breakdown":{%s}}' % b",".join(terms)
+        rows = list(zip(*columns, strict=True)) if columns else [()] * len(uids)
+        pods = []
+        for index in sorted(range(len(uids)), key=lambda index: ranks[uids[index]]):
+            uid = uids[index]
+            pod = by_uid[uid]
+            now = current.get(uid)
+            fields = to_json(
+                {
+                    "namespace": pod.namespace,
+                    "name": pod.name,
+                    "uid": uid,
+                    "cost": costs[uid],
+                    "previous": None if now is None else now.value,
+                }
+            )
+            pods.append(template % (fields[:-1], *rows[index]))
+        head = to_json({"schema_version": 1, "key": decision.key, "version": decision.version})
+        tail = to_json(
             {
-                "schema_version": 1,
-                "key": decision.key,
-                "version": decision.version,
-                "costs": pods,
                 "complete": decision.complete,
                 "missing": decision.missing,
                 "emitted_at": float(emitted_at),
@@ -196,16 +205,15 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
     except PydanticSerializationError as error:  # text that is not Unicode (a lone surrogate)
         kind = DesiredCostsMessage.KIND
         raise EncodeError(f"the {kind} message cannot be encoded: {error}") from error
+    return b'%s,"costs":[%s],%s' % (head[:-1], b",".join(pods), tail[1:])
 
 
-def _terms(
-    weight: int, tier: int, normalized: Sequence[int], raw: Sequence[float]
-) -> list[dict[str, float]]:
-    """One strategy's ``StrategyTerm`` of every pod, as JSON-ready dicts."""
-    return [
-        {"normalized": value, "weight": weight, "tier": tier, "raw": float(score)}
-        for value, score in zip(normalized, raw, strict=True)
-    ]
+def _floats_json(values: Sequence[float]) -> list[bytes]:
+    """Each value's JSON as a float, as pydantic writes it: one ``to_json`` for all of them (a
+    float's JSON never holds a comma)."""
+    if not values:
+        return []
+    return to_json([float(value) for value in values])[1:-1].split(b",")
 
 
 @dataclass(slots=True)
@@ -275,6 +283,8 @@ class AggregationProcessor:
         self._ok: dict[str, Any] = {}
         self._costs_topics: set[str] = set()
         """The per-cluster costs topics this process has made sure exist."""
+        self._topic_of: dict[str, str] = {}
+        """The costs topic of each cluster met (:meth:`_costs_topic`)."""
         self._received: dict[str, _Received] = {}
         """The snapshot records accepted since the last flush, by workload key."""
         self._storable: dict[str, _Received] = {}
@@ -530,8 +540,13 @@ class AggregationProcessor:
     def _costs_topic(self, key: str) -> str:
         """The costs topic of ``key``'s cluster (``Topics.costs_for``); :meth:`flush` creates
         it the first time this process publishes to it, so a new cluster of the fleet needs no
-        set-up here."""
-        return self.topics.costs_for(WorkloadKey.parse(key).cluster)
+        set-up here. Kept per cluster (the key's first part; keys come from decoded, so valid,
+        messages): parsing and checking the names again cost as much for every decision."""
+        cluster = key.partition("/")[0]
+        topic = self._topic_of.get(cluster)
+        if topic is None:
+            topic = self._topic_of[cluster] = self.topics.costs_for(WorkloadKey.parse(key).cluster)
+        return topic
 
     async def _ensure_costs_topics(self, queued: list[_Outgoing]) -> None:
         costs = [item for item in queued if item.decision is not None or item.release is not None]

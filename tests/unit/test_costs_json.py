@@ -1,0 +1,82 @@
+"""The aggregator's costs JSON (``desired_costs_json``), assembled from fragments, is byte for byte
+the message's own dump, whatever text and floats it carries."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from tests.support.snapshots import snapshot as deployment
+
+from podcost.aggregator.processor import desired_costs, desired_costs_json
+from podcost_contracts.messages import EncodeError
+from podcost_core.aggregate import Aggregator, Decision, WorkloadState
+from podcost_core.combine import answers_needed
+from podcost_core.model import Phase
+
+#: Text JSON escapes or that a template would read: quotes, backslashes, control characters,
+#: percent signs, non-ASCII, and what separates the fragments.
+ODD = ['a"b', "back\\slash", "tab\tnew\nline", "%s%d%%", 'x},{"namespace":"y', "\x00\x1f", "ü€😀"]
+#: Floats whose JSON format differs between writers (exponents, signed zero, long fractions).
+FLOATS = [0.0, -0.0, 1e-7, 1e-5, 1e16, 1e22, 1.5e300, 123456789.123, 2.0**53, 0.1, 1 / 3]
+
+
+def decide(pods: int = 7, *, active: bool = True) -> Decision:
+    """A complete decision of the default policy (a spread strategy too) for one Deployment."""
+    aggregator = Aggregator()
+    snapshot = replace(
+        deployment("web", pods=pods, nodes=3), annotations={"podcost.dev/enabled": "true"}
+    )
+    if not active:
+        snapshot = replace(
+            snapshot, pods=tuple(replace(p, phase=Phase.SUCCEEDED) for p in snapshot.pods)
+        )
+    policy = aggregator.policies.of(snapshot)
+    state = aggregator.on_snapshot(
+        WorkloadState(snapshot.workload.key), snapshot, emitted_at=1.0, now=1.0
+    ).state
+    for bound in policy.bound:
+        if bound.name in answers_needed(policy):
+            scores = bound.strategy.score(snapshot, bound.args)
+            state = aggregator.on_ranks(
+                state, strategy=bound.name, version=snapshot.version, scores=scores, now=1.0
+            ).state
+    _, decision = aggregator.due(state, 1.0)
+    assert decision is not None
+    return decision
+
+
+def odd(decision: Decision) -> Decision:
+    """``decision`` with odd pod names and namespaces, and odd raw scores."""
+    pods = tuple(
+        replace(pod, namespace=ODD[index % len(ODD)], name=ODD[(index + 3) % len(ODD)] + pod.name)
+        for index, pod in enumerate(decision.snapshot.pods)
+    )
+    raw = {
+        name: [FLOATS[(index + offset) % len(FLOATS)] for index in range(len(values))]
+        for offset, (name, values) in enumerate(decision.combined.raw.items())
+    }
+    return replace(decision, snapshot=replace(decision.snapshot, pods=pods),
+                   combined=replace(decision.combined, raw=raw), changed_at=1e-9)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [decide(), odd(decide()), decide(1), decide(3, active=False)],
+    ids=["plain", "odd", "one-pod", "no-pod-ranked"],
+)
+@pytest.mark.parametrize("emitted_at", [1.0, 1_732_000_000.123456, 0])
+def test_the_assembled_json_is_the_message_s_own_dump(
+    decision: Decision, emitted_at: float
+) -> None:
+    expected = desired_costs(decision, emitted_at=emitted_at).model_dump_json().encode()
+    assert desired_costs_json(decision, emitted_at=emitted_at) == expected
+
+
+def test_text_that_is_not_unicode_cannot_be_encoded() -> None:
+    decision = decide()
+    pods = tuple(replace(pod, name="x\udfff") for pod in decision.snapshot.pods)
+    with pytest.raises(EncodeError):
+        desired_costs_json(
+            replace(decision, snapshot=replace(decision.snapshot, pods=pods)), emitted_at=1.0
+        )
