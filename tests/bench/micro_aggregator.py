@@ -2,11 +2,11 @@
 
 A script, not a test (``python -m tests.bench.micro_aggregator [N] [--nogc] [--prof
 [tottime|cumulative]]``). It builds ``bench_aggregator``'s ``N`` workloads (25 pods) and every
-ranked strategy's answer as records, then calls ``AggregationProcessor.on_record`` on each
-(snapshots first, then answers), so every workload is decided once, completely: decoding, the
-core's transitions and decision, the span and the encoded costs. The queued costs are dropped,
-never sent. ``--nogc`` disables the garbage collector (steadier numbers); ``--prof`` prints
-cProfile stats.
+ranked strategy's answer as records (in rankers' batches of 100 answers, as ``bench_aggregator``
+publishes them), then runs ``AggregationProcessor.split`` and ``on_record`` on each (snapshots
+first, then answers), so every workload is decided once, completely: decoding, the core's
+transitions and decision, the span and the encoded costs. The queued costs are dropped, never sent.
+``--nogc`` disables the garbage collector (steadier numbers); ``--prof`` prints cProfile stats.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.bench.bench_aggregator import answers, workloads
+from tests.bench.bench_aggregator import answers, batched, workloads
 
 from podcost.aggregator.processor import AggregationProcessor
 from podcost.runtime.clock import WallClock
@@ -35,7 +35,8 @@ from podcost_core.strategies.registry import default_registry
 
 
 def records(count: int) -> list[Record]:
-    """The snapshot records of ``count`` workloads, then every answer's record."""
+    """The snapshot records of ``count`` workloads, then the rankers' records of their
+    answers."""
     topics = BusSettings().topics
     snapshots = workloads(count, 25)
     out: list[Record] = []
@@ -45,8 +46,8 @@ def records(count: int) -> list[Record]:
         encoded = encode(message, trace=trace)
         out.append(Record(topics.workloads, 0, len(out), encoded.key, encoded.value,
                           encoded.headers))  # fmt: skip
-    for answer in answers(snapshots):
-        encoded = encode(answer)
+    for batch in batched(answers(snapshots), 100, 1):
+        encoded = encode(batch)
         out.append(Record(topics.ranks, 0, len(out), encoded.key, encoded.value,
                           encoded.headers))  # fmt: skip
     return out
@@ -72,9 +73,10 @@ def main() -> None:
     if profile is not None:
         profile.enable()
     for record in backlog:
-        new = processor.on_record(record, states.get(record.key))
-        if isinstance(new, WorkloadState):
-            states[record.key] = new
+        for key, step in processor.split(record):
+            new = processor.on_record(step, states.get(key))
+            if isinstance(new, WorkloadState):
+                states[key] = new
     if profile is not None:
         profile.disable()
     used = time.process_time() - started
