@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from podcost.aggregator.processor import AggregationProcessor
 from podcost.aggregator.settings import AggregatorSettings
 from podcost.runtime.clock import Clock, WallClock
-from podcost.runtime.heap import settle_heap
+from podcost.runtime.heap import HeapKeeper, settle_heap
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import tracer
@@ -69,12 +69,16 @@ class AggregatorService:
         bus: Bus,
         topics: Topics,
         metrics: Metrics,
+        keeper: HeapKeeper | None = None,
     ) -> None:
         self.processor = processor
         self.transport = transport
         self.bus = bus
         self.topics = topics
         self.metrics = metrics
+        self.keeper = keeper
+        """Keeps the states out of the collector's passes once settled (``None``: the heap is
+        settled once; embedded mode, whose process also holds the watcher's cache)."""
 
     def ready(self) -> bool:
         return self.transport.ready()
@@ -98,6 +102,8 @@ class AggregatorService:
                 # The states recovered so far are the long-lived heap (``settle_heap``).
                 settle_heap()
                 settled = True
+            elif settled and self.keeper is not None:
+                self.keeper.tick()  # and so are the states decided since
             started = time.monotonic()
             try:
                 lags = await self.transport.lag()
@@ -179,7 +185,14 @@ def bootstrap(
             bus, sources, config.app_id, processor, tick_s=config.tick_s, sleep=clock.sleep
         )
     return AggregatorService(
-        processor=processor, transport=transport, bus=bus, topics=topics, metrics=metrics
+        processor=processor,
+        transport=transport,
+        bus=bus,
+        topics=topics,
+        metrics=metrics,
+        # Over the in-memory bus the process is `podcost run`'s, whose heap is mostly the
+        # watcher's cache: a full pass over it every few minutes is what settling it avoids.
+        keeper=None if isinstance(bus, MemoryBus) else HeapKeeper(),
     )
 
 
