@@ -11,6 +11,8 @@ a second, which an embedded ``podcost run`` (the in-process bus) does not pay.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from podcost_bus.memory import MemoryBus, MemoryConsumer
@@ -44,6 +46,7 @@ __all__ = [
     "TopicPartition",
     "dead_letter",
     "decode_or_dead_letter",
+    "key_partitioner",
     "open_bus",
     "publish_message",
 ]
@@ -57,6 +60,25 @@ def open_bus(settings: BusSettings) -> Bus:
 
         return KafkaBus(settings)
     return MemoryBus(partitions=settings.partitions)
+
+
+def key_partitioner(bus: Bus, settings: BusSettings) -> Callable[[bytes], int]:
+    """The partition ``bus`` gives a record keyed by the argument, in the topics podcost
+    creates (all have ``settings.partitions``): where a workload's snapshots are, and where a
+    ranker's batch of answers must go for the aggregator holding those workloads to read it."""
+    if isinstance(bus, MemoryBus):
+        return bus.partition_of
+    from podcost_bus.kafka import key_partition
+
+    partitions = settings.partitions
+
+    # Cached: asked for every answer, murmur2 is pure Python (about 10 us), and the keys are
+    # the fleet's workloads.
+    @functools.lru_cache(maxsize=65536)
+    def partition_of(key: bytes) -> int:
+        return key_partition(key, partitions)
+
+    return partition_of
 
 
 def __getattr__(name: str) -> Any:

@@ -383,11 +383,11 @@ class RankedWorkload(BaseModel):
 class StrategyRanksBatchMessage(Message):
     """One strategy's answers for several workloads of one partition (topic ``ranks``).
 
-    What a ranker publishes: one record per partition of the workloads topic it read snapshots
-    from, holding its answers to them in the order it read them, instead of a record per
-    answer. Keyed by its first answer's workload, so the record lands in the partition of the
-    ranks topic that has the number of the snapshots' partition (both topics have as many
-    partitions), where the aggregator that holds those workloads reads it. The aggregator
+    What a ranker publishes: per partition of the workloads it answered (the partition of the
+    workloads topic their snapshots are on), one record holding its answers to them in the
+    order it read them, instead of a record per answer. Keyed by its first answer's workload, so
+    the record lands in the partition of the ranks topic of that number (both topics have as
+    many partitions), where the aggregator that holds those workloads reads it. The aggregator
     dead-letters a batch any of whose answers is of a workload another partition holds.
     """
 

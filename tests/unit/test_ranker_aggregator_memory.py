@@ -15,7 +15,14 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from tests.support.clock import FakeClock
-from tests.support.pipeline import AnswersReader, Reader, eventually, expected_costs, running
+from tests.support.pipeline import (
+    AnswersReader,
+    Reader,
+    answers_of,
+    eventually,
+    expected_costs,
+    running,
+)
 from tests.support.snapshots import CLUSTER
 from tests.support.snapshots import snapshot as deployment
 from tests.support.tasks import leak_check
@@ -37,7 +44,7 @@ from podcost.runtime.telemetry import (
     SPAN_COMBINE,
     SPAN_STRATEGY,
 )
-from podcost_bus import BusSettings, MemoryBus, publish_message
+from podcost_bus import BusSettings, MemoryBus, Record, publish_message
 from podcost_bus.keyed import KeyedConsumerLoop
 from podcost_contracts.messages import (
     TRACEPARENT,
@@ -50,6 +57,7 @@ from podcost_contracts.messages import (
     WorkloadSnapshotMessage,
     decode,
     decode_costs_record,
+    encode,
 )
 from podcost_core.aggregate import WorkloadState
 from podcost_core.model import PodUID, Snapshot
@@ -316,6 +324,31 @@ async def test_a_ranker_answers_many_workloads_in_a_record_per_partition_and_eac
         assert len(batch.answers) <= BATCH_MAX_ANSWERS
         assert {partition_of[answer.key] for answer in batch.answers} == {record.partition}
     assert max(partition_of.values()) > 0  # the workloads are spread over the partitions
+
+
+async def test_the_answer_to_a_misrouted_snapshot_goes_to_its_workloads_partition(
+    world: World,
+) -> None:
+    # A snapshot on a partition its key does not hash to (not what the watcher publishes): its
+    # answer goes where its workload's state is, and does not take the partition's other
+    # answers there with it.
+    other = replace(deployment("neighbour", pods=3, nodes=3), annotations=ANNOTATIONS)
+    home = world.bus.partition_of(SNAPSHOT.workload.key.encode())
+    there = world.bus.partition_of(other.workload.key.encode())
+    wrong = next(partition for partition in range(3) if partition != home)
+    records = []
+    for item, partition in ((other, there), (SNAPSHOT, wrong)):
+        encoded = encode(WorkloadSnapshotMessage.of(item, emitted_at=START))
+        records.append(Record(TOPICS.workloads, partition, 0, encoded.key, encoded.value,
+                              encoded.headers))  # fmt: skip
+    await world.ranker(AGE).process(records)
+
+    landed = {
+        answer.key: record.partition
+        for record in world.bus.records(TOPICS.ranks)
+        for answer in answers_of(record)
+    }
+    assert landed == {SNAPSHOT.workload.key: home, other.workload.key: there}
 
 
 async def test_a_batch_of_answers_with_a_workload_of_another_partition_is_dead_lettered(

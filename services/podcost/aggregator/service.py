@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
-from collections.abc import Callable
 from typing import Protocol
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -33,7 +31,15 @@ from podcost.runtime.heap import HeapKeeper, settle_heap
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import tracer
-from podcost_bus import Bus, BusError, BusSettings, MemoryBus, TopicPartition, open_bus
+from podcost_bus import (
+    Bus,
+    BusError,
+    BusSettings,
+    MemoryBus,
+    TopicPartition,
+    key_partitioner,
+    open_bus,
+)
 from podcost_bus.keyed import KeyedConsumerLoop
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import AggregationConfig, Aggregator, PolicyResolver
@@ -156,7 +162,7 @@ def bootstrap(
         metrics=metrics,
         tracer=tracer(tracer_provider),
         clock=clock,
-        partition_of=_partition_of(bus, bus_settings),
+        partition_of=key_partitioner(bus, bus_settings),
     )
     sources = (topics.workloads, topics.ranks)
     transport: Transport
@@ -195,25 +201,6 @@ def bootstrap(
         # watcher's cache: a full pass over it every few minutes is what settling it avoids.
         keeper=None if isinstance(bus, MemoryBus) else HeapKeeper(),
     )
-
-
-def _partition_of(bus: Bus, bus_settings: BusSettings) -> Callable[[bytes], int]:
-    """Which partition of the source topics the bus puts a key in (a ranker's batch must hold
-    only workloads of its own partition)."""
-    if isinstance(bus, MemoryBus):
-        return bus.partition_of
-    # Imported here, like the faust app: aiokafka is imports embedded mode never uses.
-    from podcost_bus.kafka import key_partition
-
-    partitions = bus_settings.partitions
-
-    # Cached: every answer of a batch asks, murmur2 is pure Python (about 10 us), and the keys
-    # are the fleet's workloads.
-    @functools.lru_cache(maxsize=65536)
-    def partition_of(key: bytes) -> int:
-        return key_partition(key, partitions)
-
-    return partition_of
 
 
 def _own_bus_settings(bus_settings: BusSettings) -> BusSettings:

@@ -12,9 +12,10 @@ dead-letter topic with the reason, and the ranker goes on), resolve the workload
 annotations over the cluster default, with the aggregator's own resolver so both agree), and if
 the policy needs this strategy's answer, run the strategy in a span (``podcost.strategy``, a
 child of the snapshot's trace) and the ``strategy_duration`` histogram. The raw scores for each
-snapshot version go out together: per partition of the workloads topic the batch read, one
-``StrategyRanksBatchMessage`` with its answers in the order read (several if they do not fit in
-one), keyed by its first workload so it lands in the ranks topic's partition of the same number,
+snapshot version go out together: per partition of the answered workloads (where the bus puts
+their key, ``podcost_bus.key_partitioner``: the partition their snapshots are on), one
+``StrategyRanksBatchMessage`` with their answers in the order read (several if they do not fit
+in one), keyed by its first workload so it lands in the ranks topic's partition of that number,
 where the aggregator holding those workloads reads it. A record per answer was most of what the
 aggregator spent on each decision in faust's per-record path. The batch's offsets are committed
 only once every answer is acknowledged (at least once: a ranker that dies before re-reads and
@@ -29,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +55,16 @@ from podcost.runtime.telemetry import (
     inject,
     tracer,
 )
-from podcost_bus import Bus, BusError, BusSettings, Consumer, Delivery, Record, open_bus
+from podcost_bus import (
+    Bus,
+    BusError,
+    BusSettings,
+    Consumer,
+    Delivery,
+    Record,
+    key_partitioner,
+    open_bus,
+)
 from podcost_bus.messaging import dead_letter
 from podcost_contracts.messages import (
     DecodeError,
@@ -125,8 +135,13 @@ class RankerService:
         poll_s: float = 1.0,
         backoff: Backoff = DEFAULT_BACKOFF,
         group: str | None = None,
+        partition_of: Callable[[bytes], int] | None = None,
     ) -> None:
         self.strategy = strategy
+        self.partition_of = partition_of if partition_of is not None else (lambda key: 0)
+        """The partition the bus gives a workload's key (``podcost_bus.key_partitioner``): the
+        answers of one partition's workloads share a record. By default every answer of a poll
+        in one record (a bus of one partition)."""
         self.name = f"ranker-{strategy.name}"
         self.group = group if group is not None else group_of(strategy.name)
         self.policies = policies
@@ -185,12 +200,14 @@ class RankerService:
             await self._settle(batch, acked)
 
     async def _batches(self, answers: list[_Answer]) -> list[_Batch]:
-        """The records that carry ``answers``: per partition the snapshots came from, their
-        answers in the order read, in as few records as fit (:data:`BATCH_MAX_ANSWERS`,
+        """The records that carry ``answers``: per partition of their workloads (where their
+        snapshots are, unless one was misrouted: its answer still goes where its workload's
+        state is), in the order read, in as few records as fit (:data:`BATCH_MAX_ANSWERS`,
         :data:`BATCH_MAX_BYTES`, and never more than one record may hold)."""
         by_partition: dict[int, list[_Answer]] = {}
         for answer in answers:
-            by_partition.setdefault(answer.record.partition, []).append(answer)
+            partition = self.partition_of(answer.ranked.key.encode())
+            by_partition.setdefault(partition, []).append(answer)
         batches = []
         for group in by_partition.values():
             chunk: list[_Answer] = []
@@ -390,13 +407,15 @@ def bootstrap(
             "%s is a spread strategy: the aggregator levels it, this ranker publishes nothing",
             strategy,
         )
+    bus = bus if bus is not None else open_bus(bus_settings)
     return RankerService(
         found,
         policies=PolicyResolver(default, registry=registry),
-        bus=bus if bus is not None else open_bus(bus_settings),
+        bus=bus,
         topics=bus_settings.topics,
         metrics=Metrics(f"ranker-{strategy}"),
         tracer=tracer(tracer_provider),
         clock=clock if clock is not None else WallClock(),
         group=config.group_for(found.name),
+        partition_of=key_partitioner(bus, bus_settings),
     )
