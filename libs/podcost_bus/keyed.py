@@ -71,9 +71,9 @@ class KeyedProcessor(Protocol[S]):
         """The steps ``record`` makes, in order: per step, the key whose state it changes and
         what :meth:`on_record` is given for it. A record of one key is one step (often
         ``(record.key, record)``); one that carries several keys' data (a ranker's batch of
-        answers) is one step per key, all of keys read from the record's partition. A record
-        that cannot be decoded is the processor's to dead-letter: no step. Raising means the
-        record cannot be processed and stops the transport."""
+        answers) is one step per key, every key one of the record's partition. A record that
+        cannot be decoded is the processor's to dead-letter: no step. Raising means the record
+        cannot be processed and stops the transport."""
         ...
 
     def on_record(self, step: Any, state: S | None) -> S | Drop | None:
@@ -165,6 +165,7 @@ async def process_batch(
     pacer = _Pacer()
     for record in records:
         for key, step in processor.split(record):
+            await pacer.pace()  # per step: a ranker's batch is up to 100 of them
             if key in states:
                 current = states[key]
                 state = None if current is DROP else current
@@ -178,7 +179,6 @@ async def process_batch(
                 batch.replaced.add(key)
             if new is not None:
                 states[key] = new
-        await pacer.pace()
     await processor.flush()
     return batch
 
