@@ -394,14 +394,22 @@ async def test_a_workload_whose_policy_is_invalid_is_dead_lettered_with_the_culp
     world: World,
 ) -> None:
     bad = replace(SNAPSHOT, annotations={"podcost.dev/strategies": "age=0"})
+    combiner = world.aggregator()
     async with (
-        running(world.ranker(AGE), world.aggregator()),
+        running(world.ranker(AGE), combiner),
         Reader(world.bus, TOPICS.deadletter, DeadLetter) as dead,
     ):
         await world.publish(bad)
         letters = await dead.take(2)
     assert {letter.error for letter in letters} == {"PolicyError"}
     assert all("weight must be an integer >= 1" in letter.reason for letter in letters)
+    # Counted once, as dead-lettered (the lag a benchmark derives from the counts stays true).
+    outcomes = {
+        outcome: counted(combiner, "podcost_messages_consumed_total", topic=TOPICS.workloads,
+                         outcome=outcome)
+        for outcome in ("ok", "dead_letter")
+    }  # fmt: skip
+    assert outcomes == {"ok": 0, "dead_letter": 1}
 
 
 async def test_a_ranker_restarted_before_committing_ranks_again_and_the_decision_is_unchanged(

@@ -313,8 +313,7 @@ class AggregationProcessor:
         except DecodeError as error:
             self._dead_letter(record, error.reason, error)
             return []
-        self._consumed_ok(record.topic).inc()
-        return [(record.key, _Step(record, message))]
+        return [(record.key, _Step(record, message))]  # counted consumed once processed
 
     def _split_batch(
         self, record: Record, batch: StrategyRanksBatchMessage
@@ -324,7 +323,8 @@ class AggregationProcessor:
             key = answer.key.encode()
             if self.partition_of is not None and self.partition_of(key) != record.partition:
                 # Its workload's state is another partition's, perhaps another aggregator's:
-                # a ranker that groups its answers by the snapshots' partition never sends it.
+                # a ranker, which groups its answers by their workload's partition, never
+                # sends it.
                 reason = (
                     f"the batch answers {answer.key!r}, a workload of partition "
                     f"{self.partition_of(key)}, on partition {record.partition}"
@@ -332,7 +332,7 @@ class AggregationProcessor:
                 self._dead_letter(record, reason, None)
                 return []
             steps.append((key, _Step(record, answer, batch.strategy)))
-        self._consumed_ok(record.topic).inc()
+        self._consumed_ok(record.topic).inc()  # the record (its answers are its steps)
         return steps
 
     def on_record(self, step: _Step, state: WorkloadState | None) -> WorkloadState | Drop | None:
@@ -366,6 +366,8 @@ class AggregationProcessor:
                 scores=message.scores,
                 now=now,
             )
+        if not isinstance(message, RankedWorkload):  # a batch was counted as it was split
+            self._consumed_ok(record.topic).inc()
         log.debug("%s v%d from %s: %s", message.key, message.version, record.topic,
                   transition.outcome)  # fmt: skip
         new = self._decide(transition.state, now, started, record)
@@ -374,6 +376,7 @@ class AggregationProcessor:
     def _gone(
         self, record: Record, message: WorkloadGoneMessage, state: WorkloadState | None
     ) -> Drop | None:
+        self._consumed_ok(record.topic).inc()
         outcome = (
             Outcome.ACCEPTED
             if state is None
