@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from importlib.metadata import EntryPoint
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
@@ -30,6 +31,7 @@ from tests.support.tasks import leak_check
 from podcost import aggregator, ranker
 from podcost.aggregator import AggregatorService, AggregatorSettings
 from podcost.ranker import RankerService, RankerSettings, group_of
+from podcost.ranker import service as ranker_service
 from podcost.ranker.service import BATCH_MAX_ANSWERS
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
@@ -50,6 +52,8 @@ from podcost_contracts.messages import (
     TRACEPARENT,
     DeadLetter,
     DesiredCostsMessage,
+    Encoded,
+    MessageTooLarge,
     RankedWorkload,
     ReleaseCostsMessage,
     StrategyRanksBatchMessage,
@@ -349,6 +353,43 @@ async def test_the_answer_to_a_misrouted_snapshot_goes_to_its_workloads_partitio
         for answer in answers_of(record)
     }
     assert landed == {SNAPSHOT.workload.key: home, other.workload.key: there}
+
+
+async def test_a_batch_that_does_not_fit_is_halved_and_an_answer_too_large_alone_dead_lettered(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Records of any size would take huge workloads to make: the encoding stands in for it,
+    # refusing a batch of more than two answers and any holding the "huge" workload's.
+    items = [
+        replace(deployment(name, pods=2, nodes=2), annotations=ANNOTATIONS)
+        for name in ("a", "b", "huge", "c", "d")
+    ]
+    huge = items[2].workload.key
+
+    def sized(message: Any, **kwargs: Any) -> Encoded:
+        answers = message.answers
+        if len(answers) > 2 or any(answer.key == huge for answer in answers):
+            raise MessageTooLarge(message.KIND, 2_000_000, 1_000_000)
+        return encode(message, **kwargs)
+
+    monkeypatch.setattr(ranker_service, "encode", sized)
+    records = []
+    for item in items:
+        encoded = encode(WorkloadSnapshotMessage.of(item, emitted_at=START))
+        partition = world.bus.partition_of(encoded.key or b"")
+        records.append(Record(TOPICS.workloads, partition, 0, encoded.key, encoded.value,
+                              encoded.headers))  # fmt: skip
+    async with Reader(world.bus, TOPICS.deadletter, DeadLetter) as dead:
+        await world.ranker(AGE).process(records)
+        [letter] = await dead.take(1)
+    answered = [answer.key for record in world.bus.records(TOPICS.ranks)
+                for answer in answers_of(record)]  # fmt: skip
+    assert sorted(answered) == sorted(
+        item.workload.key for item in items if item.workload.key != huge
+    )
+    assert all(len(answers_of(record)) <= 2 for record in world.bus.records(TOPICS.ranks))
+    assert letter.key == huge
+    assert letter.reason.startswith("the ranks do not fit in a record")
 
 
 async def test_a_batch_of_answers_with_a_workload_of_another_partition_is_dead_lettered(

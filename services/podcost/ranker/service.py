@@ -69,6 +69,7 @@ from podcost_bus.messaging import dead_letter
 from podcost_contracts.messages import (
     DecodeError,
     Encoded,
+    EncodeError,
     MessageTooLarge,
     RankedWorkload,
     StrategyRanksBatchMessage,
@@ -225,7 +226,8 @@ class RankerService:
 
     async def _encoded(self, chunk: list[_Answer]) -> list[_Batch]:
         """``chunk`` as one record, or as several if it does not fit in one; an answer that
-        does not fit in a record by itself dead-letters its snapshot's record."""
+        does not fit in a record by itself (or cannot be encoded) dead-letters its snapshot's
+        record, and the others still go out."""
         message = StrategyRanksBatchMessage.model_construct(
             schema_version=1,
             strategy=self.strategy.name,
@@ -234,10 +236,11 @@ class RankerService:
         )
         try:
             return [_Batch(tuple(answer.record for answer in chunk), encode(message))]
-        except MessageTooLarge as error:
+        except EncodeError as error:  # too large (MessageTooLarge), or text that is not Unicode
             if len(chunk) == 1:
-                reason = f"the ranks do not fit in a record: {error}"
-                await self._dead_letter(chunk[0].record, reason, error)
+                too_large = isinstance(error, MessageTooLarge)
+                what = "do not fit in a record" if too_large else "cannot be encoded"
+                await self._dead_letter(chunk[0].record, f"the ranks {what}: {error}", error)
                 return []
             half = len(chunk) // 2
             return [*await self._encoded(chunk[:half]), *await self._encoded(chunk[half:])]
