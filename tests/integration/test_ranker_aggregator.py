@@ -7,6 +7,7 @@ groups and a faust app id of its own."""
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -119,6 +120,9 @@ async def test_a_snapshot_goes_through_kafka_rankers_and_the_faust_aggregator_to
     ):
         await kafka.publish()
         [decision] = await costs.take(1)
+        # Over Kafka its heap keeper takes the collection over once settled ...
+        await eventually(lambda: not gc.isenabled(), "the heap keeper's first tick")
+    assert gc.isenabled()  # ... and gives it back when the service stops
 
     assert decision.complete
     assert decision.version == SNAPSHOT.version

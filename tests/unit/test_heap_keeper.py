@@ -21,7 +21,8 @@ class Node:
 @pytest.fixture(autouse=True)
 def unfrozen() -> Iterator[None]:
     yield
-    gc.unfreeze()  # the test process's collector as it was
+    gc.unfreeze()  # the test process's collector as it was: nothing frozen, collecting
+    gc.enable()
 
 
 def test_a_tick_freezes_what_survived_and_only_the_full_pass_frees_a_frozen_cycle() -> None:
@@ -47,6 +48,9 @@ def test_a_tick_freezes_what_survived_and_only_the_full_pass_frees_a_frozen_cycl
     assert gone() is None
     assert gc.get_freeze_count() > 0  # and what survived frozen again
     assert kept.other is None
+    assert not gc.isenabled()  # no automatic pass in between
+    keeper.stop()  # the service stopped: the process collects again
+    assert gc.isenabled()
 
 
 def test_refcounting_still_frees_what_a_tick_froze() -> None:

@@ -100,6 +100,8 @@ class AggregatorService:
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reporter
+            if self.keeper is not None:
+                self.keeper.stop()  # the process may go on without it (tests, `run --kafka`)
 
     async def _report_lag(self) -> None:
         settled = False

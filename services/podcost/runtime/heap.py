@@ -1,8 +1,9 @@
 """The cyclic garbage collector's settings for a service that keeps a large heap for long.
 
 The watcher (its informer cache) and the aggregator (every workload's state) call
-:func:`settle_heap` once that heap is built: what lives as long as the process leaves the
-collector's passes (``gc.freeze``), and the youngest generation is collected less often.
+:func:`settle_heap` once that heap is built (the aggregator over Kafka then keeps it so with a
+:class:`HeapKeeper`, as its states keep being replaced): what lives as long as the process leaves
+the collector's passes (``gc.freeze``), and the youngest generation is collected less often.
 Decoding one pod event or one snapshot allocates hundreds of containers, so at CPython's default
 threshold (700) a collection ran every few records and a full one, over the whole heap, every few
 hundred: 12-17 % of the watcher's CPU in the whole-pipeline benchmark, about a fifth of the
@@ -57,11 +58,13 @@ class HeapKeeper:
     decided in about 10 s) the collector took 3.4 s of CPU after the start, a full pass over the
     states every few seconds and a middle-generation pass over each second's decisions.
 
-    :meth:`tick`, once a second, freezes what survived since the last one, so that no pass walks
-    it again; refcounting still frees what is replaced. What it cannot free are reference cycles
-    that became garbage once frozen: once every ``full_every_s`` the whole heap is collected,
-    frozen part included, and frozen again (the bench found about 300 unreachable objects after
-    3,000 decisions with the collector off: a slow trickle, and that pass bounds it)."""
+    :meth:`tick`, once a second, turns the automatic collection off and freezes what survived
+    since the last tick, so that no pass walks it; refcounting still frees what is replaced.
+    What it cannot free are reference cycles that became garbage: once every ``full_every_s``
+    the whole heap is collected, frozen part included, and frozen again (the bench found about
+    300 unreachable objects after 3,000 decisions with the collector off: a slow trickle, which
+    that pass bounds). The aggregator over Kafka runs one; embedded mode does not (its heap is
+    mostly the watcher's cache, which :func:`settle_heap` keeps out of the passes)."""
 
     def __init__(
         self,
@@ -86,6 +89,11 @@ class HeapKeeper:
             self._last_full = now
         gc.freeze()
         return full
+
+    def stop(self) -> None:
+        """Turn the automatic collection back on (what was frozen stays so, as after
+        :func:`settle_heap`)."""
+        gc.enable()
 
 
 def trim_heap() -> bool:
