@@ -379,6 +379,18 @@ class RankedWorkload(BaseModel):
     """The W3C trace context (``traceparent``, ``tracestate``) of the ranker's span for this
     answer, a child of the snapshot's trace: what a record's headers carry for one answer."""
 
+    @classmethod
+    def of(cls, answer: StrategyRanksMessage) -> RankedWorkload:
+        """``answer`` as a batch holds it (the inverse of
+        :meth:`StrategyRanksBatchMessage.messages`, less the trace context its headers carried)."""
+        return cls(
+            key=answer.key,
+            version=answer.version,
+            scores=answer.scores,
+            duration_seconds=answer.duration_seconds,
+            changed_at=answer.changed_at,
+        )
+
 
 class StrategyRanksBatchMessage(Message):
     """One strategy's answers for several workloads of one partition (topic ``ranks``).

@@ -133,16 +133,7 @@ def batched(
                 chunk = group[start : start + per_record]
                 if not chunk:
                     continue
-                ranked = tuple(
-                    RankedWorkload(
-                        key=a.key,
-                        version=a.version,
-                        scores=a.scores,
-                        duration_seconds=a.duration_seconds,
-                        changed_at=a.changed_at,
-                    )
-                    for a in chunk
-                )
+                ranked = tuple(RankedWorkload.of(answer) for answer in chunk)
                 out.append(
                     StrategyRanksBatchMessage(
                         strategy=strategy, answers=ranked, emitted_at=time.time()

@@ -197,10 +197,7 @@ def ranks(snapshot: Snapshot) -> StrategyRanksMessage:
 
 def ranks_batch(snapshot: Snapshot) -> StrategyRanksBatchMessage:
     """A ranker's batch answering ``snapshot`` (what rankers publish)."""
-    answer = ranks(snapshot)
-    ranked = RankedWorkload(
-        key=answer.key, version=answer.version, scores=answer.scores, duration_seconds=0.001
-    )
+    ranked = RankedWorkload.of(ranks(snapshot))
     return StrategyRanksBatchMessage(strategy=CAP, answers=(ranked,), emitted_at=time.time())
 
 

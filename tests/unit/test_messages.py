@@ -588,6 +588,9 @@ def test_a_batch_of_answers_travels_under_its_first_workload_and_reads_as_its_an
         single.model_copy(update={"key": key, "changed_at": 1_714_568_399.0}).model_dump()
         for key in keys
     ]
+    assert [RankedWorkload.of(answer) for answer in decoded.messages()] == [
+        answer.model_copy(update={"trace": {}}) for answer in message.answers
+    ]
     # The ranks topic still reads one answer a record, as rankers published before batches.
     one = encode(single)
     assert decode_ranks_record(one.value, one.headers, key=one.key) == single
