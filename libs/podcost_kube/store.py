@@ -263,27 +263,48 @@ class Store:
         resourceVersion differs modified; the rest are left alone, so a relist after a 410
         reports only what changed while the watch was down. With ``namespace``, the list is of
         that namespace only: objects of other namespaces stay (informers of several namespaces
-        share one store).
+        share one store). The changes come in key order, the deletions first.
+
+        Every change is made before the first :class:`Change` is built, and no key object is
+        kept per listed object: what the store keeps of a list (its index entries, a node's or
+        a ReplicaSet's maps) is then not laid out among thousands of short-lived objects, whose
+        memory the allocator could not give back while one of them lives (issue 14: 10,000
+        pods listed left 1.3 MB of such holes).
         """
-        listed = {object_key(kind, obj): obj for obj in objects}
-        held = set(self.keys(kind))
-        if namespace is not None:
-            held = {key for key in held if key.namespace == namespace}
-        changes: list[Change] = []
-        for key in sorted(held - listed.keys()):
-            old = self.get(kind, key.namespace, key.name)
-            assert old is not None
-            self._remove(key, old)
-            changes.append(Change(kind, ChangeType.DELETED, old, None))
-        for key in sorted(listed):
-            new = listed[key]
-            old = self.get(kind, key.namespace, key.name)
-            if old is not None and resource_version(old) == resource_version(new):
-                continue
-            self._put(key, old, new)
-            changes.append(
-                Change(kind, ChangeType.MODIFIED if old is not None else ChangeType.ADDED, old, new)
-            )
+        listed: dict[str, dict[str, RawObject]] = {}
+        for obj in objects:
+            meta = obj.get("metadata", {})
+            namespace_of = _text(meta.get("namespace"))
+            named = listed.get(namespace_of)
+            if named is None:
+                named = listed[namespace_of] = {}
+            named[_text(meta.get("name"))] = obj
+        held = self._objects.get(kind, {})
+        scopes = sorted(held) if namespace is None else [namespace] if namespace in held else []
+        gone: list[RawObject] = []
+        for scope in scopes:
+            kept = listed.get(scope, {})
+            for name in sorted(name for name in held[scope] if name not in kept):
+                deleted = held[scope][name]
+                self._remove(ObjectKey(kind, scope, name), deleted)
+                gone.append(deleted)
+        olds: list[RawObject | None] = []
+        news: list[RawObject] = []
+        for scope in sorted(listed):
+            named = listed[scope]
+            for name in sorted(named):
+                new = named[name]
+                old = self.get(kind, scope, name)
+                if old is not None and resource_version(old) == resource_version(new):
+                    continue
+                self._put(ObjectKey(kind, scope, name), old, new)
+                olds.append(old)
+                news.append(new)
+        changes = [Change(kind, ChangeType.DELETED, old, None) for old in gone]
+        changes += [
+            Change(kind, ChangeType.MODIFIED if old is not None else ChangeType.ADDED, old, new)
+            for old, new in zip(olds, news, strict=True)
+        ]
         return changes
 
     def _put(self, key: ObjectKey, old: RawObject | None, new: RawObject) -> None:

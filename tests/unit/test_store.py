@@ -3,6 +3,7 @@ decoding (bookmarks, 410 Gone), and the relist backoff."""
 
 from __future__ import annotations
 
+import gc
 import json
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 
 from podcost_kube.client import KubeError
 from podcost_kube.informer import Backoff, ResourceExpired, decode_event
-from podcost_kube.store import ChangeType, Store
+from podcost_kube.store import Change, ChangeType, ObjectKey, Store
 
 
 def pod(name: str, version: str, node: str | None = "n1", **labels: str) -> dict[str, Any]:
@@ -104,6 +105,31 @@ def test_a_relist_of_one_namespace_leaves_the_other_namespaces_alone() -> None:
     # Without a namespace the list is of every namespace: the other one's pod goes.
     store.replace("Pod", [pod("new", "2")])
     assert store.get("Pod", "elsewhere", "other") is None
+
+
+def test_a_relist_writes_the_store_before_it_builds_a_change_and_keeps_no_key_per_object() -> None:
+    # What a list keeps (index entries, a node's map) is then not laid out among a Change and a
+    # key per listed object, which left holes the allocator could not give back (issue 14).
+    def keys_and_changes() -> int:
+        return sum(isinstance(o, Change | ObjectKey) for o in gc.get_objects())
+
+    alive: list[int] = []
+
+    class Watched(Store):
+        def _put(self, key: ObjectKey, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
+            alive.append(keys_and_changes())
+            Store._put(self, key, old, new)
+
+    store = Watched()
+    store.apply("Pod", ChangeType.ADDED, pod("changed", "1"))
+    alive.clear()
+    listed = [pod(f"p{i}", "1", node=f"n{i % 3}") for i in range(40)] + [pod("changed", "2")]
+    gc.collect()
+    before = keys_and_changes()
+    changes = store.replace("Pod", listed)
+    assert len(changes) == len(alive) == 41
+    # At each write: the key being written, and no other Change or key.
+    assert max(alive) - before <= 1
 
 
 # --- watch lines ------------------------------------------------------------------------------
