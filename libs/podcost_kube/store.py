@@ -16,7 +16,8 @@ namespace has about as many label sets as ReplicaSets, and a selector runs once 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -99,6 +100,46 @@ def _node_of(kind: str, obj: Mapping[str, Any]) -> str | None:
     return node if isinstance(node, str) and node else None
 
 
+def _name_key(pod: Mapping[str, Any]) -> str:
+    """The name ``pod`` is stored under (:func:`object_key`)."""
+    return _text(pod.get("metadata", {}).get("name"))
+
+
+def _namespace_name_key(pod: Mapping[str, Any]) -> tuple[str, str]:
+    """The namespace and name ``pod`` is stored under (:func:`object_key`)."""
+    meta = pod.get("metadata", {})
+    return _text(meta.get("namespace")), _text(meta.get("name"))
+
+
+# The index entries are lists of pods sorted by the key the store holds each under: 8 bytes a
+# pod where a map by name took about 36 (its table of 64 slots for 30 pods, a node's or a
+# ReplicaSet's; issue 14), and small enough for CPython's own allocator. The store's objects
+# never change (an update replaces one), so a pod's key stays what it was when it was indexed.
+# A list of pods is written in key order (a list, a relist) at its end, without a search.
+
+
+def _put_sorted(
+    pods: list[RawObject], key: Any, pod: RawObject, key_of: Callable[[RawObject], Any]
+) -> None:
+    """Put ``pod``, held under ``key``, into ``pods`` (sorted by ``key_of``, one pod a key),
+    in place of the one held under ``key`` if there is one."""
+    if not pods or key_of(pods[-1]) < key:
+        pods.append(pod)
+        return
+    index = bisect_left(pods, key, key=key_of)
+    if index < len(pods) and key_of(pods[index]) == key:
+        pods[index] = pod
+    else:
+        pods.insert(index, pod)
+
+
+def _drop_sorted(pods: list[RawObject], key: Any, key_of: Callable[[RawObject], Any]) -> None:
+    """Drop the pod held under ``key`` from ``pods`` (sorted by ``key_of``), if it is there."""
+    index = bisect_left(pods, key, key=key_of)
+    if index < len(pods) and key_of(pods[index]) == key:
+        del pods[index]
+
+
 #: A pod's labels as a dictionary key: its ``(name, value)`` pairs.
 LabelSet = frozenset[tuple[str, str]]
 
@@ -108,7 +149,8 @@ class _LabelGroup:
     """The pods of one namespace with one set of labels."""
 
     labels: dict[str, str]
-    pods: dict[str, RawObject] = field(default_factory=dict)
+    pods: list[RawObject] = field(default_factory=list)
+    """Sorted by name."""
 
 
 @dataclass(slots=True)
@@ -121,8 +163,8 @@ class _NamespacePods:
     holds one, :meth:`Store.pods_indexed` says no, and readers read every pod as before.
     """
 
-    by_controller: dict[tuple[Any, Any], dict[str, RawObject]] = field(default_factory=dict)
-    """(controller kind, controller uid) → name → pod."""
+    by_controller: dict[tuple[Any, Any], list[RawObject]] = field(default_factory=dict)
+    """(controller kind, controller uid) → its pods, sorted by name."""
     by_labels: dict[LabelSet, _LabelGroup] = field(default_factory=dict)
     irregular: set[Any] = field(default_factory=set)
     """The names of the irregular pods."""
@@ -160,8 +202,8 @@ class Store:
 
     _objects: dict[str, dict[str, dict[str, RawObject]]] = field(default_factory=dict)
     """kind → namespace → name → object."""
-    _pods_by_node: dict[str, dict[str, dict[str, RawObject]]] = field(default_factory=dict)
-    """node name → namespace → name → pod (no key object of its own per pod)."""
+    _pods_by_node: dict[str, list[RawObject]] = field(default_factory=dict)
+    """node name → its pods, sorted by namespace and name (no key object of its own per pod)."""
     _pods_by_namespace: dict[str, _NamespacePods] = field(default_factory=dict)
     """namespace → its pods by controller and by label set."""
 
@@ -191,21 +233,15 @@ class Store:
 
     def pods_on_node(self, node: str) -> list[RawObject]:
         """The pods bound to ``node`` (any phase), sorted by namespace and name."""
-        by_namespace = self._pods_by_node.get(node, {})
-        return [
-            by_namespace[ns][name]
-            for ns in sorted(by_namespace)
-            for name in sorted(by_namespace[ns])
-        ]
+        return list(self._pods_by_node.get(node, ()))
 
     def keyed_pods_on_node(self, node: str) -> list[tuple[str, str, RawObject]]:
         """:meth:`pods_on_node` with each pod's namespace and name (as strings), in that order."""
-        by_namespace = self._pods_by_node.get(node, {})
-        return [
-            (str(ns), str(name), by_namespace[ns][name])
-            for ns in sorted(by_namespace)
-            for name in sorted(by_namespace[ns])
-        ]
+        keyed = []
+        for pod in self._pods_by_node.get(node, ()):
+            namespace, name = _namespace_name_key(pod)
+            keyed.append((namespace, name, pod))
+        return keyed
 
     def pods_indexed(self, namespace: str) -> bool:
         """Whether :meth:`pods_controlled_by` and :meth:`pod_label_sets` hold every pod of
@@ -213,17 +249,17 @@ class Store:
         index = self._pods_by_namespace.get(namespace)
         return index is None or not index.irregular
 
-    def pods_controlled_by(self, namespace: str, kind: Any, uid: Any) -> Mapping[str, RawObject]:
+    def pods_controlled_by(self, namespace: str, kind: Any, uid: Any) -> Sequence[RawObject]:
         """The pods of ``namespace`` whose controller owner reference has ``kind`` and ``uid``,
-        by name (unsorted); only when :meth:`pods_indexed`."""
+        sorted by name; only when :meth:`pods_indexed` (then every name is a string)."""
         index = self._pods_by_namespace.get(namespace)
-        return index.by_controller.get((kind, uid), {}) if index is not None else {}
+        return index.by_controller.get((kind, uid), ()) if index is not None else ()
 
     def pod_label_sets(
         self, namespace: str
-    ) -> Iterator[tuple[Mapping[str, str], Mapping[str, RawObject]]]:
+    ) -> Iterator[tuple[Mapping[str, str], Sequence[RawObject]]]:
         """Each distinct set of labels of the pods of ``namespace`` (missing labels are empty
-        ones) with its pods by name, unsorted; only when :meth:`pods_indexed`."""
+        ones) with its pods sorted by name, the sets unsorted; only when :meth:`pods_indexed`."""
         index = self._pods_by_namespace.get(namespace)
         if index is not None:
             for group in index.by_labels.values():
@@ -315,8 +351,10 @@ class Store:
             return
         node = _node_of(key.kind, new)
         if node is not None:
-            by_namespace = self._pods_by_node.setdefault(node, {})
-            by_namespace.setdefault(key.namespace, {})[key.name] = new
+            on_node = self._pods_by_node.get(node)
+            if on_node is None:
+                on_node = self._pods_by_node[node] = []
+            _put_sorted(on_node, (key.namespace, key.name), new, _namespace_name_key)
         index = self._pods_by_namespace.get(key.namespace)
         if index is None:
             index = self._pods_by_namespace[key.namespace] = _NamespacePods()
@@ -326,11 +364,14 @@ class Store:
             return
         controller, labels = keys
         if controller is not None:
-            index.by_controller.setdefault(controller, {})[key.name] = new
+            controlled = index.by_controller.get(controller)
+            if controlled is None:
+                controlled = index.by_controller[controller] = []
+            _put_sorted(controlled, key.name, new, _name_key)
         group = index.by_labels.get(labels)
         if group is None:
             group = index.by_labels[labels] = _LabelGroup(dict(labels))
-        group.pods[key.name] = new
+        _put_sorted(group.pods, key.name, new, _name_key)
 
     def _remove(self, key: ObjectKey, old: RawObject) -> None:
         self._unindex(key, old)
@@ -344,13 +385,11 @@ class Store:
             return
         node = _node_of(key.kind, old)
         if node is not None:
-            by_namespace = self._pods_by_node.get(node, {})
-            named = by_namespace.get(key.namespace, {})
-            named.pop(key.name, None)
-            if not named:
-                by_namespace.pop(key.namespace, None)
-            if not by_namespace:
-                self._pods_by_node.pop(node, None)
+            on_node = self._pods_by_node.get(node)
+            if on_node is not None:
+                _drop_sorted(on_node, (key.namespace, key.name), _namespace_name_key)
+                if not on_node:
+                    del self._pods_by_node[node]
         index = self._pods_by_namespace.get(key.namespace)
         if index is None:
             return
@@ -361,13 +400,13 @@ class Store:
         else:
             controller, labels = keys
             if controller is not None:
-                pods = index.by_controller.get(controller, {})
-                pods.pop(key.name, None)
-                if not pods:
+                controlled = index.by_controller.get(controller, [])
+                _drop_sorted(controlled, key.name, _name_key)
+                if not controlled:
                     index.by_controller.pop(controller, None)
             group = index.by_labels.get(labels)
             if group is not None:
-                group.pods.pop(key.name, None)
+                _drop_sorted(group.pods, key.name, _name_key)
                 if not group.pods:
                     del index.by_labels[labels]
         if not index.by_labels and not index.irregular:

@@ -620,10 +620,12 @@ def _workload_objects_indexed(store: Store, key: WorkloadKey) -> ClusterObjects:
     objects, uids, selectors = _pod_rules(store, key)
     found: dict[str, RawObject] = {}
     for uid in uids:
-        found.update(store.pods_controlled_by(key.namespace, REPLICASET, uid))
+        for pod in store.pods_controlled_by(key.namespace, REPLICASET, uid):
+            found[_name(pod)] = pod
     for labels, pods in store.pod_label_sets(key.namespace):
         if any(selector_matches(selector, labels) for selector in selectors):
-            found.update(pods)
+            for pod in pods:
+                found[_name(pod)] = pod
     nodes: set[str] = set()
     for name in sorted(found):
         pod = found[name]

@@ -225,8 +225,8 @@ def outcome(
 def indexes(store: Store) -> Any:
     return {
         namespace: (
-            {controller: dict(pods) for controller, pods in index.by_controller.items()},
-            {labels: (group.labels, dict(group.pods)) for labels, group in index.by_labels.items()},
+            {controller: list(pods) for controller, pods in index.by_controller.items()},
+            {labels: (group.labels, list(group.pods)) for labels, group in index.by_labels.items()},
             set(index.irregular),
         )
         for namespace, index in store._pods_by_namespace.items()
@@ -277,9 +277,10 @@ def test_a_pod_moved_to_another_label_set_leaves_the_old_one() -> None:
     store.apply("Pod", ChangeType.MODIFIED, {"metadata": {**meta, "resourceVersion": "2"}})
     moved = {**meta, "resourceVersion": "3", "labels": {"app": "y"}}
     store.apply("Pod", ChangeType.MODIFIED, {"metadata": moved})
-    assert [(dict(labels), list(pods)) for labels, pods in store.pod_label_sets("a")] == [
-        ({"app": "y"}, ["p"])
-    ]
+    assert [
+        (dict(labels), [pod["metadata"]["name"] for pod in pods])
+        for labels, pods in store.pod_label_sets("a")
+    ] == [({"app": "y"}, ["p"])]
     store.apply("Pod", ChangeType.DELETED, {"metadata": moved})
     assert list(store.pod_label_sets("a")) == []
     assert store._pods_by_namespace == {}
