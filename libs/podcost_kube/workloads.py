@@ -38,7 +38,14 @@ from podcost_core.convert import (
     selector_matches,
     snapshot_for_workload,
 )
-from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, Pod, Snapshot, WorkloadRef
+from podcost_core.model import (
+    DELETION_COST_ANNOTATION,
+    CostOwner,
+    Pod,
+    Resources,
+    Snapshot,
+    WorkloadRef,
+)
 from podcost_core.policy import (
     ENABLED,
     LABLABS_ENABLED,
@@ -562,13 +569,15 @@ def opted_in_workloads(store: Store, rules: OptInRules = OptInRules()) -> list[W
 # --- snapshots ---------------------------------------------------------------------------------
 
 
-def workload_objects(store: Store, key: WorkloadKey) -> ClusterObjects:
+def workload_objects(store: Store, key: WorkloadKey, *, with_nodes: bool = True) -> ClusterObjects:
     """The objects the snapshot of ``key`` is built from, and no others.
 
     The workload; the ReplicaSets of its namespace; the pods its ReplicaSets control or whose
     labels one of their selectors matches (adoptable orphans and bystanders); the nodes of those
-    pods and every pod on those nodes (for ``Node.requested``). Objects come from the API, so
-    they are taken as they are; ``pod_from_json`` validates every pod it converts.
+    pods and every pod on those nodes (for ``Node.requested``; not with ``with_nodes=False``, which
+    leaves the snapshot's pods as they are and its nodes without what they hold). Objects come
+    from the API, so they are taken as they are; ``pod_from_json`` validates every pod it
+    converts.
 
     The pods are found through the store's indexes (by controller, and one selector run per
     distinct label set), not by reading every pod of the namespace. A namespace holding a pod
@@ -577,10 +586,10 @@ def workload_objects(store: Store, key: WorkloadKey) -> ClusterObjects:
     """
     if store.pods_indexed(key.namespace):
         try:
-            return _workload_objects_indexed(store, key)
+            return _workload_objects_indexed(store, key, with_nodes=with_nodes)
         except Exception:  # a malformed object (or no workload): the scan answers or raises
             pass
-    return _workload_objects_by_scan(store, key)
+    return _workload_objects_by_scan(store, key, with_nodes=with_nodes)
 
 
 def _pod_rules(
@@ -616,7 +625,9 @@ def _pod_rules(
     return objects, uids, selectors
 
 
-def _workload_objects_indexed(store: Store, key: WorkloadKey) -> ClusterObjects:
+def _workload_objects_indexed(
+    store: Store, key: WorkloadKey, *, with_nodes: bool = True
+) -> ClusterObjects:
     objects, uids, selectors = _pod_rules(store, key)
     found: dict[str, RawObject] = {}
     for uid in uids:
@@ -633,11 +644,14 @@ def _workload_objects_indexed(store: Store, key: WorkloadKey) -> ClusterObjects:
         node = pod.get("spec", {}).get("nodeName")
         if node:
             nodes.add(node)
-    _add_nodes(store, objects, nodes)
+    if with_nodes:
+        _add_nodes(store, objects, nodes)
     return objects
 
 
-def _workload_objects_by_scan(store: Store, key: WorkloadKey) -> ClusterObjects:
+def _workload_objects_by_scan(
+    store: Store, key: WorkloadKey, *, with_nodes: bool = True
+) -> ClusterObjects:
     """:func:`workload_objects` reading every pod of the namespace: what it did before the
     store's pod indexes, and what it still does where they cannot stand for every pod."""
     objects, uids, selectors = _pod_rules(store, key)
@@ -652,7 +666,8 @@ def _workload_objects_by_scan(store: Store, key: WorkloadKey) -> ClusterObjects:
             node = pod.get("spec", {}).get("nodeName")
             if node:
                 nodes.add(node)
-    _add_nodes(store, objects, nodes)
+    if with_nodes:
+        _add_nodes(store, objects, nodes)
     return objects
 
 
@@ -716,3 +731,33 @@ def workload_snapshot(
         convert_node=pods.node if pods is not None else None,
     )
     return replace(snapshot, version=version, taken_at=taken_at)
+
+
+def _no_sum(raw: Mapping[str, Any]) -> Resources:
+    return Resources()
+
+
+def convert_snapshot_pods(store: Store, key: WorkloadKey, pods: PodCache) -> None:
+    """Convert through ``pods`` exactly the pods :func:`workload_snapshot` of ``key`` converts
+    (and reports), without summing the requests of the other pods on their nodes, and build no
+    snapshot: what the watcher's first pass does for every workload before it publishes any.
+
+    Summing, as a snapshot does, the requests of the pods on its nodes that no snapshot has
+    converted yet keeps a summed entry per pod in ``pods`` until that pod is converted
+    (``PodCache.requests``): thousands of short-lived entries, while the first pass converts,
+    strewn among the ``Pod`` objects the cache keeps, left holes the allocator could not give
+    back (10,000 pods: 1.2 MB of free pool blocks, ``tests.bench.bench_scale --service watcher
+    --heap-dump``). Once every pod of the pass is converted, publishing sums each pod's
+    requests from its ``Pod``. Nor are the nodes read: the pods a snapshot converts are those of
+    the workload's ReplicaSets and selectors, whatever their nodes hold.
+
+    Raises ``UnknownWorkload`` without the workload, ``ConversionError`` for a pod it cannot
+    read."""
+    snapshot_for_workload(
+        workload_objects(store, key, with_nodes=False),
+        key.namespace,
+        key.name,
+        key.kind,
+        convert_pod=pods.convert,
+        requests_of=_no_sum,
+    )

@@ -43,6 +43,7 @@ from podcost_kube.workloads import (
     REPLICASET,
     OptInRules,
     WorkloadKey,
+    convert_snapshot_pods,
     is_own_cost_write,
     node_change_matters,
     opted_in_workloads,
@@ -703,6 +704,42 @@ def test_a_snapshot_through_the_cache_is_the_same_and_a_node_change_converts_no_
     assert (pods.misses, pods.hits) == (3, 3)
     assert again.pods == first.pods
     assert again.nodes != first.nodes
+
+
+def test_converting_a_snapshots_pods_first_converts_those_it_shows_and_sums_no_other() -> None:
+    store, first, plain = shop(), PodCache(), PodCache()
+    convert_snapshot_pods(store, WEB, first)
+    # Its 3 pods converted; the 4 others on its nodes not summed: no entry kept for them.
+    assert (first.misses, len(first), len(first._requests)) == (3, 3, 0)
+    snapshot = workload_snapshot(store, WEB, pods=first)
+    assert snapshot == workload_snapshot(store, WEB, pods=plain) == workload_snapshot(store, WEB)
+    assert (first.misses, first.hits) == (3, 3)  # publishing converts none of them again
+    assert len(plain._requests) == 4  # a snapshot alone sums the others and keeps each sum
+
+
+def test_converting_a_snapshots_pods_first_converts_and_reports_what_the_snapshot_does() -> None:
+    store = shop()
+    store.apply("Pod", ChangeType.ADDED, raw_pod("web-1-done", rs="web-1", app="web", node="n3",
+                                                  phase="Succeeded"))  # fmt: skip
+    for key in opted_in_workloads(store, OptInRules(default_enabled=True)):
+        first: list[Pod] = []
+        alone: list[Pod] = []
+        convert_snapshot_pods(store, key, PodCache(on_convert=first.append))
+        workload_snapshot(store, key, pods=PodCache(on_convert=alone.append))
+        assert first == alone
+        assert first
+
+
+def test_once_every_snapshots_pods_are_converted_no_snapshot_keeps_a_sum() -> None:
+    store, pods = shop(), PodCache()
+    keys = opted_in_workloads(store, OptInRules(default_enabled=True))
+    assert len(keys) == 3
+    for key in keys:
+        convert_snapshot_pods(store, key, pods)
+    for key in keys:
+        workload_snapshot(store, key, pods=pods)
+    # Only the pods no snapshot shows are summed: db-0 (a StatefulSet's), other (elsewhere).
+    assert len(pods._requests) == 2
 
 
 def test_the_cache_keeps_the_stores_maps_and_one_tuple_of_equal_tolerations() -> None:
