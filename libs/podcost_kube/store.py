@@ -17,7 +17,7 @@ namespace has about as many label sets as ReplicaSets, and a selector runs once 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -100,44 +100,38 @@ def _node_of(kind: str, obj: Mapping[str, Any]) -> str | None:
     return node if isinstance(node, str) and node else None
 
 
-def _name_key(pod: Mapping[str, Any]) -> str:
-    """The name ``pod`` is stored under (:func:`object_key`)."""
-    return _text(pod.get("metadata", {}).get("name"))
+@dataclass(slots=True)
+class _SortedPods:
+    """Pods of one index entry (a node's in one namespace, a ReplicaSet's, a label set's) sorted
+    by name, their names alongside: 16 bytes a pod where a map by name took 28-36 (its table for
+    a node's or a ReplicaSet's 30 pods, allocated outside pymalloc; issue 14), searched by
+    ``bisect`` on the names. A list (a relist) puts its pods in name order, at the end, without
+    a search."""
 
+    names: list[str] = field(default_factory=list)
+    """The names the store holds the pods under (the pods' own strings)."""
+    pods: list[RawObject] = field(default_factory=list)
 
-def _namespace_name_key(pod: Mapping[str, Any]) -> tuple[str, str]:
-    """The namespace and name ``pod`` is stored under (:func:`object_key`)."""
-    meta = pod.get("metadata", {})
-    return _text(meta.get("namespace")), _text(meta.get("name"))
+    def put(self, name: str, pod: RawObject) -> None:
+        """Put ``pod`` under ``name``, in place of the one held under it if there is one."""
+        names = self.names
+        if not names or names[-1] < name:
+            names.append(name)
+            self.pods.append(pod)
+            return
+        index = bisect_left(names, name)
+        if index < len(names) and names[index] == name:
+            self.pods[index] = pod
+        else:
+            names.insert(index, name)
+            self.pods.insert(index, pod)
 
-
-# The index entries are lists of pods sorted by the key the store holds each under: 8 bytes a
-# pod where a map by name took about 36 (its table of 64 slots for 30 pods, a node's or a
-# ReplicaSet's; issue 14), and small enough for CPython's own allocator. The store's objects
-# never change (an update replaces one), so a pod's key stays what it was when it was indexed.
-# A list of pods is written in key order (a list, a relist) at its end, without a search.
-
-
-def _put_sorted(
-    pods: list[RawObject], key: Any, pod: RawObject, key_of: Callable[[RawObject], Any]
-) -> None:
-    """Put ``pod``, held under ``key``, into ``pods`` (sorted by ``key_of``, one pod a key),
-    in place of the one held under ``key`` if there is one."""
-    if not pods or key_of(pods[-1]) < key:
-        pods.append(pod)
-        return
-    index = bisect_left(pods, key, key=key_of)
-    if index < len(pods) and key_of(pods[index]) == key:
-        pods[index] = pod
-    else:
-        pods.insert(index, pod)
-
-
-def _drop_sorted(pods: list[RawObject], key: Any, key_of: Callable[[RawObject], Any]) -> None:
-    """Drop the pod held under ``key`` from ``pods`` (sorted by ``key_of``), if it is there."""
-    index = bisect_left(pods, key, key=key_of)
-    if index < len(pods) and key_of(pods[index]) == key:
-        del pods[index]
+    def drop(self, name: str) -> None:
+        """Drop the pod held under ``name``, if there is one."""
+        index = bisect_left(self.names, name)
+        if index < len(self.names) and self.names[index] == name:
+            del self.names[index]
+            del self.pods[index]
 
 
 #: A pod's labels as a dictionary key: its ``(name, value)`` pairs.
@@ -149,8 +143,7 @@ class _LabelGroup:
     """The pods of one namespace with one set of labels."""
 
     labels: dict[str, str]
-    pods: list[RawObject] = field(default_factory=list)
-    """Sorted by name."""
+    pods: _SortedPods = field(default_factory=_SortedPods)
 
 
 @dataclass(slots=True)
@@ -163,8 +156,8 @@ class _NamespacePods:
     holds one, :meth:`Store.pods_indexed` says no, and readers read every pod as before.
     """
 
-    by_controller: dict[tuple[Any, Any], list[RawObject]] = field(default_factory=dict)
-    """(controller kind, controller uid) → its pods, sorted by name."""
+    by_controller: dict[tuple[Any, Any], _SortedPods] = field(default_factory=dict)
+    """(controller kind, controller uid) → its pods."""
     by_labels: dict[LabelSet, _LabelGroup] = field(default_factory=dict)
     irregular: set[Any] = field(default_factory=set)
     """The names of the irregular pods."""
@@ -202,8 +195,8 @@ class Store:
 
     _objects: dict[str, dict[str, dict[str, RawObject]]] = field(default_factory=dict)
     """kind → namespace → name → object."""
-    _pods_by_node: dict[str, list[RawObject]] = field(default_factory=dict)
-    """node name → its pods, sorted by namespace and name (no key object of its own per pod)."""
+    _pods_by_node: dict[str, dict[str, _SortedPods]] = field(default_factory=dict)
+    """node name → namespace → its pods there (no key object of its own per pod)."""
     _pods_by_namespace: dict[str, _NamespacePods] = field(default_factory=dict)
     """namespace → its pods by controller and by label set."""
 
@@ -233,15 +226,17 @@ class Store:
 
     def pods_on_node(self, node: str) -> list[RawObject]:
         """The pods bound to ``node`` (any phase), sorted by namespace and name."""
-        return list(self._pods_by_node.get(node, ()))
+        by_namespace = self._pods_by_node.get(node, {})
+        return [pod for ns in sorted(by_namespace) for pod in by_namespace[ns].pods]
 
     def keyed_pods_on_node(self, node: str) -> list[tuple[str, str, RawObject]]:
         """:meth:`pods_on_node` with each pod's namespace and name (as strings), in that order."""
-        keyed = []
-        for pod in self._pods_by_node.get(node, ()):
-            namespace, name = _namespace_name_key(pod)
-            keyed.append((namespace, name, pod))
-        return keyed
+        by_namespace = self._pods_by_node.get(node, {})
+        return [
+            (ns, name, pod)
+            for ns in sorted(by_namespace)
+            for name, pod in zip(by_namespace[ns].names, by_namespace[ns].pods, strict=True)
+        ]
 
     def pods_indexed(self, namespace: str) -> bool:
         """Whether :meth:`pods_controlled_by` and :meth:`pod_label_sets` hold every pod of
@@ -253,7 +248,8 @@ class Store:
         """The pods of ``namespace`` whose controller owner reference has ``kind`` and ``uid``,
         sorted by name; only when :meth:`pods_indexed` (then every name is a string)."""
         index = self._pods_by_namespace.get(namespace)
-        return index.by_controller.get((kind, uid), ()) if index is not None else ()
+        found = index.by_controller.get((kind, uid)) if index is not None else None
+        return found.pods if found is not None else ()
 
     def pod_label_sets(
         self, namespace: str
@@ -263,7 +259,7 @@ class Store:
         index = self._pods_by_namespace.get(namespace)
         if index is not None:
             for group in index.by_labels.values():
-                yield group.labels, group.pods
+                yield group.labels, group.pods.pods
 
     def count(self, kind: str) -> int:
         """How many objects of ``kind`` the store holds."""
@@ -344,6 +340,9 @@ class Store:
         return changes
 
     def _put(self, key: ObjectKey, old: RawObject | None, new: RawObject) -> None:
+        if old is not None and self._reindexed(key, old, new):
+            self._objects[key.kind][key.namespace][key.name] = new
+            return
         if old is not None:
             self._unindex(key, old)
         self._objects.setdefault(key.kind, {}).setdefault(key.namespace, {})[key.name] = new
@@ -351,10 +350,13 @@ class Store:
             return
         node = _node_of(key.kind, new)
         if node is not None:
-            on_node = self._pods_by_node.get(node)
+            by_namespace = self._pods_by_node.get(node)
+            if by_namespace is None:
+                by_namespace = self._pods_by_node[node] = {}
+            on_node = by_namespace.get(key.namespace)
             if on_node is None:
-                on_node = self._pods_by_node[node] = []
-            _put_sorted(on_node, (key.namespace, key.name), new, _namespace_name_key)
+                on_node = by_namespace[key.namespace] = _SortedPods()
+            on_node.put(key.name, new)
         index = self._pods_by_namespace.get(key.namespace)
         if index is None:
             index = self._pods_by_namespace[key.namespace] = _NamespacePods()
@@ -366,12 +368,32 @@ class Store:
         if controller is not None:
             controlled = index.by_controller.get(controller)
             if controlled is None:
-                controlled = index.by_controller[controller] = []
-            _put_sorted(controlled, key.name, new, _name_key)
+                controlled = index.by_controller[controller] = _SortedPods()
+            controlled.put(key.name, new)
         group = index.by_labels.get(labels)
         if group is None:
             group = index.by_labels[labels] = _LabelGroup(dict(labels))
-        _put_sorted(group.pods, key.name, new, _name_key)
+        group.pods.put(key.name, new)
+
+    def _reindexed(self, key: ObjectKey, old: RawObject, new: RawObject) -> bool:
+        """Put ``new`` in the place of ``old`` in every index entry when it goes in the same
+        ones (same node, controller and labels: most updates); whether it did."""
+        if key.kind != "Pod":
+            return True
+        node = _node_of(key.kind, new)
+        if node != _node_of(key.kind, old):
+            return False
+        keys = _pod_index_keys(new)
+        if keys is None or keys != _pod_index_keys(old):
+            return False
+        index = self._pods_by_namespace[key.namespace]
+        controller, labels = keys
+        index.by_labels[labels].pods.put(key.name, new)
+        if controller is not None:
+            index.by_controller[controller].put(key.name, new)
+        if node is not None:
+            self._pods_by_node[node][key.namespace].put(key.name, new)
+        return True
 
     def _remove(self, key: ObjectKey, old: RawObject) -> None:
         self._unindex(key, old)
@@ -385,11 +407,14 @@ class Store:
             return
         node = _node_of(key.kind, old)
         if node is not None:
-            on_node = self._pods_by_node.get(node)
+            by_namespace = self._pods_by_node.get(node, {})
+            on_node = by_namespace.get(key.namespace)
             if on_node is not None:
-                _drop_sorted(on_node, (key.namespace, key.name), _namespace_name_key)
-                if not on_node:
-                    del self._pods_by_node[node]
+                on_node.drop(key.name)
+                if not on_node.pods:
+                    del by_namespace[key.namespace]
+            if not by_namespace:
+                self._pods_by_node.pop(node, None)
         index = self._pods_by_namespace.get(key.namespace)
         if index is None:
             return
@@ -399,15 +424,15 @@ class Store:
             index.irregular.discard(key.name)
         else:
             controller, labels = keys
-            if controller is not None:
-                controlled = index.by_controller.get(controller, [])
-                _drop_sorted(controlled, key.name, _name_key)
-                if not controlled:
-                    index.by_controller.pop(controller, None)
+            if controller is not None and controller in index.by_controller:
+                controlled = index.by_controller[controller]
+                controlled.drop(key.name)
+                if not controlled.pods:
+                    del index.by_controller[controller]
             group = index.by_labels.get(labels)
             if group is not None:
-                _drop_sorted(group.pods, key.name, _name_key)
-                if not group.pods:
+                group.pods.drop(key.name)
+                if not group.pods.pods:
                     del index.by_labels[labels]
         if not index.by_labels and not index.irregular:
             del self._pods_by_namespace[key.namespace]

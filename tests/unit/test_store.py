@@ -134,8 +134,9 @@ def test_a_relist_writes_the_store_before_it_builds_a_change_and_keeps_no_key_pe
     assert max(alive) - before <= 1
 
 
-def test_the_pod_indexes_hold_a_pointer_a_pod_in_name_order_not_a_map_by_name() -> None:
-    # A map by name took 28-36 bytes a pod (its table for 30 pods), more in the store; a list 8.
+def test_the_pod_indexes_hold_two_pointers_a_pod_in_name_order_not_a_map_by_name() -> None:
+    # A map by name took 28-36 bytes a pod (its table for 30 pods, outside pymalloc); the
+    # sorted lists of the pods and of their names take 16.
     names = [f"p{index:02d}" for index in range(30)]
     store = Store()
     owner = [{"kind": "ReplicaSet", "name": "web-1", "uid": "u1", "controller": True}]
@@ -144,16 +145,23 @@ def test_the_pod_indexes_hold_a_pointer_a_pod_in_name_order_not_a_map_by_name() 
         obj["metadata"]["ownerReferences"] = owner
         store.apply("Pod", ChangeType.ADDED, obj)
     index = store._pods_by_namespace["ns"]
-    entries = [store._pods_by_node["n1"], *index.by_controller.values()]
+    entries = [store._pods_by_node["n1"]["ns"], *index.by_controller.values()]
     entries += [group.pods for group in index.by_labels.values()]
     assert len(entries) == 3
     by_name = dict.fromkeys(names)
     for entry in entries:
-        assert [p["metadata"]["name"] for p in entry] == names
-        assert sys.getsizeof(entry) <= sys.getsizeof([None] * 40) < sys.getsizeof(by_name) / 2
+        assert entry.names == names
+        assert [p["metadata"]["name"] for p in entry.pods] == names
+        for part in (entry.names, entry.pods):
+            assert sys.getsizeof(part) <= sys.getsizeof([None] * 40) < sys.getsizeof(by_name) / 2
     store.apply("Pod", ChangeType.DELETED, pod("p07", "2"))
     assert [p["metadata"]["name"] for p in store.pods_on_node("n1")] == names[:7] + names[8:]
     assert [name for _, name, _ in store.keyed_pods_on_node("n1")] == names[:7] + names[8:]
+    # An update that leaves the pod in the same entries takes the old one's place in each.
+    update = pod("p03", "3", node="n1", app="web")
+    update["metadata"]["ownerReferences"] = owner
+    store.apply("Pod", ChangeType.MODIFIED, update)
+    assert all(entry.pods[3] is update for entry in entries)
 
 
 # --- watch lines ------------------------------------------------------------------------------

@@ -225,8 +225,11 @@ def outcome(
 def indexes(store: Store) -> Any:
     return {
         namespace: (
-            {controller: list(pods) for controller, pods in index.by_controller.items()},
-            {labels: (group.labels, list(group.pods)) for labels, group in index.by_labels.items()},
+            {controller: (e.names, e.pods) for controller, e in index.by_controller.items()},
+            {
+                labels: (g.labels, g.pods.names, g.pods.pods)
+                for labels, g in index.by_labels.items()
+            },
             set(index.irregular),
         )
         for namespace, index in store._pods_by_namespace.items()
