@@ -17,7 +17,7 @@ namespace has about as many label sets as ReplicaSets, and a selector runs once 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -125,6 +125,10 @@ class _SortedPods:
         else:
             names.insert(index, name)
             self.pods.insert(index, pod)
+
+    def __iter__(self) -> Iterator[tuple[str, RawObject]]:
+        """Each pod with its name, in name order."""
+        return zip(self.names, self.pods, strict=True)
 
     def drop(self, name: str) -> None:
         """Drop the pod held under ``name``, if there is one."""
@@ -244,22 +248,25 @@ class Store:
         index = self._pods_by_namespace.get(namespace)
         return index is None or not index.irregular
 
-    def pods_controlled_by(self, namespace: str, kind: Any, uid: Any) -> Sequence[RawObject]:
+    def pods_controlled_by(
+        self, namespace: str, kind: Any, uid: Any
+    ) -> Iterable[tuple[str, RawObject]]:
         """The pods of ``namespace`` whose controller owner reference has ``kind`` and ``uid``,
-        sorted by name; only when :meth:`pods_indexed` (then every name is a string)."""
+        with their names, sorted by name; only when :meth:`pods_indexed`."""
         index = self._pods_by_namespace.get(namespace)
         found = index.by_controller.get((kind, uid)) if index is not None else None
-        return found.pods if found is not None else ()
+        return found if found is not None else ()
 
     def pod_label_sets(
         self, namespace: str
-    ) -> Iterator[tuple[Mapping[str, str], Sequence[RawObject]]]:
+    ) -> Iterator[tuple[Mapping[str, str], Iterable[tuple[str, RawObject]]]]:
         """Each distinct set of labels of the pods of ``namespace`` (missing labels are empty
-        ones) with its pods sorted by name, the sets unsorted; only when :meth:`pods_indexed`."""
+        ones) with its pods and their names, sorted by name, the sets unsorted; only when
+        :meth:`pods_indexed`."""
         index = self._pods_by_namespace.get(namespace)
         if index is not None:
             for group in index.by_labels.values():
-                yield group.labels, group.pods.pods
+                yield group.labels, group.pods
 
     def count(self, kind: str) -> int:
         """How many objects of ``kind`` the store holds."""

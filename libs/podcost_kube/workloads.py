@@ -631,12 +631,10 @@ def _workload_objects_indexed(
     objects, uids, selectors = _pod_rules(store, key)
     found: dict[str, RawObject] = {}
     for uid in uids:
-        for pod in store.pods_controlled_by(key.namespace, REPLICASET, uid):
-            found[_name(pod)] = pod
+        found.update(store.pods_controlled_by(key.namespace, REPLICASET, uid))
     for labels, pods in store.pod_label_sets(key.namespace):
         if any(selector_matches(selector, labels) for selector in selectors):
-            for pod in pods:
-                found[_name(pod)] = pod
+            found.update(pods)
     nodes: set[str] = set()
     for name in sorted(found):
         pod = found[name]

@@ -281,8 +281,7 @@ def test_a_pod_moved_to_another_label_set_leaves_the_old_one() -> None:
     moved = {**meta, "resourceVersion": "3", "labels": {"app": "y"}}
     store.apply("Pod", ChangeType.MODIFIED, {"metadata": moved})
     assert [
-        (dict(labels), [pod["metadata"]["name"] for pod in pods])
-        for labels, pods in store.pod_label_sets("a")
+        (dict(labels), [name for name, _ in pods]) for labels, pods in store.pod_label_sets("a")
     ] == [({"app": "y"}, ["p"])]
     store.apply("Pod", ChangeType.DELETED, {"metadata": moved})
     assert list(store.pod_label_sets("a")) == []
