@@ -610,7 +610,10 @@ class Bench:
         text = done.read_text().splitlines() if done.exists() else ["none"]
         stamp(f"  heap dump {n}: {text[0]}")
         for line in text[1:]:
-            if line.startswith("pymalloc: "):
+            # The free lists of each type (``3 free PyFloatObjects``, …) are left out: a few KB.
+            if line.startswith(("malloc: ", "mappings: ")) or (
+                line.startswith("pymalloc: ") and " free " not in line
+            ):
                 print("   ", line, flush=True)
         return directory / f"heap-{n}.tracemalloc"
 

@@ -63,6 +63,10 @@ def test_with_no_frames_nothing_is_traced_and_the_dump_is_the_allocators_account
     lines = (tmp_path / "heap-1.txt").read_text().splitlines()
     assert lines[0].startswith("rss ")
     assert any(line.startswith("pymalloc: # bytes in allocated blocks") for line in lines)
+    if platform.libc_ver()[0] == "glibc":
+        assert any(line.startswith("malloc: heap ") for line in lines)
+    [mappings] = [line for line in lines if line.startswith("mappings: ")]
+    assert "anonymous " in mappings
     assert not (tmp_path / "heap-1.tracemalloc").exists()
 
 

@@ -129,8 +129,9 @@ def heap_dumps_on_signal(environ: Mapping[str, str] = os.environ) -> Path | None
     ``PODCOST_HEAP_DUMP_FRAMES`` frames, 12 by default; the process runs slower and larger), and
     each SIGUSR1 collects the garbage and writes ``heap-<n>.tracemalloc`` (a
     ``tracemalloc.Snapshot``, for ``tests.bench.heap_diff``) and ``heap-<n>.txt`` (the traced
-    total, the RSS, CPython's allocator's own account of its arenas and the 60 largest
-    allocation sites by file:line) into it. With ``PODCOST_HEAP_DUMP_FRAMES=0`` nothing is
+    total, the RSS, CPython's allocator's own account of its arenas, glibc's of its heap, the
+    resident bytes by kind of mapping and the 60 largest allocation sites by file:line) into
+    it. With ``PODCOST_HEAP_DUMP_FRAMES=0`` nothing is
     traced (the process runs as usual) and the text has the RSS and the allocator's account
     only: how much of the RSS its arenas hold and how much of that is in use. Returns the
     directory, or ``None`` when off."""
@@ -155,6 +156,8 @@ def heap_dumps_on_signal(environ: Mapping[str, str] = os.environ) -> Path | None
             current, peak = tracemalloc.get_traced_memory()
             lines[0] = f"traced {current} bytes (peak {peak}), {lines[0]}"
         lines += _allocator_account()
+        lines += _malloc_account()
+        lines += _mappings_account()
         if snapshot is not None:
             lines += [str(stat) for stat in snapshot.statistics("lineno")[:60]]
         (directory / f"heap-{n}.txt").write_text("\n".join(lines) + "\n")
@@ -179,6 +182,49 @@ def _allocator_account() -> list[str]:
         text = out.read().decode(errors="replace")
     start = text.find("# arenas allocated total")
     return ["pymalloc: " + line for line in text[start:].splitlines() if line.strip()]
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
+def _malloc_account() -> list[str]:
+    """glibc's account of ``malloc``'s heap (``mallinfo2``: what CPython's large objects, dict
+    tables and list arrays above 512 bytes, and C extensions allocate there), beside pymalloc's;
+    nothing where there is no such call."""
+    try:
+        call = ctypes.CDLL(None).mallinfo2
+    except (OSError, AttributeError):
+        return []
+    call.restype = _MallInfo2
+    info = call()
+    return [
+        f"malloc: heap {info.arena:,} bytes (in use {info.uordblks:,}, free {info.fordblks:,} "
+        f"in {info.ordblks:,} chunks), mmapped {info.hblkhd:,} bytes in {info.hblks:,} blocks"
+    ]
+
+
+def _mappings_account() -> list[str]:
+    """The resident bytes by kind of mapping (``/proc/self/smaps``): ``malloc``'s main heap,
+    anonymous mappings (pymalloc's arenas, ``malloc``'s large blocks and its threads' heaps,
+    thread stacks), and files (the interpreter, extension modules); nothing where unreadable."""
+    resident: dict[str, int] = {}
+    kind = "anonymous"
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/smaps").read_text().splitlines():
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                name = head[5] if len(head) > 5 else ""
+                kind = name if name.startswith("[") else "file" if name else "anonymous"
+            elif head and head[0] == "Rss:":
+                resident[kind] = resident.get(kind, 0) + int(head[1]) * 1024
+    return ["mappings: " + ", ".join(f"{kind} {size:,}" for kind, size in sorted(resident.items()))]
 
 
 def _rss_bytes() -> int:
