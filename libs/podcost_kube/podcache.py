@@ -1,6 +1,7 @@
-"""The watcher's pod conversion cache: a pod's raw JSON becomes a ``podcost_core.model.Pod`` (and
-its summed requests) once per version of the pod, not once per snapshot that shows it; a node's
-becomes a ``Node`` once per version of the node.
+"""The watcher's pod conversion cache: a pod's raw JSON becomes a ``podcost_core.model.Pod`` once
+per version of the pod, not once per snapshot that shows it (as long as it is among the
+:data:`POD_CACHE_SIZE` pods used last); a node's becomes a ``Node`` once per version of the node;
+equal requests are summed once.
 
 A node change re-publishes every workload with pods on that node, and each snapshot shows all of
 a workload's pods and sums the requests of every pod on their nodes: without the cache, every
@@ -8,34 +9,43 @@ one of them is validated and converted again although none changed.
 ``podcost_kube.workloads.workload_snapshot`` converts through :meth:`PodCache.convert`,
 :meth:`PodCache.requests` and :meth:`PodCache.node`; the watcher's informer handler calls
 :meth:`PodCache.observe` with every change, so a deleted pod's or node's entries go with it.
-Entries are keyed by uid (nodes: by name) and hold one ``resourceVersion`` each (a newer version
-replaces the older), so the cache holds at most one ``Pod`` and one ``Resources`` per pod, and one
-``Node`` per node, in the informer's store. A pod's requests are kept across versions that leave
-what they are summed from unchanged (status updates, the usual case): only the spec's request
-fields are compared, and no quantity is parsed again. The raw objects are the store's, which
-never changes one (an update replaces it): a ``Pod`` keeps their labels and annotations maps
-(``pod_from_json(shared=True)``) instead of a copy of each, and equal sums of requests (a
+
+What it keeps does not grow with the cluster (issue 14): at most :data:`POD_CACHE_SIZE`
+converted pods, the least recently used going first (a 30-pod workload's snapshot converts its
+pods again once they went: about 1 ms), and one sum per distinct set of request fields, not one
+per pod. A pod's requests are the sum of four parts of its spec (``pod_requests_inputs``), which
+the informer's projection shares between pods whose parts are equal (``project_pod``): a sum is
+found by the identity of those parts, which it keeps (so no other object can take their place),
+without reading a quantity again. Kept for every pod, the ``Pod`` objects and their entries were
+about 0.26 KB a pod, a sixth of the watcher's memory per pod. The raw objects are the store's,
+which never changes one (an update replaces it): a ``Pod`` keeps their labels and annotations
+maps (``pod_from_json(shared=True)``) instead of a copy of each, and equal sums of requests (a
 workload's pods all request the same) are one ``Resources``. Pure: no I/O, no client library.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
-from podcost_core.convert import (
-    PodSpecJSON,
-    node_from_json,
-    pod_from_json,
-    pod_requests,
-    pod_requests_inputs,
-)
+from podcost_core.convert import PodSpecJSON, node_from_json, pod_from_json, pod_requests
 from podcost_core.model import Node, Pod, Resources
 from podcost_kube.store import Change, ChangeType
 
 #: Distinct sums of requests kept to share; when full, forgotten (the shared ones stay so).
 AMOUNTS_LIMIT = 4096
+
+#: Converted pods kept (about 1 MB): the pods of the workloads published last. A workload's
+#: snapshot finds them converted while the workload keeps changing, whatever the cluster's size.
+POD_CACHE_SIZE = 4096
+
+#: Sums kept by the identity of the spec parts they were summed from; when full, forgotten.
+SUMS_LIMIT = 4096
+
+#: The parts of a pod's spec its requests are summed from (``pod_requests_inputs``).
+_REQUEST_PARTS = ("containers", "initContainers", "resources", "overhead")
 
 
 def _identity(raw: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -49,27 +59,33 @@ def _identity(raw: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 class PodCache:
-    """Converted pods by uid, each for one resourceVersion.
+    """Converted pods by uid, each for one resourceVersion, at most ``size`` of them (the least
+    recently used go first).
 
-    ``on_convert`` is called with each pod converted for a snapshot, once per version of a pod:
-    where the watcher reports what it finds wrong in a pod without repeating itself on every
-    snapshot. A version converted with ``report=False`` (the watcher deciding whether a change
-    matters, for pods it may never rank) is reported when a snapshot first shows it. ``adopt``:
-    the field managers whose deletion costs count as podcost's own (``pod_from_json``).
+    ``on_convert`` is called with each pod converted for a snapshot, once per conversion of a
+    version: a version converted again after it left the cache is handed over again (the
+    watcher reports a problem once per version whatever it is handed). A version converted with
+    ``report=False`` (the watcher deciding whether a change matters, for pods it may never rank)
+    is handed over when a snapshot first shows it. ``adopt``: the field managers whose deletion
+    costs count as podcost's own (``pod_from_json``).
     """
 
     def __init__(
-        self, on_convert: Callable[[Pod], None] | None = None, *, adopt: Collection[str] = ()
+        self,
+        on_convert: Callable[[Pod], None] | None = None,
+        *,
+        adopt: Collection[str] = (),
+        size: int = POD_CACHE_SIZE,
     ) -> None:
+        if size < 1:
+            raise ValueError("the pod cache needs a size of at least 1")
         self.adopt = frozenset(adopt)
-        self._pods: dict[str, Pod] = {}
-        self._versions: dict[str, str] = {}
-        """Per uid in :attr:`_pods`: the version its ``Pod`` was converted from (a second map
-        rather than a ``(version, Pod)`` tuple per pod: 35 bytes a pod less)."""
-        self._requests: dict[str, tuple[str, tuple[object, ...], Resources]] = {}
-        """Per pod: the version last summed, what its requests were summed from, and the sum."""
-        self._requests_peak = 0
-        """The most entries :attr:`_requests` held since it was last rebuilt."""
+        self.size = size
+        self._pods: OrderedDict[str, tuple[str, Pod]] = OrderedDict()
+        """Per uid: the version converted and its ``Pod``, the least recently used first."""
+        self._sums: dict[tuple[int, ...], tuple[tuple[object, ...], Resources]] = {}
+        """By the identities of a spec's request parts: those parts (kept, so that no other
+        object takes their identity) and their sum."""
         self._nodes: dict[str, tuple[str, Node]] = {}
         """Per node name: the version converted, and the node without its requested sums."""
         self._on_convert = on_convert
@@ -81,33 +97,41 @@ class PodCache:
         self.misses = 0
 
     def __len__(self) -> int:
-        """How many pods have an entry."""
-        return len(self._pods.keys() | self._requests.keys())
+        """How many converted pods are kept."""
+        return len(self._pods)
 
     def convert(self, raw: Mapping[str, Any], *, report: bool = True) -> Pod:
         """``pod_from_json(raw)``, from the cache when this version of the pod was converted
-        before; raises ``ConversionError`` as it does (a failure is not cached). ``report``:
-        hand the pod to ``on_convert`` if this version was not yet."""
+        before and is still kept; raises ``ConversionError`` as it does (a failure is not
+        cached). ``report``: hand the pod to ``on_convert`` if this version was not yet."""
         identity = _identity(raw)
         if identity is not None:
-            cached = self._pods.get(identity[0])
-            if cached is not None and self._versions.get(identity[0]) == identity[1]:
+            uid, version = identity
+            cached = self._pods.get(uid)
+            if cached is not None and cached[0] == version:
+                self._pods.move_to_end(uid)
                 self.hits += 1
-                if report and identity[0] in self._unreported:
-                    self._unreported.discard(identity[0])
-                    self._report(cached)
-                return cached
+                if report and uid in self._unreported:
+                    self._unreported.discard(uid)
+                    self._report(cached[1])
+                return cached[1]
         self.misses += 1
-        pod = pod_from_json(raw, adopt=self.adopt, shared=True, requests_of=self._summed)
+        # Summed from the raw spec's parts, which the store keeps (the validated spec is a copy:
+        # its parts would be new objects every time); they read the same (``project_pod``).
+        spec = raw.get("spec")
+        summed = self._summed if not isinstance(spec, Mapping) else lambda _: self._spec_sum(spec)
+        pod = pod_from_json(raw, adopt=self.adopt, shared=True, requests_of=summed)
         if identity is not None:
-            self._pods[identity[0]] = pod
-            self._versions[identity[0]] = identity[1]
-            # The pod's requests are the sum of this version: a summed entry is only a copy.
-            self._drop_requests(identity[0])
+            uid, version = identity
+            self._pods[uid] = (version, pod)
+            self._pods.move_to_end(uid)
             if report:
-                self._unreported.discard(identity[0])
+                self._unreported.discard(uid)
             else:
-                self._unreported.add(identity[0])
+                self._unreported.add(uid)
+            while len(self._pods) > self.size:
+                gone, _ = self._pods.popitem(last=False)
+                self._unreported.discard(gone)
         if report:
             self._report(pod)
         return pod
@@ -117,37 +141,25 @@ class PodCache:
             self._on_convert(pod)
 
     def requests(self, raw: Mapping[str, Any]) -> Resources:
-        """``pod_requests`` of the pod's spec, from the cache when this version of the pod was
-        converted or summed before."""
-        identity = _identity(raw)
+        """``pod_requests`` of the pod's spec, summed once per distinct set of request parts
+        (see the module docstring)."""
         spec = raw.get("spec", {})
-        if identity is None:
-            return pod_requests(spec)
-        uid, version = identity
-        pod = self._pods.get(uid)
-        if pod is not None and self._versions.get(uid) == version:
-            return pod.requests
-        cached = self._requests.get(uid)
-        if cached is not None and cached[0] == version:
-            return cached[2]
-        inputs = pod_requests_inputs(spec)
-        # A new version with the same request fields (a status update) keeps the sum.
-        same = cached is not None and cached[1] == inputs
-        amount = cached[2] if cached is not None and same else self._summed(spec)
-        self._requests[uid] = (version, inputs, amount)
-        self._requests_peak = max(self._requests_peak, len(self._requests))
-        return amount
+        if not isinstance(spec, Mapping):
+            return pod_requests(spec)  # raises as it would
+        return self._spec_sum(spec)
 
-    def _drop_requests(self, uid: str) -> None:
-        """Drop the summed entry of ``uid``; a map left with far fewer entries than it held is
-        rebuilt, as a dict never shrinks: the first pass sums the requests of every pod on the
-        nodes of the workloads it converts before converting those pods (10,000 pods: 0.2 MB
-        of an empty table kept for good otherwise)."""
-        if self._requests.pop(uid, None) is None:
-            return
-        if len(self._requests) * 8 < self._requests_peak:
-            self._requests = dict(self._requests)
-            self._requests_peak = len(self._requests)
+    def _spec_sum(self, spec: Mapping[str, Any]) -> Resources:
+        """``pod_requests(spec)``, found by the identity of the parts it is summed from."""
+        parts = tuple(spec.get(name) for name in _REQUEST_PARTS)
+        key = tuple(map(id, parts))
+        found = self._sums.get(key)
+        if found is not None and all(a is b for a, b in zip(found[0], parts, strict=True)):
+            return found[1]
+        amount = self._summed(cast(PodSpecJSON, spec))
+        if len(self._sums) >= SUMS_LIMIT:
+            self._sums.clear()
+        self._sums[key] = (parts, amount)
+        return amount
 
     def _summed(self, spec: PodSpecJSON) -> Resources:
         """``pod_requests(spec)``, the one ``Resources`` of that sum this cache hands out."""
@@ -179,8 +191,6 @@ class PodCache:
         uid = meta.get("uid") if isinstance(meta, Mapping) else None
         if isinstance(uid, str):
             self._pods.pop(uid, None)
-            self._versions.pop(uid, None)
-            self._drop_requests(uid)
             self._unreported.discard(uid)
 
     def observe(self, change: Change) -> None:

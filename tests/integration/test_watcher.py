@@ -263,7 +263,7 @@ async def test_a_pod_with_an_invalid_deletion_cost_is_reported_and_gets_a_valid_
                     await asyncio.wait_for(task, 30)
         found = await costs()
         assert set(found) == {first.name, second.name}
-        assert _invalid_counted(pipeline.watcher) >= 1  # once per version of the pod
+        assert _invalid_counted(pipeline.watcher) >= 1  # once per invalid value of the pod
         [warning] = [r for r in caplog.records if "is not a cost the controller" in r.message]
         assert first.name in warning.message
         assert (getattr(warning, "pod", None), getattr(warning, "value", None)) == (

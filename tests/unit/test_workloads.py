@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,10 +27,13 @@ from tests.unit.rawobjects import (
 )
 
 from podcost_core.convert import (
+    SharedParts,
     UnknownWorkload,
     load_objects,
     node_from_json,
     pod_from_json,
+    pod_requests,
+    project_pod,
     snapshot_for_workload,
 )
 from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, Pod, Resources
@@ -695,7 +697,7 @@ def test_a_snapshot_through_the_cache_is_the_same_and_a_node_change_converts_no_
     first = workload_snapshot(store, WEB, pods=pods)
     assert first == workload_snapshot(store, WEB)
     # Its 3 pods converted; the 4 others on its nodes only summed (api-1-a, batch-a, db-0, other).
-    assert (pods.misses, pods.hits, len(pods)) == (3, 0, 7)
+    assert (pods.misses, pods.hits, len(pods)) == (3, 0, 3)
     # A node change re-publishes the workload: its pods did not change, none is converted.
     node = bumped(raw_node("n1", "a"))
     taint(node)
@@ -710,11 +712,10 @@ def test_converting_a_snapshots_pods_first_converts_those_it_shows_and_sums_no_o
     store, first, plain = shop(), PodCache(), PodCache()
     convert_snapshot_pods(store, WEB, first)
     # Its 3 pods converted; the 4 others on its nodes not summed: no entry kept for them.
-    assert (first.misses, len(first), len(first._requests)) == (3, 3, 0)
+    assert (first.misses, len(first), len(first._sums)) == (3, 3, 3)
     snapshot = workload_snapshot(store, WEB, pods=first)
     assert snapshot == workload_snapshot(store, WEB, pods=plain) == workload_snapshot(store, WEB)
     assert (first.misses, first.hits) == (3, 3)  # publishing converts none of them again
-    assert len(plain._requests) == 4  # a snapshot alone sums the others and keeps each sum
 
 
 def test_converting_a_snapshots_pods_first_converts_and_reports_what_the_snapshot_does() -> None:
@@ -730,16 +731,55 @@ def test_converting_a_snapshots_pods_first_converts_and_reports_what_the_snapsho
         assert first
 
 
-def test_once_every_snapshots_pods_are_converted_no_snapshot_keeps_a_sum() -> None:
-    store, pods = shop(), PodCache()
-    keys = opted_in_workloads(store, OptInRules(default_enabled=True))
-    assert len(keys) == 3
-    for key in keys:
-        convert_snapshot_pods(store, key, pods)
-    for key in keys:
-        workload_snapshot(store, key, pods=pods)
-    # Only the pods no snapshot shows are summed: db-0 (a StatefulSet's), other (elsewhere).
-    assert len(pods._requests) == 2
+def test_requests_are_summed_once_per_distinct_set_of_shared_parts_not_per_pod() -> None:
+    shared = SharedParts()
+    raws = [
+        project_pod(raw_pod(f"p{index}", rs="web-1", app="web", node="n1"), shared)
+        for index in range(200)
+    ]
+    raws.append(project_pod(raw_pod("big", rs="web-1", app="web", node="n1", cpu="2"), shared))
+    pods = PodCache()
+    sums = [pods.requests(raw) for raw in raws]
+    assert sums == [pod_requests(raw["spec"]) for raw in raws]
+    # The projection shares equal containers: two sums kept, no converted pod, no entry a pod.
+    assert (len(pods._sums), len(pods)) == (2, 0)
+    assert pods.convert(raws[0]).requests is sums[0] is sums[199]
+    # A new version with the same request parts (a status update) keeps the sum.
+    status_only = bumped(raws[0])
+    status_only["spec"]["containers"] = raws[0]["spec"]["containers"]
+    assert pods.requests(status_only) is sums[0]
+    assert len(pods._sums) == 2
+
+
+def test_at_most_size_pods_are_kept_the_least_recently_used_going_first() -> None:
+    seen: list[str] = []
+    pods = PodCache(on_convert=lambda pod: seen.append(pod.name), size=3)
+    raws = [raw_pod(f"p{index}", rs="web-1", app="web", node="n1") for index in range(4)]
+    for raw in raws[:3]:
+        pods.convert(raw)
+    pods.convert(raws[0])  # used again: p1 is now the least recently used
+    pods.convert(raws[3])
+    assert (len(pods), pods.misses, pods.hits) == (3, 4, 1)
+    pods.convert(raws[0])
+    pods.convert(raws[2])
+    assert (pods.misses, pods.hits) == (4, 3)
+    assert pods.convert(raws[1]) == pod_from_json(raws[1])  # it went: converted again
+    assert (len(pods), pods.misses) == (3, 5)
+    # Each conversion of a version is handed over; p1's twice, as it was converted twice.
+    assert seen == ["p0", "p1", "p2", "p3", "p1"]
+    with pytest.raises(ValueError, match="size"):
+        PodCache(size=0)
+
+
+def test_a_pod_converted_unreported_and_pushed_out_is_reported_when_converted_again() -> None:
+    seen: list[str] = []
+    pods = PodCache(on_convert=lambda pod: seen.append(pod.name), size=1)
+    first, second = (raw_pod(f"p{index}", rs="web-1", app="web", node="n1") for index in range(2))
+    pods.convert(first, report=False)
+    pods.convert(second, report=False)  # first goes, unreported
+    assert (seen, pods._unreported) == ([], {second["metadata"]["uid"]})
+    pods.convert(first)
+    assert (seen, pods._unreported) == (["p0"], set())
 
 
 def test_the_cache_keeps_the_stores_maps_and_one_tuple_of_equal_tolerations() -> None:
@@ -774,7 +814,7 @@ def test_a_new_version_of_a_pod_is_converted_again_and_replaces_the_old_one() ->
     store.apply("Pod", ChangeType.MODIFIED, new)
     [pod] = [p for p in workload_snapshot(store, WEB, pods=pods).pods if p.name == "web-1-a"]
     assert pod.labels == {"app": "web", "extra": "x"}
-    assert (pods.misses, pods.hits, len(pods)) == (4, 2, 7)
+    assert (pods.misses, pods.hits, len(pods)) == (4, 2, 3)
 
 
 def test_a_deleted_pod_leaves_the_cache() -> None:
@@ -786,22 +826,9 @@ def test_a_deleted_pod_leaves_the_cache() -> None:
     assert change is not None
     pods.observe(change)
     pods.observe(Change("Node", ChangeType.DELETED, raw_node("n1", "a"), None))  # not a pod
-    assert len(pods) == 6
+    assert len(pods) == 2
     workload_snapshot(store, WEB, pods=pods)
-    assert (pods.misses, len(pods)) == (3, 6)
-
-
-def test_the_summed_requests_go_once_their_pods_are_converted() -> None:
-    raws = [raw_pod(f"p{index}", rs="web-1", app="web", node="n1") for index in range(200)]
-    pods = PodCache()
-    sums = [pods.requests(raw) for raw in raws]
-    assert len(pods) == 200
-    converted = [pods.convert(raw) for raw in raws]
-    assert [pod.requests for pod in converted] == sums
-    assert len(pods) == 200
-    assert pods.requests(raws[0]) is converted[0].requests
-    # The map that held 200 summed entries was rebuilt as they went, not kept at its peak.
-    assert sys.getsizeof(pods._requests) == sys.getsizeof({})
+    assert (pods.misses, len(pods)) == (3, 2)
 
 
 def test_empty_labels_and_annotations_are_one_map_for_every_pod() -> None:

@@ -125,6 +125,8 @@ DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 VERSION_SPAN = 10**6
 #: Snapshots queued on the bus and not yet acknowledged before publishing waits for the oldest.
 MAX_IN_FLIGHT = 256
+#: Pods with an invalid cost remembered as reported; when full, forgotten (reported again).
+REPORTED_LIMIT = 4096
 
 
 class WatcherSettings(BaseSettings):
@@ -289,6 +291,8 @@ class WatcherService:
         """The first pass is published: settle the heap once the bus has delivered it."""
         self._change_seen_at: dict[WorkloadKey, float] = {}
         self.pods = PodCache(on_convert=self._check_pod, adopt=self.adopt)
+        self._reported: dict[str, str | None] = {}
+        """Per uid, the invalid cost last reported for the pod (at most ``REPORTED_LIMIT``)."""
         self._published: set[WorkloadKey] = set()
         """The workloads this watcher published a snapshot of and no tombstone since."""
         self._node_load: set[WorkloadKey] = set()
@@ -480,10 +484,12 @@ class WatcherService:
         nodes not converted yet, encoded records, the bus's deliveries): once that is freed,
         the allocator could not give back the memory the pods were strewn over (issue 14:
         about 0.2 KB a pod at 10,000 pods). Publishing then finds every pod converted; the
-        pass finds each workload's pods twice (10,000 pods: 0.3 s more CPU, once)."""
+        pass finds each workload's pods twice (10,000 pods: 0.3 s more CPU, once). It stops
+        once the cache is full (``POD_CACHE_SIZE`` pods): the pods after would push out those
+        before, to be converted again by publishing."""
         for key in keys:
-            if not self.leading():
-                return
+            if not self.leading() or len(self.pods) >= self.pods.size:
+                return  # beyond the cache's size, publishing would convert them again
             if workload_policy(self.store, key, self.rules).enabled:
                 with contextlib.suppress(ConversionError):
                     convert_snapshot_pods(self.store, key, self.pods)
@@ -628,16 +634,24 @@ class WatcherService:
         log.info("%s is gone (%s): told the pipeline to forget it", message.key, reason)
 
     def _check_pod(self, pod: Pod) -> None:
-        """Report what is wrong in a pod as converted (once per version of the pod)."""
+        """Report a pod whose cost the controller cannot read, once per value it has (the cache
+        hands a pod over once per conversion of a version, again after it left the cache)."""
         problem = invalid_deletion_cost(pod)
-        if problem is not None:
-            self.metrics.invalid_annotations.labels(DELETION_COST_ANNOTATION).inc()
-            log.warning(
-                "pod %s/%s: its %s is not a cost the controller can read (%s): ranked as a pod "
-                "without one",
-                pod.namespace, pod.name, DELETION_COST_ANNOTATION, problem,
-                extra={"pod": f"{pod.namespace}/{pod.name}", "value": pod.deletion_cost_raw},
-            )  # fmt: skip
+        if problem is None:
+            self._reported.pop(pod.uid, None)
+            return
+        if self._reported.get(pod.uid) == pod.deletion_cost_raw:
+            return
+        if len(self._reported) >= REPORTED_LIMIT:
+            self._reported.clear()
+        self._reported[pod.uid] = pod.deletion_cost_raw
+        self.metrics.invalid_annotations.labels(DELETION_COST_ANNOTATION).inc()
+        log.warning(
+            "pod %s/%s: its %s is not a cost the controller can read (%s): ranked as a pod "
+            "without one",
+            pod.namespace, pod.name, DELETION_COST_ANNOTATION, problem,
+            extra={"pod": f"{pod.namespace}/{pod.name}", "value": pod.deletion_cost_raw},
+        )  # fmt: skip
 
 
 def bootstrap(
