@@ -751,6 +751,22 @@ def test_requests_are_summed_once_per_distinct_set_of_shared_parts_not_per_pod()
     assert len(pods._sums) == 2
 
 
+def test_requests_with_init_containers_or_overhead_are_summed_by_every_part() -> None:
+    shared = SharedParts()
+    raws = []
+    for index, overhead in enumerate(["10m", "10m", "20m"]):
+        raw = raw_pod(f"p{index}", rs="web-1", app="web", node="n1")
+        raw["spec"]["initContainers"] = [{"name": "init", "resources": {"requests": {"cpu": "1"}}}]
+        raw["spec"]["overhead"] = {"cpu": overhead}
+        raws.append(project_pod(raw, shared))
+    pods = PodCache()
+    sums = [pods.requests(raw) for raw in raws]
+    assert sums == [pod_requests(raw["spec"]) for raw in raws]
+    assert (sums[0].cpu_milli, sums[2].cpu_milli) == (1010, 1020)
+    assert sums[0] is sums[1]
+    assert len(pods._sums) == 2  # the third's overhead differs: a sum of its own
+
+
 def test_at_most_size_pods_are_kept_the_least_recently_used_going_first() -> None:
     seen: list[str] = []
     pods = PodCache(on_convert=lambda pod: seen.append(pod.name), size=3)
