@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import os
 import platform
 import signal
+import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +16,7 @@ from pathlib import Path
 import pytest
 from tests.bench.heap_diff import diff
 
+from podcost.runtime import heap
 from podcost.runtime.heap import heap_dumps_on_signal, trim_heap
 
 
@@ -94,3 +99,29 @@ def _rss() -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no VmRSS")
+
+
+async def test_trim_forever_trims_every_period_until_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    trims: list[float] = []
+    three = asyncio.Event()
+
+    def trim() -> bool:
+        trims.append(time.monotonic())
+        if len(trims) == 3:
+            three.set()
+        return True
+
+    monkeypatch.setattr(heap, "trim_heap", trim)
+    task = asyncio.create_task(heap.trim_forever(0.01))
+    await asyncio.sleep(0.005)
+    assert trims == []  # not at once: the service has just settled
+    await asyncio.wait_for(three.wait(), 5)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    count = len(trims)
+    await asyncio.sleep(0.03)
+    assert len(trims) == count
+    assert all(b - a >= 0.009 for a, b in itertools.pairwise(trims))

@@ -40,7 +40,7 @@ Publishing does not wait for each snapshot's acknowledgement: snapshots are queu
 the bus cannot deliver ends the watcher, whose restart publishes every workload again. Once the
 cache is synced it is frozen out of the garbage collector's passes (``settle_heap``), and again
 once the first pass is published and delivered (its converted pods), the allocator's free memory
-given back.
+given back; that memory is given back every few seconds after (``trim_forever``).
 
 API server outages. The informer runs with ``SERVICE_BACKOFF``: it retries for as long as the
 outage lasts and relists after it, never giving up on a retriable error. While its requests
@@ -77,7 +77,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from podcost.runtime.clock import Clock, WallClock
-from podcost.runtime.heap import settle_heap
+from podcost.runtime.heap import settle_heap, trim_forever
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
@@ -410,6 +410,7 @@ class WatcherService:
                 asyncio.create_task(informer.join(), name="watcher-informer"),
                 asyncio.create_task(self._fail_on_lost_delivery(), name="watcher-deliveries"),
                 asyncio.create_task(self._watch_outage(informer), name="watcher-outage"),
+                asyncio.create_task(trim_forever(), name="watcher-trim"),
             ]
             if self.elector is not None:
                 # Only now: a replica that leads must have the whole cluster in its cache.
