@@ -13,6 +13,7 @@ from tests.support.pods import NOW, pod
 from tests.support.snapshots import large_snapshot
 from tests.support.snapshots import snapshot as deployment
 
+from podcost_core import aggregate
 from podcost_core.aggregate import (
     PROGRESS_PART,
     SNAPSHOT_PART,
@@ -421,6 +422,45 @@ def test_the_resolver_gives_the_cluster_default_unless_the_workload_says_otherwi
     assert PolicyResolver()({"podcost.dev/enabled": "true"}).specs == DEFAULT_POLICY.specs
     with pytest.raises(PolicyError, match="arg 'bogus': unknown arg"):
         resolver({"podcost.dev/args.age": "bogus=1"})
+
+
+def test_a_snapshot_s_policy_is_resolved_once_for_its_whole_decision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    resolved: list[Mapping[str, str]] = []
+
+    def relevant(annotations: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+        resolved.append(annotations)
+        return original(annotations)
+
+    original = aggregate._relevant
+    monkeypatch.setattr(aggregate, "_relevant", relevant)
+    aggregator = Aggregator()
+    state = aggregator.on_snapshot(WorkloadState(KEY), BASE, emitted_at=1, now=0).state
+    for strategy in (CAP, AGE):
+        state = aggregator.on_ranks(
+            state, strategy=strategy, version=BASE.version, scores=scores(BASE, strategy), now=1
+        ).state
+        state, decision = aggregator.due(state, 1)
+    assert decision is not None
+    assert decision.complete
+    assert resolved == [BASE.annotations]
+    # Equal annotations in another mapping (the next snapshot) are resolved again, to the same
+    # policy (cached by content).
+    copy = replace(BASE, annotations=dict(BASE.annotations), version=BASE.version + 1)
+    assert aggregator.policies.of(copy) is aggregator.policies.of(BASE)
+    assert len(resolved) == 2
+
+
+def test_the_resolver_keeps_the_annotations_of_its_latest_snapshots_only() -> None:
+    resolver = PolicyResolver(size=2)
+    snapshots = [replace(BASE, annotations=dict(STRATEGIES)) for _ in range(3)]
+    policies = [resolver.of(snapshot) for snapshot in snapshots]
+    assert all(policy is policies[0] for policy in policies)
+    assert [mapping for mapping, _ in resolver._seen.values()] == [
+        snapshots[1].annotations,
+        snapshots[2].annotations,
+    ]
 
 
 U = PodUID
