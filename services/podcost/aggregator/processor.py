@@ -152,9 +152,11 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
 
     Assembled from JSON fragments rather than serialized as one tree of dicts: a dict per pod
     and strategy term was most of the cost again (pydantic serializes a small dict slower than
-    its values). Every string and float is still written by pydantic's ``to_json`` (its
-    escaping, its float format): only the fixed keys, the punctuation and the ints of the terms
-    (normalized scores, weights, tiers) are written here."""
+    its values). Every float is still written by pydantic's ``to_json`` (its float format), and
+    so is every string, unless the pods' names, namespaces and uids are all plain text (printable
+    ASCII without quotes or backslashes, what Kubernetes allows), which JSON writes as it is
+    between quotes: only the fixed keys, the punctuation, the ints and that plain text are
+    written here."""
     combined = decision.combined
     by_uid = {pod.uid: pod for pod in decision.snapshot.pods}
     costs = decision.labelling.costs
@@ -162,6 +164,7 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
     normalized = combined.normalized
     ranks = combined.ranks
     uids = combined.uids
+    size = len(uids)
     changed_at = decision.changed_at
     try:
         # A pod's JSON is its fields, then its breakdown: a template with each strategy's
@@ -169,29 +172,48 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
         # ``uids`` (zipped into one row per pod).
         terms: list[bytes] = []
         columns: list[Sequence[int] | list[bytes]] = []
-        for bound in combined.policy.bound:
-            if bound.name in normalized:
-                name = to_json(bound.name).replace(b"%", b"%%")
-                terms.append(b'%s:{"normalized":%%d,"weight":%d,"tier":%d,"raw":%%s}'
-                             % (name, bound.weight, bound.spec.tier))  # fmt: skip
-                columns += (normalized[bound.name], _floats_json(combined.raw[bound.name]))
-        template = b'%%s,"breakdown":{%s}}' % b",".join(terms)
-        rows = list(zip(*columns, strict=True)) if columns else [()] * len(uids)
-        pods = []
-        for index in sorted(range(len(uids)), key=lambda index: ranks[uids[index]]):
-            uid = uids[index]
-            pod = by_uid[uid]
-            now = current.get(uid)
-            fields = to_json(
-                {
-                    "namespace": pod.namespace,
-                    "name": pod.name,
-                    "uid": uid,
-                    "cost": costs[uid],
-                    "previous": None if now is None else now.value,
-                }
+        bounds = [bound for bound in combined.policy.bound if bound.name in normalized]
+        raws = _floats_json([combined.raw[bound.name] for bound in bounds])
+        for position, bound in enumerate(bounds):
+            name = to_json(bound.name).replace(b"%", b"%%")
+            terms.append(b'%s:{"normalized":%%d,"weight":%d,"tier":%d,"raw":%%s}'
+                         % (name, bound.weight, bound.spec.tier))  # fmt: skip
+            columns += (normalized[bound.name], raws[position * size : (position + 1) * size])
+        breakdown = b'"breakdown":{%s}}' % b",".join(terms)
+        rows = list(zip(*columns, strict=True)) if columns else [()] * size
+        order = sorted(range(size), key=lambda index: ranks[uids[index]])
+        pods = [by_uid[uid] for uid in uids]
+        if _plain("".join([pod.namespace + pod.name for pod in pods]) + "".join(uids)):
+            template = (
+                b'{"namespace":"%s","name":"%s","uid":"%s","cost":%d,"previous":%s,' + breakdown
             )
-            pods.append(template % (fields[:-1], *rows[index]))
+            # One format of the template repeated: a format per pod scanned it as often.
+            values: list[bytes | int] = []
+            for index in order:
+                uid, pod = uids[index], pods[index]
+                now = current.get(uid)
+                previous = None if now is None else now.value
+                values += (
+                    pod.namespace.encode(), pod.name.encode(), uid.encode(), costs[uid],
+                    b"null" if previous is None else b"%d" % previous, *rows[index],
+                )  # fmt: skip
+            entries = [b",".join([template] * size) % tuple(values)] if size else []
+        else:
+            template = b"%s," + breakdown
+            entries = []
+            for index in order:
+                uid, pod = uids[index], pods[index]
+                now = current.get(uid)
+                fields = to_json(
+                    {
+                        "namespace": pod.namespace,
+                        "name": pod.name,
+                        "uid": uid,
+                        "cost": costs[uid],
+                        "previous": None if now is None else now.value,
+                    }
+                )
+                entries.append(template % (fields[:-1], *rows[index]))
         head = to_json({"schema_version": 1, "key": decision.key, "version": decision.version})
         tail = to_json(
             {
@@ -205,15 +227,29 @@ def desired_costs_json(decision: Decision, *, emitted_at: float) -> bytes:
     except PydanticSerializationError as error:  # text that is not Unicode (a lone surrogate)
         kind = DesiredCostsMessage.KIND
         raise EncodeError(f"the {kind} message cannot be encoded: {error}") from error
-    return b'%s,"costs":[%s],%s' % (head[:-1], b",".join(pods), tail[1:])
+    return b'%s,"costs":[%s],%s' % (head[:-1], b",".join(entries), tail[1:])
 
 
-def _floats_json(values: Sequence[float]) -> list[bytes]:
-    """Each value's JSON as a float, as pydantic writes it: one ``to_json`` for all of them (a
-    float's JSON never holds a comma)."""
-    if not values:
+#: The characters JSON writes as they are that :func:`_plain` accepts: printable ASCII but the
+#: quote and the backslash.
+_PLAIN: Final = bytes(range(0x20, 0x7F)).replace(b'"', b"").replace(b"\\", b"")
+
+
+def _plain(text: str) -> bool:
+    """Whether JSON writes ``text`` as it is between quotes, as pydantic's ``to_json`` does
+    (it escapes only quotes, backslashes and control characters, and writes non-ASCII as
+    UTF-8): printable ASCII without quotes or backslashes. (Deleting those from the bytes is
+    several times faster than ``str.isprintable``.)"""
+    return text.isascii() and not text.encode().translate(None, _PLAIN)
+
+
+def _floats_json(columns: Sequence[Sequence[float]]) -> list[bytes]:
+    """Each value of ``columns``, one after the other, as JSON of a float, as pydantic writes
+    it: one ``to_json`` for all of them (a float's JSON never holds a comma)."""
+    floats = [float(value) for values in columns for value in values]
+    if not floats:
         return []
-    return to_json([float(value) for value in values])[1:-1].split(b",")
+    return to_json(floats)[1:-1].split(b",")
 
 
 @dataclass(slots=True)
