@@ -30,9 +30,8 @@ How an order is made:
 4. Pods are sorted by their tuple of tier sums, dominant tier first, ascending: the first group is
    deleted first. Pods whose tuples are equal form one group (ties stay ties: they get equal
    costs); a group lists its pods by uid, so the output does not depend on the snapshot's order.
-   ``Combined.breakdown`` explains any pod's sums strategy by strategy; the normalized scores it
-   shows are recomputed on demand from the raw ones kept, by the same function (most orders are
-   never explained, so the hot path keeps only the raw scores and the packed sums).
+   ``Combined.breakdown`` explains any pod's sums strategy by strategy, with the normalized
+   scores computed on the way (the aggregator explains every pod of every order it decides).
 
 Every answer is checked: a strategy that leaves out an active pod, returns a non-finite raw
 score, or whose own normalization leaves [0, 100] raises :class:`ScoreContractError` naming it.
@@ -48,7 +47,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 
 from podcost_core.model import Phase, Pod, PodUID, Snapshot
-from podcost_core.normalize import in_range, normalize, scale
+from podcost_core.normalize import MIN_SCORE, in_range, normalize, scale
 from podcost_core.policy import DEFAULT_POLICY, BoundStrategy, Policy
 from podcost_core.strategies.base import (
     Scores,
@@ -135,8 +134,8 @@ class Combined:
     def normalized(self) -> Mapping[str, Sequence[int]]:
         """Per strategy that took part: normalized scores aligned with ``uids``.
 
-        Recomputed from ``raw`` on first use (the same function ``combine`` applied): most
-        orders are never explained, and keeping them out of the hot path matters.
+        Those ``combine`` computed on the way; for a ``Combined`` made otherwise (a copy by
+        ``dataclasses.replace``, say), computed from ``raw`` on first use by the same function.
         """
         out = dict(self.plugin_normalized)
         for bound in self.policy.bound:
@@ -234,7 +233,7 @@ def combine(
     if len(pods) < len(snapshot.pods):
         ranked = set(uids)
         excluded = tuple(pod.uid for pod in snapshot.pods if pod.uid not in ranked)
-    return Combined(
+    combined = Combined(
         policy=policy,
         version=snapshot.version,
         uids=tuple(uids),
@@ -246,6 +245,16 @@ def combine(
         ignored=tuple(sorted(name for name in scores_by_strategy if name not in in_policy)),
         excluded=excluded,
     )
+    # The normalized scores computed on the way, handed to the cached property (what it would
+    # compute from ``raw``, in its order): the aggregator explains every pod of every order it
+    # decides, and normalizing again was a tenth of its decision. A copy made with
+    # ``dataclasses.replace`` computes its own.
+    normalized = dict(state.plugin_normalized)
+    for bound in policy.bound:
+        if bound.name in state.raw and bound.name not in normalized:
+            normalized[bound.name] = state.normalized[bound.name]
+    combined.__dict__["normalized"] = normalized
+    return combined
 
 
 class _State:
@@ -256,6 +265,8 @@ class _State:
         self.packed: list[int] = [0] * size
         self.raw: dict[str, Sequence[float]] = {}
         self.plugin_normalized: dict[str, Sequence[int]] = {}
+        self.normalized: dict[str, Sequence[int]] = {}
+        """The strategies' normalized scores, but those of ``plugin_normalized``."""
 
     def add(self, bound: BoundStrategy, raw: list[float]) -> None:
         """Normalize one strategy's raw scores and add its weighted points to its tier's digit."""
@@ -274,15 +285,15 @@ class _State:
             reason = f"raw score {bad!r} is not a finite number"
             raise ScoreContractError(bound.name, reason) from None
         if scaled is None:  # every pod normalizes to 0: nothing to add
+            self.normalized[bound.name] = [MIN_SCORE] * len(raw)
             return
-        # normalize() fused with the weighted sum: the same floor((v - low) * factor + 0.5),
-        # without a list of normalized scores that most orders never need.
+        # normalize(), from the same scaling: floor((v - low) * factor + 0.5).
         values, low, factor = scaled
         floor = math.floor
-        totals = zip(self.packed, values, strict=True)
-        self.packed = [
-            total + step * floor((value - low) * factor + 0.5) for total, value in totals
-        ]
+        normalized = [floor((value - low) * factor + 0.5) for value in values]
+        self.normalized[bound.name] = normalized
+        totals = zip(self.packed, normalized, strict=True)
+        self.packed = [total + step * value for total, value in totals]
 
 
 @lru_cache(maxsize=256)

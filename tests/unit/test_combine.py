@@ -8,6 +8,7 @@ from importlib.metadata import EntryPoint
 import pytest
 from tests.support.pods import NOW, pod
 
+from podcost_core import combine as combine_module
 from podcost_core.combine import (
     Combined,
     Contribution,
@@ -310,6 +311,35 @@ def test_combined_keeps_the_policy_it_was_made_with() -> None:
     combined: Combined = rank(DISAGREE, policy("age"))
     assert combined.policy.names == ("age",)
     assert combined.normalized == {"age": [100, 0]}
+
+
+def test_an_order_s_normalized_scores_are_those_computed_while_combining(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    s = snapshot(
+        pod("a", node="n1"),
+        pod("b", node="n1", priority=5),
+        pod("c", node="n2", ready_since=NOW - 10),
+        pod("d", node="n3"),
+        nodes={"n1": {ZONE: "x"}, "n2": {ZONE: "y", **SPOT}, "n3": {ZONE: "y"}},
+    )
+    # Every kind of term: a spread, a threshold, a strategy where all pods tie (all 0).
+    specs = (
+        StrategySpec("topology-spread"),
+        StrategySpec("age", tier=1, threshold=20),
+        StrategySpec("untolerated-taints", tier=1),
+    )
+    policies = [DEFAULT_POLICY, Policy(specs, BUILTIN_REGISTRY)]
+    combined = [rank(s, p) for p in policies]
+    # Computed afresh from the raw scores by a copy (the cached property is its own).
+    expected = [replace(c).normalized for c in combined]
+    assert [dict(e) for e in expected] != [{}, {}]
+    calls: list[object] = []
+    monkeypatch.setattr(combine_module, "normalize", lambda *args: calls.append(args))
+    for made, fresh in zip(combined, expected, strict=True):
+        assert made.normalized == fresh
+        assert list(made.normalized) == list(fresh)  # in the same order
+    assert calls == []
 
 
 def test_the_points_of_every_tier_unpack_from_the_packed_key_that_sorts_like_them() -> None:
