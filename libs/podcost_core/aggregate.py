@@ -80,6 +80,13 @@ Scores = Mapping[PodUID, float]
 _POLICY_PREFIXES: Final = tuple(key.rpartition("/")[0] + "/" for key in (ENABLED, LABLABS_ENABLED))
 
 
+#: The most snapshots' annotations :meth:`PolicyResolver.of` remembers (and so keeps alive,
+#: superseded snapshots' too: a workload's annotations can hold kilobytes, ``kubectl apply``'s
+#: last configuration). A ranker's batch answers up to 100 workloads, so the steps of one
+#: decision are at most about 100 snapshots apart.
+_SEEN_AT_MOST: Final = 256
+
+
 class PolicyResolver:
     """The policy of a workload: its annotations over a cluster default, cached.
 
@@ -109,7 +116,9 @@ class PolicyResolver:
         self._cache: OrderedDict[tuple[tuple[str, str], ...], Policy] = OrderedDict()
         self._seen: dict[int, tuple[Mapping[str, str], Policy]] = {}
         """By ``id`` of a snapshot's annotations: the mapping (kept, so that its ``id`` is not
-        reused while it is here) and its policy; the ``size`` latest, oldest first."""
+        reused while it is here) and its policy; the latest (at most ``size`` and
+        ``_SEEN_AT_MOST``), oldest first."""
+        self._seen_size = min(size, _SEEN_AT_MOST)
 
     def __call__(self, annotations: Mapping[str, str]) -> Policy:
         relevant = _relevant(annotations)
@@ -136,7 +145,7 @@ class PolicyResolver:
             return seen[1]
         policy = self(annotations)
         self._seen[id(annotations)] = (annotations, policy)
-        if len(self._seen) > self._size:
+        if len(self._seen) > self._seen_size:
             del self._seen[next(iter(self._seen))]
         return policy
 

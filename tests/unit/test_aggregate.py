@@ -452,15 +452,17 @@ def test_a_snapshot_s_policy_is_resolved_once_for_its_whole_decision(
     assert len(resolved) == 2
 
 
-def test_the_resolver_keeps_the_annotations_of_its_latest_snapshots_only() -> None:
-    resolver = PolicyResolver(size=2)
-    snapshots = [replace(BASE, annotations=dict(STRATEGIES)) for _ in range(3)]
+@pytest.mark.parametrize(("size", "kept"), [(2, 2), (10_000, aggregate._SEEN_AT_MOST)])
+def test_the_resolver_keeps_the_annotations_of_its_latest_snapshots_only(
+    size: int, kept: int
+) -> None:
+    resolver = PolicyResolver(size=size)
+    snapshots = [replace(BASE, annotations=dict(STRATEGIES)) for _ in range(kept + 1)]
     policies = [resolver.of(snapshot) for snapshot in snapshots]
     assert all(policy is policies[0] for policy in policies)
-    assert [mapping for mapping, _ in resolver._seen.values()] == [
-        snapshots[1].annotations,
-        snapshots[2].annotations,
-    ]
+    remembered = [mapping for mapping, _ in resolver._seen.values()]
+    assert remembered == [snapshot.annotations for snapshot in snapshots[1:]]
+    assert all(a is b.annotations for a, b in zip(remembered, snapshots[1:], strict=True))
 
 
 U = PodUID
