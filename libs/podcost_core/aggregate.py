@@ -323,7 +323,7 @@ class Decision:
     def first_wrong(self) -> int | None:
         """The smallest scale-in that would now, before these writes, delete a pod the order
         keeps (``urgency.first_wrong``): how urgent the writes are."""
-        return first_wrong(self.combined.order, self.snapshot, self.views)
+        return first_wrong(self.combined.order, self.snapshot, self.views, self.combined.ranks)
 
     def pods(self) -> list[PodDecision]:
         """Every ranked pod, in snapshot order."""
@@ -524,8 +524,9 @@ class Aggregator:
         )
         views = ReplicaSetViews(snapshot)
         labelling = drop_implied(
-            labelling, combined.order, snapshot, current, band=band, views=views
-        )
+            labelling, combined.order, snapshot, current, band=band, views=views,
+            group_of=combined.ranks,
+        )  # fmt: skip
         return Decision(
             key, snapshot, combined, labelling, current, latest.trace, rejected,
             latest.changed_at, views,

@@ -70,15 +70,18 @@ def drop_implied(
     *,
     band: CostBand = DEFAULT_BAND,
     views: ReplicaSetViews | None = None,
+    group_of: Mapping[PodUID, int] | None = None,
 ) -> Labelling:
     """``labelling`` without the writes whose pods the controller's own order already places
     (module docstring); ``costs`` then holds the cost such a pod keeps. Only a current cost
-    inside ``band`` (the one ``label_costs`` wrote in) is kept. ``views``: ``snapshot``'s, when
-    the caller has them already."""
+    inside ``band`` (the one ``label_costs`` wrote in) is kept. ``views``: ``snapshot``'s, and
+    ``group_of``: each pod's group index in ``order`` (``Combined.ranks``), when the caller has
+    them already."""
     if not labelling.writes:
         return labelling
     views = ReplicaSetViews.of(snapshot, views)
-    group_of = {uid: index for index, group in enumerate(order) for uid in group}
+    if group_of is None:
+        group_of = {uid: index for index, group in enumerate(order) for uid in group}
     costs = dict(labelling.costs)
     writes = dict(labelling.writes)
     written_sets = {pod.replicaset for pod in snapshot.pods if pod.uid in writes}

@@ -22,7 +22,7 @@ smallest over them. Pure and O(n log n).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from itertools import groupby
 
 from podcost_core.model import PodUID, Snapshot
@@ -60,12 +60,15 @@ def first_wrong(
     order: Sequence[Sequence[PodUID]],
     snapshot: Snapshot,
     views: ReplicaSetViews | None = None,
+    group_of: Mapping[PodUID, int] | None = None,
 ) -> int | None:
     """The smallest scale-in (pods of one ReplicaSet) that, with the costs on ``snapshot``'s pods
     now, may delete a pod ``order`` keeps; ``None`` when every scale-in follows the order.
-    ``views``: ``snapshot``'s, when the caller has them already."""
+    ``views``: ``snapshot``'s, and ``group_of``: each pod's group index in ``order``
+    (``Combined.ranks``), when the caller has them already."""
     views = ReplicaSetViews.of(snapshot, views)
-    group_of = {uid: index for index, group in enumerate(order) for uid in group}
+    if group_of is None:
+        group_of = {uid: index for index, group in enumerate(order) for uid in group}
     replicasets = sorted({pod.replicaset for pod in snapshot.pods if pod.uid in group_of
                           and pod.replicaset is not None})  # fmt: skip
     found: int | None = None

@@ -40,6 +40,7 @@ from podcost_core.policy import (
     StrategySpec,
     policy_from_annotations,
 )
+from podcost_core.urgency import first_wrong
 
 CAP, AGE = "capacity-type", "age"
 STRATEGIES = {"podcost.dev/enabled": "true", "podcost.dev/strategies": f"{CAP}=3, {AGE}"}
@@ -351,6 +352,12 @@ def test_a_complete_decision_is_rank_then_label_costs_against_the_costs_on_the_p
     assert decision.labelling == labelled
     assert decision.trace == {"a": "b"}
     assert state.progress.verdict is Verdict.COMPLETE
+
+    # The order's groups handed down (Combined.ranks) decide as the order itself does.
+    assert decision.combined.ranks == {
+        uid: index for index, group in enumerate(expected.order) for uid in group
+    }
+    assert decision.first_wrong == first_wrong(expected.order, snapshot)
 
     pods = {p.pod.name: p for p in decision.pods()}
     assert set(pods) == set("abcdef")
