@@ -106,14 +106,19 @@ def test_every_cost_is_explained_strategy_by_strategy() -> None:
     assert combined.breakdown(U("uid-spot-old"))[1].points == 200
 
 
-def test_the_breakdown_adds_up_to_the_key_it_was_sorted_by() -> None:
-    s = snapshot(
+def mixed() -> Snapshot:
+    """Four pods over three nodes in two zones, one spot, one older, one of higher priority."""
+    return snapshot(
         pod("a", node="n1"),
         pod("b", node="n1", priority=5),
         pod("c", node="n2", ready_since=NOW - 10),
         pod("d", node="n3"),
         nodes={"n1": {ZONE: "x"}, "n2": {ZONE: "y", **SPOT}, "n3": {ZONE: "y"}},
     )
+
+
+def test_the_breakdown_adds_up_to_the_key_it_was_sorted_by() -> None:
+    s = mixed()
     combined = rank(s)
     for uid in combined.uids:
         points = [0] * len(DEFAULT_POLICY.tiers)
@@ -316,13 +321,7 @@ def test_combined_keeps_the_policy_it_was_made_with() -> None:
 def test_an_order_s_normalized_scores_are_those_computed_while_combining(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    s = snapshot(
-        pod("a", node="n1"),
-        pod("b", node="n1", priority=5),
-        pod("c", node="n2", ready_since=NOW - 10),
-        pod("d", node="n3"),
-        nodes={"n1": {ZONE: "x"}, "n2": {ZONE: "y", **SPOT}, "n3": {ZONE: "y"}},
-    )
+    s = mixed()
     # Every kind of term: a spread, a threshold, a strategy where all pods tie (all 0).
     specs = (
         StrategySpec("topology-spread"),
