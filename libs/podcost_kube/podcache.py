@@ -64,10 +64,10 @@ class PodCache:
 
     ``on_convert`` is called with each pod converted for a snapshot, once per conversion of a
     version: a version converted again after it left the cache is handed over again (the
-    watcher reports a problem once per version whatever it is handed). A version converted with
-    ``report=False`` (the watcher deciding whether a change matters, for pods it may never rank)
-    is handed over when a snapshot first shows it. ``adopt``: the field managers whose deletion
-    costs count as podcost's own (``pod_from_json``).
+    watcher reports a pod's invalid cost once per value, however often it is handed over). A
+    version converted with ``report=False`` (the watcher deciding whether a change matters, for
+    pods it may never rank) is handed over when a snapshot first shows it. ``adopt``: the field
+    managers whose deletion costs count as podcost's own (``pod_from_json``).
     """
 
     def __init__(
