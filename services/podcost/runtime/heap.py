@@ -121,7 +121,7 @@ def trim_heap() -> bool:
     """glibc's ``malloc_trim(0)``: the free pages anywhere in ``malloc``'s heap go back to the
     system (a few milliseconds for tens of MiB). ``False`` where there is no such call (another
     C library): nothing is done."""
-    trim = _malloc_trim()
+    trim = _libc("malloc_trim", ctypes.c_int, (ctypes.c_size_t,))
     if trim is None:
         return False
     trim(0)
@@ -129,14 +129,15 @@ def trim_heap() -> bool:
 
 
 @functools.cache
-def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim``, or ``None`` where the C library has none."""
+def _libc(name: str, restype: Any, argtypes: tuple[Any, ...] = ()) -> Any:
+    """The C library's function ``name`` with that signature, or ``None`` where it has none
+    (not glibc)."""
     try:
-        trim = ctypes.CDLL(None).malloc_trim
+        call = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim
+    call.argtypes, call.restype = list(argtypes), restype
+    return call
 
 
 def freeze_imports() -> None:
@@ -228,11 +229,9 @@ def _malloc_account() -> list[str]:
     """glibc's account of ``malloc``'s heap (``mallinfo2``: what CPython's large objects, dict
     tables and list arrays above 512 bytes, and C extensions allocate there), beside pymalloc's;
     nothing where there is no such call."""
-    try:
-        call = ctypes.CDLL(None).mallinfo2
-    except (OSError, AttributeError):
+    call = _libc("mallinfo2", _MallInfo2)
+    if call is None:
         return []
-    call.restype = _MallInfo2
     info = call()
     return [
         f"malloc: heap {info.arena:,} bytes (in use {info.uordblks:,}, free {info.fordblks:,} "
