@@ -1115,6 +1115,10 @@ class ClusterObjects:
     deployments: dict[tuple[str, str], WorkloadJSON] = field(default_factory=dict)
     newest: float | None = None
     """The newest timestamp anywhere in the objects: "now" for a dump."""
+    node_usage: dict[str, NodeUsage] = field(default_factory=dict)
+    """What the active pods on a node request (:func:`node_usage`), for nodes every pod of
+    which is in ``pods``, when the caller has it already (the watcher keeps it per node until
+    the node's pods change); a snapshot sums the other nodes' from ``pods``."""
 
     def _seen(self, *stamps: str | None) -> None:
         for stamp in stamps:
@@ -1409,28 +1413,59 @@ def _raw_requests(raw: Mapping[str, Any]) -> Resources:
     return pod_requests(raw.get("spec", {}))
 
 
+#: What the active pods on a node request, summed: CPU in millicores, memory in bytes, pods,
+#: and how many of them are daemon pods (:func:`node_usage`).
+NodeUsage = tuple[int, int, int, int]
+
+
+def node_usage(
+    pods: Iterable[Mapping[str, Any]],
+    requests_of: Callable[[Mapping[str, Any]], Resources] | None = None,
+) -> NodeUsage:
+    """What the active ``pods`` of one node request, summed, as a snapshot gives it to the node
+    (``Node.requested`` and ``Node.daemon_pods``); ``requests_of`` is ``pod_requests`` of a raw
+    pod's spec or a cache of it. Raises :class:`ConversionError` for a pod it cannot read."""
+    sums = [0, 0, 0, 0]
+    add = requests_of or _raw_requests
+    for raw in pods:
+        if _is_active(cast(PodJSON, raw)):
+            _add_usage(sums, raw, add)
+    return sums[0], sums[1], sums[2], sums[3]
+
+
+def _add_usage(
+    sums: list[int],
+    raw: Mapping[str, Any],
+    requests_of: Callable[[Mapping[str, Any]], Resources],
+) -> None:
+    amount = requests_of(raw)
+    sums[0] += amount.cpu_milli
+    sums[1] += amount.memory_bytes
+    sums[2] += amount.pods
+    sums[3] += _is_daemon(raw.get("metadata", {}))
+
+
 def _nodes_for(
     objects: ClusterObjects,
     pods: Sequence[Pod],
     requests_of: Callable[[Mapping[str, Any]], Resources],
     convert_node: Callable[[Mapping[str, Any], Resources], Node],
 ) -> dict[str, Node]:
-    """The nodes the pods run on, each with the requests of every active pod on it."""
+    """The nodes the pods run on, each with the requests of every active pod on it (summed
+    here from ``objects.pods``, unless ``objects.node_usage`` has them)."""
     wanted = {pod.node for pod in pods if pod.node is not None}
-    requested: dict[str, list[int]] = {name: [0, 0, 0, 0] for name in wanted}
-    for raw in objects.pods.values():
-        node_name = raw.get("spec", {}).get("nodeName")
-        if node_name in requested and _is_active(raw):
-            amount = requests_of(raw)
-            sums = requested[node_name]
-            sums[0] += amount.cpu_milli
-            sums[1] += amount.memory_bytes
-            sums[2] += amount.pods
-            sums[3] += _is_daemon(raw.get("metadata", {}))
+    usage = objects.node_usage
+    requested: dict[str, list[int]] = {name: [0, 0, 0, 0] for name in wanted if name not in usage}
+    if requested:
+        for raw in objects.pods.values():
+            node_name = raw.get("spec", {}).get("nodeName")
+            if node_name in requested and _is_active(raw):
+                _add_usage(requested[node_name], raw, requests_of)
     nodes: dict[str, Node] = {}
     for name in sorted(wanted):
         raw_node = objects.nodes.get(name)
-        cpu, memory, count, daemons = requested[name]
+        summed = requested.get(name)
+        cpu, memory, count, daemons = usage[name] if summed is None else summed
         used = Resources(cpu_milli=cpu, memory_bytes=memory, pods=count)
         node = (
             convert_node(raw_node, used)

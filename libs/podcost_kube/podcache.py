@@ -1,7 +1,8 @@
 """The watcher's pod conversion cache: a pod's raw JSON becomes a ``podcost_core.model.Pod`` once
 per version of the pod, not once per snapshot that shows it (as long as it is among the
 :data:`POD_CACHE_SIZE` pods used last); a node's becomes a ``Node`` once per version of the node;
-equal requests are summed once.
+equal requests are summed once; what a node's pods request is summed once per state of its pods
+(:meth:`PodCache.node_usage`).
 
 A node change re-publishes every workload with pods on that node, and each snapshot shows all of
 a workload's pods and sums the requests of every pod on their nodes: without the cache, every
@@ -26,11 +27,18 @@ workload's pods all request the same) are one ``Resources``. Pure: no I/O, no cl
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
-from podcost_core.convert import PodSpecJSON, node_from_json, pod_from_json, pod_requests
+from podcost_core.convert import (
+    NodeUsage,
+    PodSpecJSON,
+    node_from_json,
+    node_usage,
+    pod_from_json,
+    pod_requests,
+)
 from podcost_core.model import Node, Pod, Resources
 from podcost_kube.store import Change, ChangeType
 
@@ -43,6 +51,9 @@ POD_CACHE_SIZE = 4096
 
 #: Sums kept by the identity of the spec parts they were summed from; when full, forgotten.
 SUMS_LIMIT = 4096
+
+#: Nodes whose usage is kept (``PodCache.node_usage``); when full, forgotten.
+NODE_USAGE_LIMIT = 4096
 
 #: The parts of a pod's spec its requests are summed from (``pod_requests_inputs``).
 _REQUEST_PARTS = ("containers", "initContainers", "resources", "overhead")
@@ -89,6 +100,8 @@ class PodCache:
         sum."""
         self._nodes: dict[str, tuple[str, Node]] = {}
         """Per node name: the version converted, and the node without its requested sums."""
+        self._usage: dict[str, tuple[int, NodeUsage]] = {}
+        """Per node name: the stamp of its pods (``Store.node_stamp``) and what they request."""
         self._on_convert = on_convert
         self._amounts: dict[Resources, Resources] = {}
         """Each distinct sum of requests once, for the pods that request it to share."""
@@ -198,6 +211,22 @@ class PodCache:
             self._nodes[name] = cached
         return replace(cached[1], requested=requested)
 
+    def node_usage(self, node: str, stamp: int, pods: Sequence[Mapping[str, Any]]) -> NodeUsage:
+        """``node_usage(pods)`` of the pods bound to ``node``, summed once per ``stamp`` of
+        them (``Store.node_stamp``, unique in the process: it changes with any of the node's
+        pods). A snapshot shows the nodes of its workload's pods with what every pod on them
+        requests: without this, each snapshot summed its nodes' pods again, 30 nodes of 30 pods
+        for a 30-pod Deployment spread over them, whose 29 other Deployments' snapshots summed
+        the same pods (``tests/bench/bench_workload_objects.py``)."""
+        kept = self._usage.get(node)
+        if kept is not None and kept[0] == stamp and stamp:
+            return kept[1]
+        usage = node_usage(pods, self.requests)
+        if len(self._usage) >= NODE_USAGE_LIMIT and node not in self._usage:
+            self._usage.clear()
+        self._usage[node] = (stamp, usage)
+        return usage
+
     def forget(self, raw: Mapping[str, Any]) -> None:
         """Drop the entries of the pod ``raw`` is a version of."""
         meta = raw.get("metadata")
@@ -216,3 +245,4 @@ class PodCache:
             meta = change.old.get("metadata")
             if isinstance(meta, Mapping):
                 self._nodes.pop(str(meta.get("name")), None)
+                self._usage.pop(str(meta.get("name")), None)

@@ -16,14 +16,19 @@ namespace has about as many label sets as ReplicaSets, and a selector runs once 
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 #: One object as the API serves it.
 RawObject = dict[str, Any]
+
+#: Where every store takes its node stamps from (:meth:`Store.node_stamp`): one count for all the
+#: stores of the process, so that no two stores, nor two states of one node's pods, share a stamp.
+_STAMPS = itertools.count(1)
 
 
 class ChangeType(StrEnum):
@@ -167,6 +172,54 @@ class _NamespacePods:
     """The names of the irregular pods."""
 
 
+#: The kinds whose objects the store also indexes by their controller (:meth:`Store.controlled_by`).
+CONTROLLED_KINDS = frozenset({"ReplicaSet"})
+
+
+@dataclass(slots=True)
+class _Controlled:
+    """The objects of one kind in one namespace by their controller reference: by the owner's
+    uid, and by its name (whatever its kind: readers check it; a key of the reference's own
+    strings, no tuple, and a list of a name or two, no set, about 0.4 KB a ReplicaSet less).
+    An object whose reference cannot be a key (no API server serves one) is *irregular*: while
+    the namespace holds one, readers read them all."""
+
+    by_uid: dict[Any, list[str]] = field(default_factory=dict)
+    by_name: dict[Any, list[str]] = field(default_factory=dict)
+    irregular: set[str] = field(default_factory=set)
+
+
+class _Irregular:
+    """What :func:`_controller_keys` says of an object whose controller reference cannot be a
+    key (:data:`_IRREGULAR`)."""
+
+
+_IRREGULAR: Final = _Irregular()
+
+#: An object's controller as keys of a :class:`_Controlled`: its uid and its name.
+_ControllerKeys = tuple[Any, Any]
+
+
+def _controller_keys(obj: Mapping[str, Any]) -> _ControllerKeys | _Irregular | None:
+    """Where ``obj`` goes in its :class:`_Controlled`: its controller's uid and name; ``None``
+    without a controller, :data:`_IRREGULAR` when it cannot be indexed."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return _IRREGULAR
+    refs = meta.get("ownerReferences")
+    if refs and not isinstance(refs, list):
+        return _IRREGULAR
+    ref = controller_of(obj)
+    if ref is None:
+        return None
+    keys = ref.get("uid"), ref.get("name")
+    try:
+        hash(keys)
+    except TypeError:
+        return _IRREGULAR
+    return keys
+
+
 def _pod_index_keys(pod: Mapping[str, Any]) -> tuple[tuple[Any, Any] | None, LabelSet] | None:
     """Where ``pod`` goes in its namespace's :class:`_NamespacePods`: its controller's kind and
     uid (``None`` without a controller) and its label set; ``None`` when it is irregular."""
@@ -203,6 +256,11 @@ class Store:
     """node name → namespace → its pods there (no key object of its own per pod)."""
     _pods_by_namespace: dict[str, _NamespacePods] = field(default_factory=dict)
     """namespace → its pods by controller and by label set."""
+    _controlled: dict[tuple[str, str], _Controlled] = field(default_factory=dict)
+    """(kind, namespace) → its objects by controller, for the :data:`CONTROLLED_KINDS`."""
+    _node_stamps: dict[str, int] = field(default_factory=dict)
+    """node name → the stamp of the last change of the pods bound to it (:meth:`node_stamp`);
+    none for a node without pods."""
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -241,6 +299,40 @@ class Store:
             for ns in sorted(by_namespace)
             for name, pod in zip(by_namespace[ns].names, by_namespace[ns].pods, strict=True)
         ]
+
+    def controlled_by(
+        self, kind: str, namespace: str, owner_name: Any, owner_uid: Any
+    ) -> list[RawObject] | None:
+        """The objects of ``kind`` (one of the :data:`CONTROLLED_KINDS`) in ``namespace`` whose
+        controller reference names an owner by ``owner_uid`` (when it is not empty) or by
+        ``owner_name``, sorted by name: every object that a check of the reference by uid, or
+        by name where a uid is missing, could accept, and some it may not (of an owner of
+        another kind, say: the caller checks each). ``None`` when the namespace holds an object
+        of ``kind`` whose reference cannot be indexed, or the owner cannot be looked up: read
+        them all."""
+        index = self._controlled.get((kind, namespace))
+        if index is None:
+            return []
+        if index.irregular:
+            return None
+        try:
+            names = set(index.by_name.get(owner_name, ()))
+            if owner_uid:
+                names.update(index.by_uid.get(owner_uid, ()))
+        except TypeError:  # an owner whose kind, name or uid cannot be a key
+            return None
+        held = self._objects.get(kind, {}).get(namespace, {})
+        return [held[name] for name in sorted(names)]
+
+    def node_stamp(self, node: str) -> int:
+        """A number that changes whenever a pod bound to ``node`` is added, replaced or removed,
+        or is bound to it or leaves it: what is computed from a node's pods (what they request,
+        ``PodCache.node_usage``) holds as long as its stamp does. Unique in the process, never
+        reused; 0 while no pod is bound to the node."""
+        return self._node_stamps.get(node, 0)
+
+    def _touch(self, node: str) -> None:
+        self._node_stamps[node] = next(_STAMPS)
 
     def pods_indexed(self, namespace: str) -> bool:
         """Whether :meth:`pods_controlled_by` and :meth:`pod_label_sets` hold every pod of
@@ -353,6 +445,8 @@ class Store:
         if old is not None:
             self._unindex(key, old)
         self._objects.setdefault(key.kind, {}).setdefault(key.namespace, {})[key.name] = new
+        if key.kind in CONTROLLED_KINDS:
+            self._index_controlled(key, new)
         if key.kind != "Pod":
             return
         node = _node_of(key.kind, new)
@@ -364,6 +458,7 @@ class Store:
             if on_node is None:
                 on_node = by_namespace[key.namespace] = _SortedPods()
             on_node.put(key.name, new)
+            self._touch(node)
         index = self._pods_by_namespace.get(key.namespace)
         if index is None:
             index = self._pods_by_namespace[key.namespace] = _NamespacePods()
@@ -385,6 +480,8 @@ class Store:
     def _reindexed(self, key: ObjectKey, old: RawObject, new: RawObject) -> bool:
         """Put ``new`` in the place of ``old`` in every index entry when it goes in the same
         ones (same node, controller and labels: most updates); whether it did."""
+        if key.kind in CONTROLLED_KINDS:
+            return _controller_keys(new) == _controller_keys(old)
         if key.kind != "Pod":
             return True
         node = _node_of(key.kind, new)
@@ -400,6 +497,7 @@ class Store:
             index.by_controller[controller].put(key.name, new)
         if node is not None:
             self._pods_by_node[node][key.namespace].put(key.name, new)
+            self._touch(node)
         return True
 
     def _remove(self, key: ObjectKey, old: RawObject) -> None:
@@ -409,7 +507,43 @@ class Store:
         if not named:
             del self._objects[key.kind][key.namespace]
 
+    def _index_controlled(self, key: ObjectKey, obj: RawObject) -> None:
+        keys = _controller_keys(obj)
+        if keys is None:
+            return
+        index = self._controlled.get((key.kind, key.namespace))
+        if index is None:
+            index = self._controlled[(key.kind, key.namespace)] = _Controlled()
+        if isinstance(keys, _Irregular):
+            index.irregular.add(key.name)
+            return
+        for table, entry in zip((index.by_uid, index.by_name), keys, strict=True):
+            names = table.get(entry)
+            if names is None:
+                table[entry] = [key.name]
+            elif key.name not in names:
+                names.append(key.name)
+
+    def _unindex_controlled(self, key: ObjectKey, old: RawObject) -> None:
+        index = self._controlled.get((key.kind, key.namespace))
+        keys = _controller_keys(old)  # unchanged since it was indexed: the same keys
+        if index is None or keys is None:
+            return
+        if isinstance(keys, _Irregular):
+            index.irregular.discard(key.name)
+        else:
+            for table, entry in zip((index.by_uid, index.by_name), keys, strict=True):
+                names = table.get(entry)
+                if names is not None and key.name in names:
+                    names.remove(key.name)
+                    if not names:
+                        del table[entry]
+        if not index.by_uid and not index.by_name and not index.irregular:
+            del self._controlled[(key.kind, key.namespace)]
+
     def _unindex(self, key: ObjectKey, old: RawObject) -> None:
+        if key.kind in CONTROLLED_KINDS:
+            self._unindex_controlled(key, old)
         if key.kind != "Pod":
             return
         node = _node_of(key.kind, old)
@@ -420,8 +554,11 @@ class Store:
                 on_node.drop(key.name)
                 if not on_node.pods:
                     del by_namespace[key.namespace]
-            if not by_namespace:
+            if by_namespace:
+                self._touch(node)
+            else:
                 self._pods_by_node.pop(node, None)
+                self._node_stamps.pop(node, None)
         index = self._pods_by_namespace.get(key.namespace)
         if index is None:
             return

@@ -29,6 +29,7 @@ from podcost_core.policy import (
 )
 from podcost_core.strategies import node_consolidation
 from podcost_core.strategies.registry import BUILTIN, BUILTIN_REGISTRY
+from podcost_kube.podcache import PodCache
 from podcost_kube.store import Change, ChangeType, Store
 from podcost_kube.workloads import (
     DEPLOYMENT,
@@ -255,3 +256,59 @@ def test_node_consolidation_reads_whether_a_node_holds_other_pods_not_how_many()
     assert strategy.score(with_others({**dict.fromkeys(own, 0), first: 1}), args) != alone
     shared = strategy.score(with_others(dict.fromkeys(own, 1)), args)
     assert strategy.score(with_others({**dict.fromkeys(own, 1), first: 9}), args) == shared
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), versions), min_size=1, max_size=6), st.booleans())
+def test_a_nodes_usage_kept_by_the_cache_is_what_summing_its_pods_gives(
+    steps: list[dict[str, Any] | None], db: bool
+) -> None:
+    """``PodCache.node_usage`` keeps a node's sums while its pods' stamp holds: whatever a
+    bystander pod goes through (added, bound, moved, finished, deleted, its requests or owner
+    changed), a snapshot through one long-lived cache shows the nodes a cache-less snapshot
+    shows, and the cache is asked for each node (its sums are not taken from the pods again)."""
+    store = _store(db)
+    cache = PodCache()
+    asked: list[str] = []
+    usage = cache.node_usage
+
+    def counting(node: str, stamp: int, pods: Any) -> Any:
+        asked.append(node)
+        return usage(node, stamp, pods)
+
+    cache.node_usage = counting  # type: ignore[method-assign]
+    held: dict[str, Any] | None = None
+    for number, step in enumerate(steps, start=2):
+        if step is None:
+            if held is not None:
+                store.apply("Pod", ChangeType.DELETED, held)
+            held = None
+        else:
+            held = _bystander(step, str(number))
+            store.apply("Pod", ChangeType.MODIFIED, held)
+        for key in (WEB, API):
+            asked.clear()
+            cached = workload_snapshot(store, key, pods=cache)
+            assert cached == workload_snapshot(store, key), (key, steps)
+            assert sorted(asked) == sorted(cached.nodes)
+
+
+def test_a_nodes_stamp_moves_with_its_pods_and_no_other() -> None:
+    store = _store(db=False)
+    stamps = {node: store.node_stamp(node) for node in NODES}
+    assert all(stamps.values())
+    assert len(set(stamps.values())) == len(NODES)
+    assert store.node_stamp("n9") == 0  # no pod there
+    moved = raw_pod("web-b", app="web", rs="web-1", node="n3")
+    moved["metadata"]["resourceVersion"] = "2"
+    store.apply("Pod", ChangeType.MODIFIED, moved)  # n2 → n3
+    now = {node: store.node_stamp(node) for node in NODES}
+    assert (now["n1"], now["n4"]) == (stamps["n1"], stamps["n4"])
+    assert now["n2"] > stamps["n2"]
+    assert now["n3"] > stamps["n3"]
+    store.apply("Pod", ChangeType.DELETED, raw_pod("web-a", app="web", rs="web-1", node="n1"))
+    assert store.node_stamp("n1") == 0  # its last pod left
+    assert Store().node_stamp("n1") == 0
+    other = Store()
+    other.apply("Pod", ChangeType.ADDED, raw_pod("x", app="x", rs=None, node="n2"))
+    assert other.node_stamp("n2") not in set(now.values())  # one count for every store
