@@ -580,14 +580,14 @@ def workload_objects(
 ) -> ClusterObjects:
     """The objects the snapshot of ``key`` is built from, and no others.
 
-    The workload; the ReplicaSets of its namespace; the pods its ReplicaSets control or whose
-    labels one of their selectors matches (adoptable orphans and bystanders); the nodes of those
-    pods and every pod on those nodes (for ``Node.requested``; not with ``with_nodes=False``, which
-    leaves the snapshot's pods as they are and its nodes without what they hold). With
-    ``usage``, each node's usage is asked of it and handed over (``ClusterObjects.node_usage``),
-    so that the snapshot does not sum it again. Objects come
-    from the API, so they are taken as they are; ``pod_from_json`` validates every pod it
-    converts.
+    The workload; the ReplicaSets of its namespace related to it (``_replicasets_related``);
+    the pods its ReplicaSets control or whose labels one of their selectors matches (adoptable
+    orphans and bystanders); the nodes of those pods and every pod on those nodes (for
+    ``Node.requested``; not with ``with_nodes=False``, which leaves the snapshot's pods as they
+    are and its nodes without what they hold). With ``usage``, each node's usage is asked of it
+    and handed over (``ClusterObjects.node_usage``), so that the snapshot does not sum it again.
+    Objects come from the API, so they are taken as they are; ``pod_from_json`` validates every
+    pod it converts.
 
     The pods are found through the store's indexes (by controller, and one selector run per
     distinct label set), not by reading every pod of the namespace. A namespace holding a pod
