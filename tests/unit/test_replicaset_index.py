@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from tests.unit.test_workload_pod_index import (
     DEPLOYMENTS,
     NAMESPACES,
-    NODES,
     PROPERTY,
     RS_NAMES,
+    base_store,
     keys,
     pods,
     rebuilt,
@@ -87,13 +87,7 @@ def operations() -> st.SearchStrategy[list[tuple[Any, ...]]]:
 
 
 def build(ops: list[tuple[Any, ...]]) -> Store:
-    store = Store()
-    for namespace in NAMESPACES:
-        for name in DEPLOYMENTS:
-            meta = {"name": name, "namespace": namespace, "uid": uid(DEPLOYMENT, namespace, name)}
-            store.apply(DEPLOYMENT, ChangeType.ADDED, {"kind": DEPLOYMENT, "metadata": meta})
-    for node in NODES[:2]:
-        store.apply("Node", ChangeType.ADDED, {"kind": "Node", "metadata": {"name": node}})
+    store = base_store()
     for version, (op, *args) in enumerate(ops, start=1):
         if op == "delete":
             meta = {"name": args[1], "namespace": args[0]}

@@ -154,7 +154,8 @@ def ops(malformed: bool) -> st.SearchStrategy[list[tuple[Any, ...]]]:
     )
 
 
-def build(operations: list[tuple[Any, ...]]) -> Store:
+def base_store() -> Store:
+    """A store of the Deployments of every namespace and the nodes but the last."""
     store = Store()
     for namespace in NAMESPACES:
         for name in DEPLOYMENTS:
@@ -162,6 +163,11 @@ def build(operations: list[tuple[Any, ...]]) -> Store:
             store.apply(DEPLOYMENT, ChangeType.ADDED, {"kind": DEPLOYMENT, "metadata": meta})
     for node in NODES[:2]:
         store.apply("Node", ChangeType.ADDED, {"kind": "Node", "metadata": {"name": node}})
+    return store
+
+
+def build(operations: list[tuple[Any, ...]]) -> Store:
+    store = base_store()
     version = 0
     for op, *args in operations:
         version += 1
