@@ -14,9 +14,10 @@ Deployments of ``--replicas`` pods each, all in one namespace, one ReplicaSet pe
 - ``workload_snapshot`` with each of them, through one warm ``PodCache`` (the steady state of the
   watcher: no pod converted again), i.e. what the watcher spends per emitted workload;
 - ``workload_snapshot`` as it is and as it was before the watcher's cache kept each node's usage
-  (``PodCache.node_usage``) and the store indexed ReplicaSets by controller
-  (``Store.controlled_by``): every pod on the snapshot's nodes summed again, every ReplicaSet of
-  the namespace read (the same snapshot, asserted).
+  (``PodCache.node_usage``), the store indexed ReplicaSets by controller
+  (``Store.controlled_by``) and label sets by label (``Store.pod_label_sets_with``): every pod on
+  the snapshot's nodes summed again, every ReplicaSet of the namespace read, every label set of
+  the namespace checked (the same snapshot, asserted).
 
 It prints milliseconds per workload and the ratio, and the time to fill the store.
 """
@@ -187,13 +188,16 @@ def bench(pods: int, replicas: int, pods_per_node: int, sample: int) -> None:
             workloads.workload_objects = indexed
 
     def snapshot_before(key: WorkloadKey) -> Any:
-        """``workload_snapshot`` without the node usage kept and the ReplicaSets' index."""
-        indexed = Store.controlled_by
+        """``workload_snapshot`` without the node usage kept, the ReplicaSets' index and the
+        label sets looked up by a label their selectors require."""
+        indexed, pairs = Store.controlled_by, workloads._required_pairs
         Store.controlled_by = lambda *args: None  # type: ignore[assignment,method-assign]
+        workloads._required_pairs = lambda selectors: None
         try:
             objects = workload_objects(store, key)
         finally:
             Store.controlled_by = indexed  # type: ignore[method-assign]
+            workloads._required_pairs = pairs
         snapshot = snapshot_for_workload(
             objects, key.namespace, key.name, key.kind, convert_pod=cache.convert,
             requests_of=cache.requests, convert_node=cache.node,
@@ -220,8 +224,8 @@ def bench(pods: int, replicas: int, pods_per_node: int, sample: int) -> None:
         print(f"  workload_{what:8s} scan {before:8.3f} ms  indexed {after:7.3f} ms  "
               f"x{before / after:6.1f}  ({rates})")  # fmt: skip
     before, after = per["snapshot before"], per["snapshot indexed"]
-    print(f"  workload_snapshot before the node usage memo and the ReplicaSet index "
-          f"{before:7.3f} ms, now {after:7.3f} ms  x{before / after:5.2f}")  # fmt: skip
+    print(f"  workload_snapshot before the node usage kept, the ReplicaSet index and the label "
+          f"lookup {before:7.3f} ms, now {after:7.3f} ms  x{before / after:5.2f}")  # fmt: skip
 
 
 def main() -> None:

@@ -48,13 +48,20 @@ def requirements(draw: st.DrawFn) -> dict[str, Any]:
     return requirement
 
 
-def selectors(malformed: bool) -> st.SearchStrategy[Any]:
+def selectors(malformed: bool, labelled: bool = False) -> st.SearchStrategy[Any]:
+    """Selectors of ReplicaSets; ``labelled``: each with ``matchLabels`` (or none at all), the
+    selectors whose label sets ``workload_objects`` looks up by a label they require."""
     valid = st.builds(
         lambda labels, expressions: {
             **({"matchLabels": labels} if labels else {}),
             **({"matchExpressions": expressions} if expressions else {}),
         },
-        st.dictionaries(st.sampled_from(LABEL_KEYS), st.sampled_from(LABEL_VALUES), max_size=2),
+        st.dictionaries(
+            st.sampled_from(LABEL_KEYS),
+            st.sampled_from(LABEL_VALUES),
+            min_size=1 if labelled else 0,
+            max_size=2,
+        ),
         st.lists(requirements(), max_size=2),
     )
     choices: list[st.SearchStrategy[Any]] = [valid, valid, valid, st.none()]
@@ -77,7 +84,7 @@ def owner(kind: str, namespace: str, name: str, *, controller: bool = True) -> d
 
 
 @st.composite
-def replicasets(draw: st.DrawFn, malformed: bool) -> dict[str, Any]:
+def replicasets(draw: st.DrawFn, malformed: bool, labelled: bool = False) -> dict[str, Any]:
     namespace = draw(st.sampled_from(NAMESPACES))
     name = draw(st.sampled_from(RS_NAMES))
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
@@ -86,7 +93,8 @@ def replicasets(draw: st.DrawFn, malformed: bool) -> dict[str, Any]:
     controller = draw(st.sampled_from((*DEPLOYMENTS, *DEPLOYMENTS, None)))
     if controller is not None:
         meta["ownerReferences"] = [owner(DEPLOYMENT, namespace, controller)]
-    return {"kind": REPLICASET, "metadata": meta, "spec": {"selector": draw(selectors(malformed))}}
+    selector = draw(selectors(malformed, labelled))
+    return {"kind": REPLICASET, "metadata": meta, "spec": {"selector": selector}}
 
 
 @st.composite
@@ -127,15 +135,16 @@ def pods(draw: st.DrawFn, malformed: bool) -> dict[str, Any]:
     return {"kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def ops(malformed: bool) -> st.SearchStrategy[list[tuple[Any, ...]]]:
-    """Some ReplicaSets and pods to start with, then random changes."""
+def ops(malformed: bool, labelled: bool = False) -> st.SearchStrategy[list[tuple[Any, ...]]]:
+    """Some ReplicaSets and pods to start with, then random changes (``labelled``: see
+    :func:`selectors`)."""
     pod_st = pods(malformed)
     change = st.one_of(
         st.tuples(st.just("apply"), pod_st),
         st.tuples(st.just("apply"), pod_st),
         st.tuples(st.just("apply"), pod_st),
         st.tuples(st.just("delete"), st.sampled_from(NAMESPACES), st.sampled_from(POD_NAMES)),
-        st.tuples(st.just("replicaset"), replicasets(malformed)),
+        st.tuples(st.just("replicaset"), replicasets(malformed, labelled)),
         st.tuples(
             st.just("relist"),
             st.lists(pod_st, max_size=6),
@@ -143,7 +152,7 @@ def ops(malformed: bool) -> st.SearchStrategy[list[tuple[Any, ...]]]:
         ),
     )
     start = st.lists(
-        st.tuples(st.just("replicaset"), replicasets(malformed)), min_size=3, max_size=8
+        st.tuples(st.just("replicaset"), replicasets(malformed, labelled)), min_size=3, max_size=8
     )
     pods_first = st.lists(st.tuples(st.just("apply"), pod_st), min_size=4, max_size=12)
     return st.builds(
@@ -237,6 +246,7 @@ def indexes(store: Store) -> Any:
                 for labels, g in index.by_labels.items()
             },
             set(index.irregular),
+            {pair: (len(held), frozenset(held)) for pair, held in index.by_pair.items()},
         )
         for namespace, index in store._pods_by_namespace.items()
     }
@@ -264,6 +274,40 @@ def test_the_indexes_find_exactly_the_pods_the_scan_of_the_namespace_finds(
         assert ordered(_workload_objects_indexed(store, key)) == expected  # no fallback
         assert ordered(workload_objects(store, key)) == expected
     assert indexes(store) == indexes(rebuilt(store))
+
+
+@PROPERTY
+@given(ops(malformed=False, labelled=True))
+def test_label_sets_looked_up_by_a_required_label_find_what_the_scan_finds(
+    operations: list[tuple[Any, ...]],
+) -> None:
+    """Every selector with ``matchLabels``: only the label sets holding one of the labels they
+    require are checked (``Store.pod_label_sets_with``), and they find the same pods."""
+    store = build(operations)
+    for key in keys(store)[:-1]:
+        assert ordered(_workload_objects_indexed(store, key)) == ordered(
+            _workload_objects_by_scan(store, key)
+        )
+    assert indexes(store) == indexes(rebuilt(store))
+
+
+def test_each_selector_of_a_workload_finds_its_label_sets() -> None:
+    store = base_store()
+    for name, selector in (("rs0", {"app": "x"}), ("rs1", {"tier": "y"})):
+        meta = {
+            "name": name,
+            "namespace": "a",
+            "uid": uid(REPLICASET, "a", name),
+            "resourceVersion": "1",
+            "ownerReferences": [owner(DEPLOYMENT, "a", "d0")],
+        }
+        rs = {"kind": REPLICASET, "metadata": meta, "spec": {"selector": {"matchLabels": selector}}}
+        store.apply(REPLICASET, ChangeType.ADDED, rs)
+    for name, labels in (("p0", {"app": "x"}), ("p1", {"tier": "y"}), ("p2", {"app": "y"})):
+        meta = {"name": name, "namespace": "a", "resourceVersion": "1", "labels": labels}
+        store.apply("Pod", ChangeType.ADDED, {"kind": "Pod", "metadata": meta, "spec": {}})
+    found = _workload_objects_indexed(store, WorkloadKey("a", DEPLOYMENT, "d0"))
+    assert [name for _, name in found.pods] == ["p0", "p1"]
 
 
 @PROPERTY
