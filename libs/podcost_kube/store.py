@@ -322,7 +322,7 @@ class Store:
             names = set(index.by_name.get(owner_name, ()))
             if owner_uid:
                 names.update(index.by_uid.get(owner_uid, ()))
-        except TypeError:  # an owner whose kind, name or uid cannot be a key
+        except TypeError:  # an owner whose name or uid cannot be a key
             return None
         held = self._objects.get(kind, {}).get(namespace, {})
         return [held[name] for name in sorted(names)]
