@@ -590,9 +590,11 @@ def workload_objects(
     pod it converts.
 
     The pods are found through the store's indexes (by controller, and one selector run per
-    distinct label set), not by reading every pod of the namespace. A namespace holding a pod
-    the indexes cannot stand for, or an object that makes the indexed way fail, is read pod by
-    pod as before (:func:`_workload_objects_by_scan`): the answer, or the error, is the same.
+    distinct label set, only on the label sets holding a label the selectors require when each
+    requires one: :func:`_required_pairs`), not by reading every pod of the namespace. A
+    namespace holding a pod the indexes cannot stand for, or an object that makes the indexed
+    way fail, is read pod by pod as before (:func:`_workload_objects_by_scan`): the answer, or
+    the error, is the same.
     """
     if store.pods_indexed(key.namespace):
         try:
