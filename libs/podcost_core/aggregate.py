@@ -223,6 +223,11 @@ class Progress:
     """By strategy, for the latest version (emptied once decided complete)."""
     early: tuple[Waiting, ...] = ()
     """Answers for later versions, ascending."""
+    derived: bool = field(default=False, compare=False)
+    """Made from the snapshot and the progress before it (:meth:`Aggregator.on_snapshot`, or
+    :func:`load_parts` for a snapshot part newer than the progress part) and not changed since:
+    what :func:`load_parts` rebuilds from the snapshot part and the progress stored before, so
+    :func:`dump_parts` need not write it with the snapshot (see there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,7 +416,7 @@ class Aggregator:
         fresh = WorkloadState(
             state.key,
             Latest(snapshot, emitted_at, now, dict(trace or {}), changed_at),
-            Progress(Verdict.PENDING, answers, tuple(early)),
+            Progress(Verdict.PENDING, answers, tuple(early), derived=True),
         )
         return Step(fresh, Outcome.ACCEPTED)
 
@@ -453,7 +458,8 @@ class Aggregator:
             return Step(state, Outcome.DUPLICATE)
         early[version] = replace(waiting, answers={**waiting.answers, strategy: scores})
         kept = tuple(early[v] for v in sorted(early)[-self.config.early_versions :])
-        return Step(replace(state, progress=replace(state.progress, early=kept)), Outcome.EARLY)
+        progress = replace(state.progress, early=kept, derived=False)
+        return Step(replace(state, progress=progress), Outcome.EARLY)
 
     def due(self, state: WorkloadState, now: float) -> tuple[WorkloadState, Decision | None]:
         """The state at ``now``, and the decision that is due then, if any (module docstring).
@@ -466,7 +472,7 @@ class Aggregator:
             ttl = self.config.early_ttl_s
             early = tuple(waiting for waiting in progress.early if now < waiting.since + ttl)
             if early != progress.early:
-                progress = replace(progress, early=early)
+                progress = replace(progress, early=early, derived=False)
                 state = replace(state, progress=progress)
         latest = state.latest
         if latest is None or progress.verdict is Verdict.COMPLETE:
@@ -594,9 +600,32 @@ def dump_parts(
     parts: dict[str, bytes] = {}
     if new.latest is not None and (old is None or old.latest is not new.latest):
         parts[SNAPSHOT_PART] = write_latest(new.latest)
+        if _implied(old, new.latest, new.progress):
+            return parts
     if old is None or old.progress is not new.progress or SNAPSHOT_PART in parts:
         parts[PROGRESS_PART] = _pack(_PROGRESS.dump_json(_stored(new)))
     return parts
+
+
+def _implied(old: WorkloadState | None, latest: Latest, progress: Progress) -> bool:
+    """Whether :func:`load_parts` rebuilds ``progress`` from ``latest``'s snapshot part and the
+    progress part stored for ``old`` (``old`` is the state as stored before, ``None`` if nothing
+    is), so that it need not be written: a new snapshot's progress, with no answer since.
+
+    That is most snapshots (their answers come in later records): one changelog record fewer per
+    decision, of three, in the faust transport, where each costs about as much as deciding's
+    own parts. A process killed between the two parts' writes leaves the same parts, and always
+    did (the torn state of :func:`load_parts`). Only when it is sure: the progress before must
+    be the stored one (not itself left unwritten), and a snapshot of a version not above the
+    stored progress's (a restarted watcher's) is written in full: :func:`load_parts` takes a
+    progress of the same version as the snapshot's own, and warns of a later one."""
+    if not progress.derived:
+        return False
+    if old is None:
+        return progress == Progress()
+    if old.progress.derived or old.version is None or old.version >= latest.version:
+        return False
+    return _torn_progress(latest, old.version, old.progress.early) == progress
 
 
 def load_parts(
@@ -608,8 +637,10 @@ def load_parts(
 ) -> WorkloadState:
     """The state of ``key`` from its stored parts (missing parts: the empty state's);
     ``read_latest`` reads the snapshot part (it raises ``ValueError`` if it cannot).
-    ``on_torn(progress_version, snapshot_version)`` is told when the stored progress is
-    another snapshot's than the stored one (see :func:`_torn_progress`)."""
+    ``on_torn(progress_version, snapshot_version)`` is told when the stored progress is a
+    later snapshot's than the stored one, whose snapshot part was lost (see
+    :func:`_torn_progress`); an earlier snapshot's is what :func:`dump_parts` leaves, and a
+    process killed between the two writes, and is not told."""
     raw_latest, raw_progress = parts.get(SNAPSHOT_PART), parts.get(PROGRESS_PART)
     try:
         latest = None if raw_latest is None else read_latest(raw_latest)
@@ -626,18 +657,22 @@ def load_parts(
                 if len(values) == len(uids):
                     answers[name] = dict(zip(uids, values, strict=True))
         return WorkloadState(key, latest, Progress(stored.verdict, answers, stored.early))
-    if on_torn is not None:
+    if on_torn is not None and stored.version is not None and stored.version > latest.version:
         on_torn(stored.version, latest.version)
-    return WorkloadState(key, latest, _torn_progress(latest, stored))
+    return WorkloadState(key, latest, _torn_progress(latest, stored.version, stored.early))
 
 
-def _torn_progress(latest: Latest, stored: _StoredProgress) -> Progress:
-    """The progress of ``latest`` when the stored progress is another snapshot's.
+def _torn_progress(
+    latest: Latest, stored_version: int | None, stored_early: tuple[Waiting, ...]
+) -> Progress:
+    """The progress of ``latest`` when the stored progress is another snapshot's (its version
+    and its answers for later versions).
 
-    The two parts are written one after the other (two faust tables: two changelog topics), so a
-    process killed in between leaves them torn; the records that wrote them were not committed
-    and are read again. Neither the stored verdict nor the stored answers are the latest
-    snapshot's: a verdict of ``COMPLETE`` kept from the previous version made the latest one
+    An older one is what :func:`dump_parts` leaves when the new snapshot's progress is
+    implied (:func:`_implied`). Both are also what a process killed between the two parts'
+    writes leaves (two faust tables: two changelog topics); the records that wrote them were
+    not committed and are read again. Neither the stored verdict nor the stored answers are the
+    latest snapshot's: a verdict of ``COMPLETE`` kept from the previous version made the latest one
     look decided, so that the records read again were all duplicates and its decision was never
     made (the loss seen in ``tests/integration/test_core_replicas.py`` around the SIGKILL of an
     aggregator). The latest snapshot is pending, as :meth:`Aggregator.on_snapshot` would have
@@ -649,15 +684,15 @@ def _torn_progress(latest: Latest, stored: _StoredProgress) -> Progress:
     version = latest.version
     answers: Mapping[str, Scores] = {}
     early = []
-    if stored.version is None or stored.version < version:
-        for waiting in stored.early:
+    if stored_version is None or stored_version < version:
+        for waiting in stored_early:
             if waiting.version == version:
                 answers = dict(waiting.answers)
             elif waiting.version > version:
                 early.append(waiting)
     else:
-        early = [waiting for waiting in stored.early if waiting.version > version]
-    return Progress(Verdict.PENDING, answers, tuple(early))
+        early = [waiting for waiting in stored_early if waiting.version > version]
+    return Progress(Verdict.PENDING, answers, tuple(early), derived=True)
 
 
 def _stored(state: WorkloadState) -> _StoredProgress:
