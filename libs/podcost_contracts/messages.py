@@ -24,10 +24,12 @@ upgrade); renaming, removing or re-meaning a field does.
 from __future__ import annotations
 
 import base64
+import copy
 import functools
 import re
 import zlib
 from abc import abstractmethod
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Final, Literal, Self, TypeVar
@@ -43,10 +45,10 @@ from pydantic import (
     ValidationInfo,
     model_validator,
 )
-from pydantic_core import PydanticCustomError, PydanticSerializationError
+from pydantic_core import PydanticCustomError, PydanticSerializationError, SchemaValidator
 
 from podcost_contracts.topics import cluster_name_problem
-from podcost_core.model import PodUID, Snapshot, WorkloadRef
+from podcost_core.model import Node, Pod, PodUID, Snapshot, Unread, WorkloadRef
 from podcost_core.victims import INT32_MAX, INT32_MIN
 
 # --- keys -------------------------------------------------------------------------------------
@@ -314,31 +316,96 @@ class WorkloadGoneMessage(WorkloadMessage):
 
 
 def decode_workload_record(
-    value: bytes, headers: Mapping[str, bytes] | None = None, *, key: str | bytes | None = None
+    value: bytes,
+    headers: Mapping[str, bytes] | None = None,
+    *,
+    key: str | bytes | None = None,
+    unread: Unread | None = None,
 ) -> WorkloadSnapshotMessage | WorkloadGoneMessage:
     """A record of the workloads topic: a :class:`WorkloadGoneMessage` when its
     ``podcost-schema`` header says so, else a :class:`WorkloadSnapshotMessage` (see
-    :func:`decode`, whose :class:`DecodeError` it raises)."""
+    :func:`decode`, whose :class:`DecodeError` it raises).
+
+    ``unread`` names fields of the snapshot's pods and nodes the caller never reads: they are
+    neither validated nor built, and hold their defaults (the aggregator's decisions read far
+    less of a snapshot than the rankers, ``podcost_core.aggregate.DECISION_UNREAD``). Such a
+    message is for that caller alone: encoded again, it would lose those fields."""
     raw = (headers or {}).get(SCHEMA_HEADER, b"")
     if raw.decode("ascii", "replace").partition("/")[0] == WorkloadGoneMessage.KIND:
         return decode(WorkloadGoneMessage, value, headers, key=key)
     encoding = (headers or {}).get(CONTENT_ENCODING)
-    message = _decoded_snapshot(value, raw or None, encoding)
+    message = _SNAPSHOTS.decoded(value, raw or None, encoding, unread)
     _check_key(message, key)
     return message
 
 
-@functools.lru_cache(maxsize=64)
-def _decoded_snapshot(
-    value: bytes, schema: bytes | None, encoding: bytes | None
-) -> WorkloadSnapshotMessage:
-    # Every consumer of the workloads topic (each ranker, the aggregator) decodes the same
-    # records; in one process (embedded mode, or several services together) the first decode
-    # serves the others. The message is frozen; errors are not cached.
-    headers = {SCHEMA_HEADER: schema} if schema is not None else {}
-    if encoding is not None:
-        headers[CONTENT_ENCODING] = encoding
-    return decode(WorkloadSnapshotMessage, value, headers)
+class _DecodedSnapshots:
+    """The snapshot messages decoded last, shared in a process: every consumer of the workloads
+    topic (each ranker, the aggregator) decodes the same records, and in one process (embedded
+    mode, or several services together) the first decode serves the others. A whole message
+    serves any reader; one decoded with fields left unread serves only readers that leave the
+    same ones unread. Messages are frozen; errors are not kept."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._kept: OrderedDict[
+            tuple[bytes, bytes | None, bytes | None], dict[Unread | None, WorkloadSnapshotMessage]
+        ] = OrderedDict()
+
+    def decoded(
+        self, value: bytes, schema: bytes | None, encoding: bytes | None, unread: Unread | None
+    ) -> WorkloadSnapshotMessage:
+        record = (value, schema, encoding)
+        kept = self._kept.get(record)
+        if kept is not None:
+            self._kept.move_to_end(record)
+            message = kept.get(None) or kept.get(unread)
+            if message is not None:
+                return message
+        headers = {SCHEMA_HEADER: schema} if schema is not None else {}
+        if encoding is not None:
+            headers[CONTENT_ENCODING] = encoding
+        validator = None if unread is None else snapshot_validator(unread)
+        message = decode(WorkloadSnapshotMessage, value, headers, validator=validator)
+        if kept is None:
+            kept = self._kept[record] = {}
+            if len(self._kept) > self._size:
+                self._kept.popitem(last=False)
+        kept[unread] = message
+        return message
+
+    def clear(self) -> None:
+        self._kept.clear()
+
+
+_SNAPSHOTS: Final = _DecodedSnapshots(64)
+
+
+@functools.lru_cache(maxsize=8)
+def snapshot_validator(unread: Unread) -> SchemaValidator:
+    """A validator of :class:`WorkloadSnapshotMessage` that neither reads nor builds the fields
+    ``unread`` names: pydantic's own schema of the message, in which those fields of the pod
+    and node dataclasses are marked ``init=False``, so that pydantic ignores them in the input
+    and the dataclass gives them their defaults."""
+    schema = copy.deepcopy(WorkloadSnapshotMessage.__pydantic_core_schema__)
+    names: dict[type, frozenset[str]] = {Pod: unread.pod, Node: unread.node}
+    marked: set[tuple[type, str]] = set()
+    pending: list[Any] = [schema]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if item.get("type") == "dataclass" and item.get("cls") in names:
+                for field in item["schema"]["fields"]:
+                    if field["name"] in names[item["cls"]]:
+                        field["init"] = False
+                        marked.add((item["cls"], field["name"]))
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    wanted = {(cls, name) for cls, fields in names.items() for name in fields}
+    if marked != wanted:  # pydantic's schema of the models is not what this expects
+        raise RuntimeError(f"cannot leave {sorted(str(pair) for pair in wanted - marked)} unread")
+    return SchemaValidator(schema)
 
 
 class StrategyRanksMessage(WorkloadMessage):
@@ -727,6 +794,7 @@ def decode(
     *,
     key: str | bytes | None = None,
     max_decoded_bytes: int = MAX_DECODED_BYTES,
+    validator: SchemaValidator | None = None,
 ) -> M:
     """The ``kind`` message in a record, validated.
 
@@ -734,13 +802,17 @@ def decode(
     :class:`DecodeError` whose ``reason`` names the problem: a ``podcost-schema`` header of
     another kind or an unsupported version, an unknown ``content-encoding``, bad gzip, bad JSON,
     an unsupported ``schema_version`` in the payload, or the validation errors with their field
-    paths (``snapshot.pods.3.uid: Field required``).
+    paths (``snapshot.pods.3.uid: Field required``). ``validator`` validates instead of the
+    model's own (one built from its schema, see :func:`decode_workload_record`).
     """
     headers = headers or {}
     _check_schema_header(kind, headers)
     payload = _inflate(value, headers, max_decoded_bytes)
     try:
-        message = kind.model_validate_json(payload, context=_WIRE)
+        if validator is None:
+            message = kind.model_validate_json(payload, context=_WIRE)
+        else:
+            message = validator.validate_json(payload, context=_WIRE)
     except ValidationError as error:
         raise DecodeError(_explain(kind, error)) from error
     _check_key(message, key)

@@ -66,6 +66,7 @@ from podcost_core.policy import (
     Policy,
     policy_from_annotations,
 )
+from podcost_core.strategies.base import reading
 from podcost_core.strategies.registry import Registry
 from podcost_core.urgency import first_wrong
 from podcost_core.victims import ReplicaSetViews
@@ -167,6 +168,19 @@ def score_problem(snapshot: Snapshot, scores: Scores) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int | float) or not isfinite(value):
             return f"the score of pod {uid!r} is {value!r}, not a finite number"
     return None
+
+
+#: The fields of a snapshot that no decision reads: the pods' tolerations, requests, annotations
+#: and anti-affinity and the nodes' annotations, taints and resources are the rankers' (their
+#: strategies score them), while a decision reads each pod's identity, owner, node, state and
+#: cost (``combine``, ``label_costs``, the victim model) and the nodes' labels (a spread
+#: strategy's domains, levelled by the combiner; a spread strategy of a plugin may read the
+#: pods' labels too, so they are kept). The aggregator decodes snapshots without them
+#: (``podcost_contracts.messages.decode_workload_record``): building them was about half of
+#: decoding a snapshot, the largest part of the aggregator's work per decision.
+#: ``tests/unit/test_aggregate.py`` checks that decisions on snapshots decoded so equal those
+#: on whole snapshots.
+DECISION_UNREAD: Final = reading(pod=("labels",), node=("labels",))
 
 
 # --- state ------------------------------------------------------------------------------------

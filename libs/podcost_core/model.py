@@ -12,7 +12,7 @@ precision; the victim model relies on that.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from typing import NewType
 
@@ -237,3 +237,26 @@ class Snapshot:
     def node_of(self, pod: Pod) -> Node | None:
         """The node ``pod`` runs on, if scheduled and known."""
         return self.nodes.get(pod.node) if pod.node is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class Unread:
+    """The fields of a snapshot's pods and nodes that a reader never reads, so that its decoder
+    may leave them at their defaults instead of building them (``podcost_contracts.messages.
+    decode_workload_record``): what the aggregator's decisions read is much less than what the
+    rankers read (``podcost_core.aggregate.DECISION_UNREAD``). Only fields with a default can be
+    left unread; a name that is not one is an error here, not a silent no-op."""
+
+    pod: frozenset[str] = frozenset()
+    node: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        for cls, names in ((Pod, self.pod), (Node, self.node)):
+            defaulted = {
+                item.name
+                for item in fields(cls)
+                if item.default is not MISSING or item.default_factory is not MISSING
+            }
+            unknown = sorted(names - defaulted)
+            if unknown:
+                raise ValueError(f"{cls.__name__} has no field with a default named {unknown}")

@@ -87,15 +87,18 @@ def bootstrap(
         bus=bus,
         watcher=watcher,
         rankers=[
+            # Whole snapshots: one decode of each record, shared in the process, serves the
+            # rankers and the aggregator (each leaving out what it never reads would decode
+            # every record several times).
             ranker.bootstrap(
                 settings, bus_settings, strategy=name, bus=bus, clock=clock, registry=registry,
-                tracer_provider=tracer_provider,
+                tracer_provider=tracer_provider, whole_snapshots=True,
             )
             for name in names
         ],
         aggregator=aggregator.bootstrap(
             settings, bus_settings, config=aggregator_settings, bus=bus, clock=clock,
-            registry=registry, tracer_provider=tracer_provider,
+            registry=registry, tracer_provider=tracer_provider, whole_snapshots=True,
         ),
         annotator=bootstrap_annotator(
             settings, bus_settings, annotator_settings or AnnotatorSettings(), bus=bus,

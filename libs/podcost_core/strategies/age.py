@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from podcost_core.model import PodUID, Snapshot
-from podcost_core.strategies.base import ArgError, Strategy, require_choice, require_finite
+from podcost_core.strategies.base import ArgError, Strategy, reading, require_choice, require_finite
 
 NAME = "age"
 DIRECTIONS = ("younger-first", "older-first")
@@ -68,5 +68,6 @@ STRATEGY: Strategy[Args] = Strategy(
     name=NAME,
     args_type=Args,
     score=score,
+    unread=reading(),
     description="Delete the youngest pods first (or the oldest); ages past a saturation tie.",
 )

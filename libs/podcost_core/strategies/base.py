@@ -21,11 +21,11 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeAlias, TypeVar, cast
+from typing import Any, Final, Generic, TypeAlias, TypeVar, cast
 
-from podcost_core.model import Node, Phase, Pod, PodUID, Snapshot
+from podcost_core.model import Node, Phase, Pod, PodUID, Snapshot, Unread
 
 ArgsT = TypeVar("ArgsT")
 
@@ -185,6 +185,21 @@ def spread_levels(order: Sequence[int], domains: Sequence[Hashable]) -> list[int
     return levels
 
 
+#: The fields of a snapshot's pods and nodes that cost most to decode (collections, most of a
+#: snapshot's JSON), each read by one strategy or two: what :func:`reading` leaves unread unless
+#: named. Every other field is always decoded.
+COLLECTIONS: Final = Unread(
+    pod=frozenset({"tolerations", "requests", "labels", "annotations", "anti_affinity"}),
+    node=frozenset({"labels", "annotations", "taints", "allocatable", "requested"}),
+)
+
+
+def reading(*, pod: Iterable[str] = (), node: Iterable[str] = ()) -> Unread:
+    """The :attr:`Strategy.unread` of a strategy that reads, of :data:`COLLECTIONS`, only the
+    pod and node fields named (directly or through the helpers here it calls)."""
+    return Unread(pod=COLLECTIONS.pod - frozenset(pod), node=COLLECTIONS.node - frozenset(node))
+
+
 @dataclass(frozen=True, slots=True)
 class Strategy(Generic[ArgsT]):
     """A registered strategy: what the registry lists and the policy binds args to."""
@@ -202,6 +217,10 @@ class Strategy(Generic[ArgsT]):
     domain using the rest of the policy instead of taking ``score``'s own within-domain order."""
     normalize: NormalizeFn | None = None
     """A plugin's own normalization; ``None`` = :func:`podcost_core.normalize.normalize`."""
+    unread: Unread = field(default_factory=Unread)
+    """The fields of a snapshot ``score`` never reads, whatever its args (see :func:`reading`):
+    its ranker decodes snapshots without them. A plugin that leaves it empty gets whole
+    snapshots; one that names a field it reads gets that field's default instead."""
     arg_types: Mapping[str, Any] = field(init=False, repr=False, compare=False)
     """The resolved type of every ``Args`` field, for :meth:`args_from_mapping`."""
 

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from podcost_core.model import Node, PodUID, Snapshot
-from podcost_core.strategies.base import ArgError, Strategy, require_label_key
+from podcost_core.strategies.base import ArgError, Strategy, reading, require_label_key
 
 NAME = "capacity-type"
 DEFAULT_PRICE_ANNOTATION = "podcost.dev/hourly-price"
@@ -127,5 +127,6 @@ STRATEGY: Strategy[Args] = Strategy(
     name=NAME,
     args_type=Args,
     score=score,
+    unread=reading(node=("labels", "annotations")),
     description="Delete pods on spot/preemptible nodes, then on the most expensive nodes, first.",
 )

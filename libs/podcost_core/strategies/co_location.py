@@ -30,6 +30,7 @@ from podcost_core.strategies.base import (
     Strategy,
     active_pods,
     node_lookup,
+    reading,
     require_finite,
     scores_by_uid,
 )
@@ -166,5 +167,6 @@ STRATEGY: Strategy[Args] = Strategy(
     name=NAME,
     args_type=Args,
     score=score,
+    unread=reading(pod=("labels", "anti_affinity"), node=("labels",)),
     description="Delete pods doubled up on a node or worsening anti-affinity first.",
 )

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from podcost_core.model import PodUID, Snapshot
-from podcost_core.strategies.base import ArgError, Strategy, require_label_key
+from podcost_core.strategies.base import ArgError, Strategy, reading, require_label_key
 
 NAME = "karpenter"
 DISRUPTED_TAINT = "karpenter.sh/disrupted"
@@ -70,5 +70,6 @@ STRATEGY: Strategy[Args] = Strategy(
     name=NAME,
     args_type=Args,
     score=score,
+    unread=reading(pod=("annotations",), node=("taints",)),
     description="Delete pods on nodes Karpenter is draining first; keep do-not-disrupt pods last.",
 )

@@ -58,6 +58,7 @@ from podcost_core.strategies.base import (
     Strategy,
     active_pods,
     controller_class,
+    reading,
     require_choice,
     scores_by_uid,
 )
@@ -191,5 +192,6 @@ STRATEGY: Strategy[Args] = Strategy(
     name=NAME,
     args_type=Args,
     score=score,
+    unread=reading(node=("allocatable", "requested")),
     description="Drain whole nodes, the emptiest first, so scale-in empties the most nodes.",
 )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from podcost_core.model import PodUID, QoSClass, Snapshot
-from podcost_core.strategies.base import Strategy
+from podcost_core.strategies.base import Strategy, reading
 
 NAME = "priority-qos"
 
@@ -51,5 +51,6 @@ STRATEGY: Strategy[Args] = Strategy(
     name=NAME,
     args_type=Args,
     score=score,
+    unread=reading(),
     description="Delete lower-priority pods first, then BestEffort < Burstable < Guaranteed.",
 )

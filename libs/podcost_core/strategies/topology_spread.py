@@ -29,6 +29,7 @@ from podcost_core.strategies.base import (
     active_pods,
     controller_order_key,
     node_lookup,
+    reading,
     require_label_key,
     spread_levels,
 )
@@ -78,6 +79,7 @@ STRATEGY: Strategy[Args] = Strategy(
     name=NAME,
     args_type=Args,
     score=score,
+    unread=reading(node=("labels",)),
     description="Delete from the largest domains of a node label first so skew never grows.",
     domains=domains,
 )

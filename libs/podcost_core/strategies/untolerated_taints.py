@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from podcost_core.model import PodUID, Snapshot, Taint
-from podcost_core.strategies.base import ArgError, Strategy, require_choice
+from podcost_core.strategies.base import ArgError, Strategy, reading, require_choice
 
 NAME = "untolerated-taints"
 EFFECTS = ("PreferNoSchedule", "NoSchedule", "NoExecute")
@@ -65,5 +65,6 @@ STRATEGY: Strategy[Args] = Strategy(
     name=NAME,
     args_type=Args,
     score=score,
+    unread=reading(pod=("tolerations",), node=("taints",)),
     description="Delete pods on nodes whose taints (PreferNoSchedule, ...) they do not tolerate.",
 )

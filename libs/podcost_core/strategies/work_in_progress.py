@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from podcost_core.model import PodUID, Snapshot
-from podcost_core.strategies.base import Strategy, require_label_key
+from podcost_core.strategies.base import Strategy, reading, require_label_key
 
 NAME = "work-in-progress"
 DEFAULT_ANNOTATION = "podcost.dev/work-cost"
@@ -58,5 +58,6 @@ STRATEGY: Strategy[Args] = Strategy(
     name=NAME,
     args_type=Args,
     score=score,
+    unread=reading(pod=("annotations",)),
     description="Keep pods whose own annotation reports work in progress; idle pods go first.",
 )

@@ -4,8 +4,10 @@ aggregation (``podcost_core.aggregate``).
 Both transports run it (``podcost_bus.faust_app.FaustKeyedApp`` over Kafka,
 ``podcost_bus.keyed.KeyedConsumerLoop`` over the in-memory bus); ``podcost.aggregator.service``
 builds it. Per record (:meth:`AggregationProcessor.split`): decode it as a snapshot (workloads
-topic) or a ranker's answers (ranks topic: a ``StrategyRanksBatchMessage``, one step per answer,
-each answer's workload in the record's partition; or one ``StrategyRanksMessage``), an undecodable
+topic; without the fields no decision reads, ``podcost_core.aggregate.DECISION_UNREAD``, whose
+invalid values are therefore the rankers' to dead-letter) or a ranker's answers (ranks topic: a
+``StrategyRanksBatchMessage``, one step per answer, each answer's workload in the record's
+partition; or one ``StrategyRanksMessage``), an undecodable
 one, a batch with an answer of another partition's workload, or a snapshot whose workload policy is
 invalid, going to the dead-letter topic with the reason. Per step
 (:meth:`AggregationProcessor.on_record`): apply the transition; ask whether a decision is due and,
@@ -81,10 +83,12 @@ from podcost_contracts.messages import (
     decode_workload_record,
     encode,
     encode_json,
+    snapshot_validator,
     trace_context,
 )
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import (
+    DECISION_UNREAD,
     STATE_PARTS,
     Aggregator,
     Decision,
@@ -97,7 +101,7 @@ from podcost_core.aggregate import (
     load_latest,
     load_parts,
 )
-from podcost_core.model import Snapshot
+from podcost_core.model import Snapshot, Unread
 from podcost_core.policy import PolicyError
 
 log = logging.getLogger("podcost.aggregator")
@@ -302,8 +306,11 @@ class AggregationProcessor:
         clock: Clock,
         backoff: Backoff = DEFAULT_BACKOFF,
         partition_of: Callable[[bytes], int] | None = None,
+        unread: Unread | None = DECISION_UNREAD,
     ) -> None:
         self.aggregator = aggregator
+        self.unread = unread
+        """What of a snapshot is not decoded (``None``: decode it whole)."""
         self.partition_of = partition_of
         """The partition of the source topics the bus gives a key: a ranker's batch must hold
         only workloads of the partition it is on (``None``: not checked)."""
@@ -340,7 +347,9 @@ class AggregationProcessor:
         message: WorkloadSnapshotMessage | WorkloadGoneMessage | StrategyRanksMessage
         try:
             if record.topic == self.topics.workloads:
-                message = decode_workload_record(record.value, record.headers, key=record.key)
+                message = decode_workload_record(
+                    record.value, record.headers, key=record.key, unread=self.unread
+                )
             else:
                 ranks = decode_ranks_record(record.value, record.headers, key=record.key)
                 if isinstance(ranks, StrategyRanksBatchMessage):
@@ -736,7 +745,9 @@ def _read_latest(raw: bytes) -> Latest:
     header_json, _, value = raw[len(_RECORD_PART) :].partition(b"\n")
     header = _RECORD_HEADER.validate_json(header_json)  # a ValidationError is a ValueError
     headers = {name: text.encode("ascii") for name, text in header.headers.items()}
-    message = decode(WorkloadSnapshotMessage, value, headers)  # a DecodeError too
+    validator = snapshot_validator(DECISION_UNREAD)
+    # A DecodeError is a ValueError too.
+    message = decode(WorkloadSnapshotMessage, value, headers, validator=validator)
     return Latest(
         message.snapshot, header.emitted_at, header.arrived_at, header.trace, header.changed_at
     )

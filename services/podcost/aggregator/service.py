@@ -42,7 +42,7 @@ from podcost_bus import (
 )
 from podcost_bus.keyed import KeyedConsumerLoop
 from podcost_contracts.topics import Topics
-from podcost_core.aggregate import AggregationConfig, Aggregator, PolicyResolver
+from podcost_core.aggregate import DECISION_UNREAD, AggregationConfig, Aggregator, PolicyResolver
 from podcost_core.policy import DEFAULT_POLICY, load_policy_file
 from podcost_core.strategies.registry import Registry, default_registry
 
@@ -134,8 +134,12 @@ def bootstrap(
     clock: Clock | None = None,
     registry: Registry | None = None,
     tracer_provider: TracerProvider | None = None,
+    whole_snapshots: bool = False,
 ) -> AggregatorService:
     """The aggregator (composition root of ``podcost aggregator``, embedded mode and the tests).
+
+    ``whole_snapshots``: decode snapshots whole, not without what no decision reads (embedded
+    mode, where the rankers and the aggregator share one decode of each record).
 
     A bad policy file is a ``PolicyError`` naming the culprit; a broken installed plugin a
     ``PluginError``. The aggregator needs every plugin strategy a workload may enable installed
@@ -165,6 +169,7 @@ def bootstrap(
         tracer=tracer(tracer_provider),
         clock=clock,
         partition_of=key_partitioner(bus, bus_settings),
+        unread=None if whole_snapshots else DECISION_UNREAD,
     )
     sources = (topics.workloads, topics.ranks)
     transport: Transport

@@ -137,8 +137,13 @@ class RankerService:
         backoff: Backoff = DEFAULT_BACKOFF,
         group: str | None = None,
         partition_of: Callable[[bytes], int] | None = None,
+        whole_snapshots: bool = False,
     ) -> None:
         self.strategy = strategy
+        self.unread = None if whole_snapshots else strategy.unread
+        """What of a snapshot this ranker does not decode: what its strategy never reads
+        (``Strategy.unread``), unless it is to decode whole snapshots (services sharing a
+        process: one whole decode of a record then serves every reader)."""
         self.partition_of = partition_of if partition_of is not None else (lambda key: 0)
         """The partition the bus gives a workload's key (``podcost_bus.key_partitioner``): the
         answers of one partition's workloads share a record. By default every answer of a poll
@@ -267,7 +272,9 @@ class RankerService:
     async def _rank(self, record: Record) -> _Answer | None:
         """The answer to one record, or ``None`` if there is none to publish."""
         try:
-            message = decode_workload_record(record.value, record.headers, key=record.key)
+            message = decode_workload_record(
+                record.value, record.headers, key=record.key, unread=self.unread
+            )
         except DecodeError as error:
             await self._dead_letter(record, error.reason, error)
             return None
@@ -390,8 +397,12 @@ def bootstrap(
     clock: Clock | None = None,
     registry: Registry | None = None,
     tracer_provider: TracerProvider | None = None,
+    whole_snapshots: bool = False,
 ) -> RankerService:
     """The ranker of ``strategy`` (composition root of ``podcost ranker`` and the tests).
+
+    ``whole_snapshots``: decode snapshots whole, not without what the strategy never reads
+    (embedded mode, where the rankers and the aggregator share one decode of each record).
 
     Start-up errors name their culprit: ``UnknownStrategyError`` (an unknown name, with the known
     ones), ``PluginError`` (a broken installed plugin) and ``PolicyError`` (a bad policy file,
@@ -421,4 +432,5 @@ def bootstrap(
         clock=clock if clock is not None else WallClock(),
         group=config.group_for(found.name),
         partition_of=key_partitioner(bus, bus_settings),
+        whole_snapshots=whole_snapshots,
     )
