@@ -60,6 +60,7 @@ bench: setup  ## benchmarks that print numbers (not tests)
 	$(RUN) python -m tests.bench.bench_pipeline
 	$(RUN) python -m tests.bench.bench_fleet
 	$(RUN) python -m tests.bench.bench_aggregator
+	$(RUN) python -m tests.bench.bench_snapshot_decode
 
 demo: tools  ## the demo on an embedded default cluster
 	$(RUN) podcost demo
