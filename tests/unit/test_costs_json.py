@@ -7,12 +7,12 @@ from dataclasses import replace
 
 import pytest
 from pydantic_core import to_json
+from tests.support.decisions import complete_decision
 from tests.support.snapshots import snapshot as deployment
 
 from podcost.aggregator.processor import _plain, desired_costs, desired_costs_json
 from podcost_contracts.messages import EncodeError
-from podcost_core.aggregate import Aggregator, Decision, WorkloadState
-from podcost_core.combine import answers_needed
+from podcost_core.aggregate import Decision
 from podcost_core.labels import CurrentCost
 from podcost_core.model import Phase
 
@@ -25,7 +25,6 @@ FLOATS = [0.0, -0.0, 1e-7, 1e-5, 1e16, 1e22, 1.5e300, 123456789.123, 2.0**53, 0.
 
 def decide(pods: int = 7, *, active: bool = True) -> Decision:
     """A complete decision of the default policy (a spread strategy too) for one Deployment."""
-    aggregator = Aggregator()
     snapshot = replace(
         deployment("web", pods=pods, nodes=3), annotations={"podcost.dev/enabled": "true"}
     )
@@ -33,19 +32,7 @@ def decide(pods: int = 7, *, active: bool = True) -> Decision:
         snapshot = replace(
             snapshot, pods=tuple(replace(p, phase=Phase.SUCCEEDED) for p in snapshot.pods)
         )
-    policy = aggregator.policies.of(snapshot)
-    state = aggregator.on_snapshot(
-        WorkloadState(snapshot.workload.key), snapshot, emitted_at=1.0, now=1.0
-    ).state
-    for bound in policy.bound:
-        if bound.name in answers_needed(policy):
-            scores = bound.strategy.score(snapshot, bound.args)
-            state = aggregator.on_ranks(
-                state, strategy=bound.name, version=snapshot.version, scores=scores, now=1.0
-            ).state
-    _, decision = aggregator.due(state, 1.0)
-    assert decision is not None
-    return decision
+    return complete_decision(snapshot)
 
 
 def odd(decision: Decision) -> Decision:

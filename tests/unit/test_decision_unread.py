@@ -9,6 +9,7 @@ from dataclasses import fields, replace
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from tests.support.decisions import complete_decision
 from tests.unit.snapshots import PROPERTY, WORKLOAD, snapshots, zoned_snapshots
 
 from podcost.aggregator.processor import desired_costs_json
@@ -20,8 +21,7 @@ from podcost_contracts.messages import (
     encode,
     snapshot_validator,
 )
-from podcost_core.aggregate import DECISION_UNREAD, Aggregator, Decision, WorkloadState
-from podcost_core.combine import answers_needed
+from podcost_core.aggregate import DECISION_UNREAD
 from podcost_core.model import Node, NodeName, Phase, Pod, PodUID, Resources, Snapshot, Unread
 from podcost_core.strategies.registry import default_registry
 
@@ -31,27 +31,6 @@ POLICIES = [
     {**OPTED_IN, "podcost.dev/strategies": "topology-spread=3,untolerated-taints=2,age=1"},
     {**OPTED_IN, "podcost.dev/strategies": "node-consolidation=2,co-location=1,priority-qos=1"},
 ]
-
-
-def decided(snapshot: Snapshot, answers_from: Snapshot) -> Decision:
-    """The complete decision on ``snapshot``, with every answer its policy needs computed by the
-    real strategies on ``answers_from`` (what the rankers, which read whole snapshots, send)."""
-    aggregator = Aggregator()
-    state = aggregator.on_snapshot(
-        WorkloadState(snapshot.workload.key), snapshot, emitted_at=1.0, now=1.0
-    ).state
-    policy = aggregator.policies.of(answers_from)
-    needed = answers_needed(policy)
-    for bound in policy.bound:
-        if bound.name in needed:
-            scores = bound.strategy.score(answers_from, bound.args)
-            state = aggregator.on_ranks(
-                state, strategy=bound.name, version=snapshot.version, scores=scores, now=1.0
-            ).state
-    _, decision = aggregator.due(state, 1.0)
-    assert decision is not None
-    assert decision.complete
-    return decision
 
 
 def unread(message: bytes, headers: dict[str, bytes]) -> WorkloadSnapshotMessage:
@@ -68,7 +47,8 @@ def test_a_decision_on_a_snapshot_read_without_the_unread_fields_is_the_same(
     encoded = encode(WorkloadSnapshotMessage.of(snapshot, emitted_at=1.0))
     whole = decode(WorkloadSnapshotMessage, encoded.value, encoded.headers).snapshot
     lean = unread(encoded.value, encoded.headers).snapshot
-    expected, got = decided(whole, whole), decided(lean, whole)
+    expected = complete_decision(whole)
+    got = complete_decision(lean, answers_from=whole)  # the rankers read whole snapshots
     assert desired_costs_json(got, emitted_at=2.0) == desired_costs_json(expected, emitted_at=2.0)
     assert got.first_wrong == expected.first_wrong
     assert got.labelling.writes == expected.labelling.writes
