@@ -632,6 +632,19 @@ def test_the_core_batches_its_fetches_and_the_annotator_fetches_at_once(
     assert set(found) == commands.get(case, commands["agent"] | commands["core"])
 
 
+@pytest.mark.parametrize("case", ["kafka", "core"])
+def test_the_aggregator_keeps_its_own_batch_compression_unless_told(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    # Its costs records are gzipped one by one: the chart's global compression is the others'.
+    found = {}
+    for _, container in containers(rendered(case)):
+        env = {var["name"]: var.get("value") for var in container["env"]}
+        found[container["args"][0]] = env.get("PODCOST_KAFKA_COMPRESSION")
+    assert found.pop("aggregator") is None
+    assert set(found.values()) == {"gzip"}
+
+
 def test_the_service_monitor_scrapes_every_metrics_service(
     rendered: Callable[[str], list[Manifest]],
 ) -> None:

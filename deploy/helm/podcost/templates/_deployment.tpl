@@ -294,8 +294,11 @@ Secret (kafka.sasl.secretNames.<role>, else kafka.sasl.secretName): one principa
       name: {{ $secret }}
       key: {{ $k.sasl.passwordKey }}
 {{- end }}
+{{- $compression := ternary $k.aggregatorCompression $k.compression (eq .role "aggregator") }}
+{{- if $compression }}
 - name: PODCOST_KAFKA_COMPRESSION
-  value: {{ $k.compression | quote }}
+  value: {{ $compression | quote }}
+{{- end }}
 - name: PODCOST_KAFKA_PARTITIONS
   value: {{ $k.partitions | int | quote }}
 {{- with index $k.fetch .role }}
