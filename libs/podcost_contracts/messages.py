@@ -334,6 +334,8 @@ def decode_workload_record(
     if raw.decode("ascii", "replace").partition("/")[0] == WorkloadGoneMessage.KIND:
         return decode(WorkloadGoneMessage, value, headers, key=key)
     encoding = (headers or {}).get(CONTENT_ENCODING)
+    if unread is not None and not (unread.pod or unread.node):
+        unread = None  # nothing left out: the whole message, shared with whole readers
     message = _SNAPSHOTS.decoded(value, raw or None, encoding, unread)
     _check_key(message, key)
     return message
@@ -359,7 +361,9 @@ class _DecodedSnapshots:
         kept = self._kept.get(record)
         if kept is not None:
             self._kept.move_to_end(record)
-            message = kept.get(None) or kept.get(unread)
+            message = kept.get(None)
+            if message is None:
+                message = kept.get(unread)
             if message is not None:
                 return message
         headers = {SCHEMA_HEADER: schema} if schema is not None else {}
@@ -381,7 +385,7 @@ class _DecodedSnapshots:
 _SNAPSHOTS: Final = _DecodedSnapshots(64)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=32)
 def snapshot_validator(unread: Unread) -> SchemaValidator:
     """A validator of :class:`WorkloadSnapshotMessage` that neither reads nor builds the fields
     ``unread`` names: pydantic's own schema of the message, in which those fields of the pod

@@ -23,6 +23,7 @@ from podcost_contracts.messages import (
 )
 from podcost_core.aggregate import DECISION_UNREAD
 from podcost_core.model import Node, NodeName, Phase, Pod, PodUID, Resources, Snapshot, Unread
+from podcost_core.strategies.base import COLLECTIONS, reading
 from podcost_core.strategies.registry import default_registry
 
 OPTED_IN = {"podcost.dev/enabled": "true"}
@@ -121,3 +122,13 @@ def test_only_fields_with_a_default_can_be_left_unread() -> None:
         Unread(pod=frozenset({"uid"}))
     with pytest.raises(ValueError, match="Node has no field with a default named"):
         Unread(node=frozenset({"nonsense"}))
+    with pytest.raises(ValueError, match=r"not a collection .*\['lables'\]"):
+        reading(pod=("lables",))
+    assert reading(pod=COLLECTIONS.pod, node=COLLECTIONS.node) == Unread()
+
+
+def test_a_reader_that_leaves_nothing_out_shares_the_whole_decode() -> None:
+    snapshot = Snapshot(workload=WORKLOAD, pods=(), annotations=OPTED_IN, version=9)
+    encoded = encode(WorkloadSnapshotMessage.of(snapshot, emitted_at=9.0))
+    whole = decode_workload_record(encoded.value, encoded.headers)
+    assert decode_workload_record(encoded.value, encoded.headers, unread=Unread()) is whole

@@ -196,8 +196,13 @@ COLLECTIONS: Final = Unread(
 
 def reading(*, pod: Iterable[str] = (), node: Iterable[str] = ()) -> Unread:
     """The :attr:`Strategy.unread` of a strategy that reads, of :data:`COLLECTIONS`, only the
-    pod and node fields named (directly or through the helpers here it calls)."""
-    return Unread(pod=COLLECTIONS.pod - frozenset(pod), node=COLLECTIONS.node - frozenset(node))
+    pod and node fields named (directly or through the helpers here it calls). A name that is
+    not one of them is an error: misspelt, it would leave the field it means unread."""
+    pods, nodes = frozenset(pod), frozenset(node)
+    unknown = sorted(pods - COLLECTIONS.pod) + sorted(nodes - COLLECTIONS.node)
+    if unknown:
+        raise ValueError(f"not a collection of a snapshot's pods or nodes: {unknown}")
+    return Unread(pod=COLLECTIONS.pod - pods, node=COLLECTIONS.node - nodes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +225,7 @@ class Strategy(Generic[ArgsT]):
     unread: Unread = field(default_factory=Unread)
     """The fields of a snapshot ``score`` never reads, whatever its args (see :func:`reading`):
     its ranker decodes snapshots without them. A plugin that leaves it empty gets whole
-    snapshots; one that names a field it reads gets that field's default instead."""
+    snapshots; a field named here that ``score`` does read holds its default (empty) there."""
     arg_types: Mapping[str, Any] = field(init=False, repr=False, compare=False)
     """The resolved type of every ``Args`` field, for :meth:`args_from_mapping`."""
 
