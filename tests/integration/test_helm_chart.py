@@ -267,6 +267,11 @@ def containers(
                 yield workload, container
 
 
+def env_of(container: Manifest) -> dict[str, str | None]:
+    """A container's plain variables by name (``None`` for one taken from a Secret)."""
+    return {var["name"]: var.get("value") for var in container["env"]}
+
+
 def expected_deployments(values: Manifest) -> set[str]:
     """The Deployment names a values file must give: the mode's components, a ranker each."""
     mode = values.get("mode", "all")
@@ -606,7 +611,7 @@ def test_only_what_runs_in_a_cluster_is_given_a_cluster_name(
     rendered: Callable[[str], list[Manifest]], case: str
 ) -> None:
     for deployment, container in containers(rendered(case)):
-        env = {var["name"]: var.get("value") for var in container["env"]}
+        env = env_of(container)
         in_a_cluster = container["args"][0] in ("watcher", "annotator", "run")
         assert ("PODCOST_CLUSTER" in env) is in_a_cluster, deployment["metadata"]["name"]
         if in_a_cluster:
@@ -619,7 +624,7 @@ def test_the_core_batches_its_fetches_and_the_annotator_fetches_at_once(
 ) -> None:
     found = {}
     for _, container in containers(rendered(case)):
-        env = {var["name"]: var.get("value") for var in container["env"]}
+        env = env_of(container)
         fetch = (
             env.get("PODCOST_KAFKA_FETCH_MIN_BYTES"),
             env.get("PODCOST_KAFKA_FETCH_MAX_WAIT_MS"),
@@ -633,14 +638,13 @@ def test_the_core_batches_its_fetches_and_the_annotator_fetches_at_once(
 
 
 @pytest.mark.parametrize("case", ["kafka", "core"])
-def test_the_aggregator_keeps_its_own_batch_compression_unless_told(
+def test_the_aggregator_keeps_its_own_batch_compression_by_default(
     rendered: Callable[[str], list[Manifest]], case: str
 ) -> None:
     # Its costs records are gzipped one by one: the chart's global compression is the others'.
     found = {}
     for _, container in containers(rendered(case)):
-        env = {var["name"]: var.get("value") for var in container["env"]}
-        found[container["args"][0]] = env.get("PODCOST_KAFKA_COMPRESSION")
+        found[container["args"][0]] = env_of(container).get("PODCOST_KAFKA_COMPRESSION")
     assert found.pop("aggregator") is None
     assert set(found.values()) == {"gzip"}
 
