@@ -89,6 +89,10 @@ CASES: dict[str, Manifest] = {
         "watch": {"namespaceSelector": "team=a,tier=b"},
     },
     "core": {"mode": "core", "kafka": KAFKA, "aggregator": {"engine": "consumer"}},
+    "core-compression": {
+        "mode": "core",
+        "kafka": {**KAFKA, "compression": "none", "aggregatorCompression": "gzip"},
+    },
     "tls-sasl": {
         "kafka": {
             **KAFKA,
@@ -647,6 +651,16 @@ def test_the_aggregator_keeps_its_own_batch_compression_by_default(
         found[container["args"][0]] = env_of(container).get("PODCOST_KAFKA_COMPRESSION")
     assert found.pop("aggregator") is None
     assert set(found.values()) == {"gzip"}
+
+
+def test_the_aggregators_batch_compression_is_set_apart_from_the_others(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    found: dict[str, set[str | None]] = {}
+    for _, container in containers(rendered("core-compression")):
+        command = container["args"][0]
+        found.setdefault(command, set()).add(env_of(container).get("PODCOST_KAFKA_COMPRESSION"))
+    assert found == {"aggregator": {"gzip"}, "ranker": {"none"}}
 
 
 def test_the_service_monitor_scrapes_every_metrics_service(
