@@ -24,7 +24,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from fractions import Fraction
-from typing import Annotated, Any, Union, cast, get_args, get_origin, get_type_hints
+from typing import Annotated, Any, Final, Union, cast, get_args, get_origin, get_type_hints
 
 import orjson
 from pydantic import Field, TypeAdapter, ValidationError
@@ -288,6 +288,8 @@ _MAX_QUANTITY_EXPONENT = 100
 
 def parse_quantity(value: Quantity) -> Fraction:
     """``resource.ParseQuantity``, exactly: ``500m`` = 1/2, ``1Gi`` = 2**30, ``1e3`` = 1000."""
+    if isinstance(value, str):
+        return _parse_quantity_text(value)
     if isinstance(value, bool):
         raise ConversionError(f"quantity {value!r} is not a number")
     if isinstance(value, float) and not math.isfinite(value):
@@ -296,6 +298,17 @@ def parse_quantity(value: Quantity) -> Fraction:
         if abs(value) >= 10**_MAX_QUANTITY_DIGITS:  # an int is compared as it is, never printed
             raise ConversionError(f"a quantity beyond 1e{_MAX_QUANTITY_DIGITS} is out of range")
         return Fraction(value) if isinstance(value, int) else Fraction(repr(value))
+    raise ConversionError(f"quantity {value!r} is not a Kubernetes quantity")
+
+
+#: Distinct quantity strings parsed once each: a cluster's pods request a few dozen of them
+#: ("250m", "512Mi"), and the watcher sums a pod's requests for every version of it it
+#: converts (a ``Fraction`` is immutable, so the same one can be handed out every time).
+QUANTITY_CACHE_SIZE: Final = 4096
+
+
+@functools.lru_cache(maxsize=QUANTITY_CACHE_SIZE)
+def _parse_quantity_text(value: str) -> Fraction:
     found = _QUANTITY.fullmatch(value)
     if not value or found is None:
         raise ConversionError(f"quantity {value!r} is not a Kubernetes quantity")
@@ -761,14 +774,27 @@ def own_cost(meta: ObjectMetaJSON) -> str | None:
     return value if value is not None and cost_managers(meta) == (FIELD_MANAGER,) else None
 
 
+_ZERO: Final = Fraction(0)
+
+
 def _sum_into(total: dict[str, Fraction], resources: Mapping[str, Quantity]) -> None:
+    # A name seen first is its amount: no addition to a new zero (``Fraction`` arithmetic is
+    # most of what summing one container's requests costs).
     for name, amount in resources.items():
-        total[name] = total.get(name, Fraction(0)) + parse_quantity(amount)
+        value = parse_quantity(amount)
+        have = total.get(name)
+        total[name] = value if have is None else have + value
 
 
 def _max_into(total: dict[str, Fraction], resources: Mapping[str, Fraction]) -> None:
     for name, amount in resources.items():
-        total[name] = max(total.get(name, Fraction(0)), amount)
+        have = total.get(name, _ZERO)
+        total[name] = amount if amount > have else have
+
+
+def _ceil(amount: Fraction | None, scale: int = 1) -> int:
+    """``math.ceil(amount * scale)`` in integers (0 for ``None``)."""
+    return 0 if amount is None else -(-amount.numerator * scale // amount.denominator)
 
 
 def _restartable(container: ContainerJSON) -> bool:
@@ -795,7 +821,8 @@ def pod_requests(spec: PodSpecJSON) -> Resources:
             _sum_into(during, requests)
             _max_into(init_peak, during)
     for name, amount in sidecars.items():
-        total[name] = total.get(name, Fraction(0)) + amount
+        have = total.get(name)
+        total[name] = amount if have is None else have + amount
     _max_into(total, init_peak)
     pod_level = spec.get("resources", {}).get("requests", {})
     for name in _QOS_RESOURCES:
@@ -803,9 +830,7 @@ def pod_requests(spec: PodSpecJSON) -> Resources:
             total[name] = parse_quantity(pod_level[name])
     _sum_into(total, spec.get("overhead", {}))
     return Resources(
-        cpu_milli=math.ceil(total.get("cpu", Fraction(0)) * 1000),
-        memory_bytes=math.ceil(total.get("memory", Fraction(0))),
-        pods=1,
+        cpu_milli=_ceil(total.get("cpu"), 1000), memory_bytes=_ceil(total.get("memory")), pods=1
     )
 
 
