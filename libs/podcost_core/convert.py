@@ -289,7 +289,9 @@ _MAX_QUANTITY_EXPONENT = 100
 def parse_quantity(value: Quantity) -> Fraction:
     """``resource.ParseQuantity``, exactly: ``500m`` = 1/2, ``1Gi`` = 2**30, ``1e3`` = 1000."""
     if isinstance(value, str):
-        return _parse_quantity_text(value)
+        if len(value) <= QUANTITY_CACHED_LENGTH:
+            return _parse_quantity_text(value)
+        return _parse_quantity_text.__wrapped__(value)  # kept out of the cache (hand-made input)
     if isinstance(value, bool):
         raise ConversionError(f"quantity {value!r} is not a number")
     if isinstance(value, float) and not math.isfinite(value):
@@ -305,6 +307,10 @@ def parse_quantity(value: Quantity) -> Fraction:
 #: ("250m", "512Mi"), and the watcher sums a pod's requests for every version of it it
 #: converts (a ``Fraction`` is immutable, so the same one can be handed out every time).
 QUANTITY_CACHE_SIZE: Final = 4096
+#: The longest string the cache keeps: the API server serves quantities in canonical form (a few
+#: characters); a long one (leading zeros are allowed) is parsed every time, so that the cache
+#: stays small whatever the input.
+QUANTITY_CACHED_LENGTH: Final = 64
 
 
 @functools.lru_cache(maxsize=QUANTITY_CACHE_SIZE)

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from tests.support.fuzz import fuzz, mutated_json
 
 from podcost_contracts.messages import EncodeError, WorkloadSnapshotMessage, decode, encode
+from podcost_core import convert
 from podcost_core.convert import (
     ConversionError,
     load_objects,
@@ -248,6 +249,16 @@ def test_a_quantity_that_crashed_the_parser_is_a_conversion_error(text: str) -> 
 def test_a_quantity_padded_with_zeros_reads_as_its_value() -> None:
     assert parse_quantity("0" * 5000 + "1.5" + "0" * 5000 + "Ki") == Fraction(1536)
     assert parse_quantity("2Ei") == 2 * 2**60  # a binary suffix, not an exponent
+
+
+def test_only_short_quantity_strings_are_kept_parsed() -> None:
+    # Parsed quantities are cached per string; a long one (hand-made: the API server serves
+    # canonical forms) would make the cache hold megabytes, so it is parsed every time.
+    padded = "0" * 100_000 + "3"
+    kept = convert._parse_quantity_text.cache_info().currsize
+    assert parse_quantity(padded) == 3
+    assert convert._parse_quantity_text.cache_info().currsize == kept
+    assert parse_quantity("123m") is parse_quantity("123m")  # short: parsed once, handed out
 
 
 @pytest.mark.parametrize(
