@@ -290,8 +290,8 @@ def parse_quantity(value: Quantity) -> Fraction:
     """``resource.ParseQuantity``, exactly: ``500m`` = 1/2, ``1Gi`` = 2**30, ``1e3`` = 1000."""
     if isinstance(value, str):
         if len(value) <= QUANTITY_CACHED_LENGTH:
-            return _parse_quantity_text(value)
-        return _parse_quantity_text.__wrapped__(value)  # kept out of the cache (hand-made input)
+            return _cached_quantity_text(value)
+        return _parse_quantity_text(value)  # kept out of the cache (hand-made input)
     if isinstance(value, bool):
         raise ConversionError(f"quantity {value!r} is not a number")
     if isinstance(value, float) and not math.isfinite(value):
@@ -313,7 +313,6 @@ QUANTITY_CACHE_SIZE: Final = 4096
 QUANTITY_CACHED_LENGTH: Final = 64
 
 
-@functools.lru_cache(maxsize=QUANTITY_CACHE_SIZE)
 def _parse_quantity_text(value: str) -> Fraction:
     found = _QUANTITY.fullmatch(value)
     if not value or found is None:
@@ -337,6 +336,11 @@ def _parse_quantity_text(value: str) -> Fraction:
     else:  # a decimal exponent, e.g. e3 or E-2
         number *= Fraction(10) ** int(exponent_text)
     return -number if found["sign"] == "-" else number
+
+
+_cached_quantity_text: Final = functools.lru_cache(maxsize=QUANTITY_CACHE_SIZE)(
+    _parse_quantity_text
+)
 
 
 def quantity_milli(value: Quantity) -> int:

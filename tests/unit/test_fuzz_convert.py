@@ -255,9 +255,9 @@ def test_only_short_quantity_strings_are_kept_parsed() -> None:
     # Parsed quantities are cached per string; a long one (hand-made: the API server serves
     # canonical forms) would make the cache hold megabytes, so it is parsed every time.
     padded = "0" * 100_000 + "3"
-    kept = convert._parse_quantity_text.cache_info().currsize
+    kept = convert._cached_quantity_text.cache_info().currsize
     assert parse_quantity(padded) == 3
-    assert convert._parse_quantity_text.cache_info().currsize == kept
+    assert convert._cached_quantity_text.cache_info().currsize == kept
     assert parse_quantity("123m") is parse_quantity("123m")  # short: parsed once, handed out
 
 
