@@ -81,6 +81,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import orjson
 from kubernetes_asyncio import config
 from tests.bench import procs
 from tests.support.costs import CountingPods
@@ -340,7 +341,7 @@ def rfc3339(at: float) -> str:
 
 
 def copy_of(obj: Mapping[str, Any]) -> RawObject:
-    copied: RawObject = json.loads(json.dumps(obj))
+    copied: RawObject = orjson.loads(orjson.dumps(obj))
     return copied
 
 
@@ -550,7 +551,10 @@ class Churn:
 
     def _emit(self, kind: str, event: str, obj: RawObject) -> Event:
         obj["metadata"]["resourceVersion"] = str(next(self._resource_version))
-        return kind, json.dumps({"type": event, "object": obj}).encode()
+        # Compact, as the API server writes a watch line; orjson rather than the standard
+        # library's encoder, which was 70 % of the churn process's CPU (a process that stands
+        # in for the API server, on the cores of the pipeline it feeds).
+        return kind, orjson.dumps({"type": event, "object": obj})
 
     def _later(self, due: float, step: Callable[[float], Event]) -> None:
         heapq.heappush(self._followups, _FollowUp(due, next(self._order), step))
