@@ -23,8 +23,12 @@ Method, for each N (a fresh core and fresh topics each time):
   own Kafka clients, consumer groups and topics, as separate agents would. One churn process
   per agent process writes the streams of its clusters into a FIFO.
 - The offered rate (pod events/s for the whole fleet, split evenly between the clusters) goes
-  up in steps of ``--step-seconds``; every half second the bench reads each process's counters
-  over ``/metrics`` (records published and consumed per topic, events taken in per cluster).
+  up in steps of ``--step-seconds``; 20 times a step (every half second for steps of 10 s or
+  less; ``--sample-seconds`` says otherwise) the bench reads each process's counters over
+  ``/metrics`` (records published and consumed per topic, events taken in per cluster). Each
+  read costs the fleet CPU (every process renders its ``/metrics``, the bench parses them all):
+  at N = 20, sampling every half second took about a tenth of the machine, from the processes it
+  measures, so long steps sample less often.
   A rate is sustained when the lags stay bounded (``bench_pipeline.judge``: neither the
   watchers' backlog behind the offer nor any consumer's lag climbs, and all is drained within
   two seconds once the offer stops). The steps stop at the first rate not sustained.
@@ -79,6 +83,10 @@ from tests.support.services import ServiceProcess, metric_key, processes
 from podcost_bus import BusSettings
 from podcost_contracts.topics import Topics
 from podcost_localinfra import build, cluster, kafka
+
+#: How many times a step reads the fleet's counters, unless that is more often than every
+#: ``SAMPLE_EVERY_S`` (see the module docstring): enough for ``judge`` to tell a climb.
+SAMPLES_PER_STEP = 20
 
 # --- the fleet as processes --------------------------------------------------------------------
 
@@ -303,8 +311,9 @@ async def fleet_step(
     cpu.start()
     samples = []
     read = read_before
+    every = args.sample_seconds or max(SAMPLE_EVERY_S, args.step_seconds / SAMPLES_PER_STEP)
     while time.monotonic() < end:
-        await asyncio.sleep(min(SAMPLE_EVERY_S, max(0.0, end - time.monotonic())))
+        await asyncio.sleep(min(every, max(0.0, end - time.monotonic())))
         sample, _, read = await fleet.probe()
         samples.append(sample)
     step = Step(rate, samples[-1].at - first.at, samples, first)
@@ -567,6 +576,12 @@ def main() -> None:
                         help="offered pod events/s for the whole fleet, one step each; "
                              "stops at the first not sustained")  # fmt: skip
     parser.add_argument("--step-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--sample-seconds",
+        type=float,
+        default=None,
+        help="how often a step reads the counters [its length / 20, >= 0.5 s]",
+    )
     parser.add_argument("--drain-seconds", type=float, default=5.0,
                         help="longest wait for a step's backlog")  # fmt: skip
     parser.add_argument("--workloads", type=int, default=8, help="per cluster")
