@@ -189,6 +189,24 @@ def test_the_dicts_every_pod_has_are_plain_dicts_sharing_their_keys() -> None:
     assert kept == _project_plain(slim_managed_fields(copy.deepcopy(raw)))
 
 
+def test_pods_with_keys_the_first_pods_lacked_still_share_their_keys() -> None:
+    # CPython 3.11 adds no key to a keys table a few dozen dicts share (``_seed_sections``): 200
+    # pods kept first with few keys must not turn every later pod with more into ordinary dicts.
+    bare = served_pod(1)
+    bare["spec"] = {"containers": bare["spec"]["containers"]}
+    bare["status"] = {"phase": "Running"}
+    first = [project_pod(copy.deepcopy(bare)) for _ in range(200)]
+    later = []
+    for index in range(2, 100):
+        raw = served_pod(index, cost=index)
+        raw["spec"].update(overhead={"cpu": "10m"}, affinity={})
+        later.append(project_pod(raw))
+    kept = later[-1]
+    assert {"overhead", "affinity", "tolerations"} <= set(kept["spec"])
+    for section in (kept, kept["metadata"], kept["spec"], kept["status"], first[-1]["spec"]):
+        assert sys.getsizeof(section) < sys.getsizeof({**section})
+
+
 def _project_plain(raw: dict[str, Any]) -> dict[str, Any]:
     """``project_pod(raw)`` built of ordinary dicts."""
     return cast(dict[str, Any], orjson.loads(orjson.dumps(project_pod(raw))))
