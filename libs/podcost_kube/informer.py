@@ -118,18 +118,18 @@ class ResourceExpired(KubeError):
 PAGE_SIZE = 100
 
 
-def _kept(resource: Resource, obj: RawObject, shared: SharedParts) -> RawObject:
+def _kept(kind: str, obj: RawObject, shared: SharedParts) -> RawObject:
     """What the store keeps of ``obj``: without the managedFields nobody reads, and of a pod
     only what podcost reads, its parts equal to other pods' shared with them
     (``podcost_core.convert.project_pod``); of a node all but the status fields nothing reads
     (``project_node``), of a ReplicaSet or a Deployment all but its pod template, kept as a
     digest, and its well-formed status conditions (``project_workload``)."""
     slim = slim_managed_fields(obj)
-    if resource.kind == POD.kind:
+    if kind == POD.kind:
         return project_pod(slim, shared)
-    if resource.kind == NODE.kind:
+    if kind == NODE.kind:
         return project_node(slim, shared)
-    if resource.kind in (REPLICASET.kind, DEPLOYMENT.kind):
+    if kind in (REPLICASET.kind, DEPLOYMENT.kind):
         return project_workload(slim, shared)
     return slim
 
@@ -194,6 +194,14 @@ def decode_event(line: bytes | str, what: str = "watch") -> WatchEvent:
     if not resource_version(obj):
         raise KubeError(f"{what}: {event_type} event without a resourceVersion", retriable=True)
     return WatchEvent(event_type, obj)
+
+
+def apply_event(store: Store, kind: str, event: WatchEvent, shared: SharedParts) -> Change | None:
+    """What an informer does with a watch event (not a bookmark) of a ``kind`` object: keep what
+    podcost reads of the object (projected, its parts shared through ``shared``) in ``store``;
+    the change, if any, goes to the informer's handlers. The benchmarks feed synthetic watch
+    lines through this too."""
+    return store.apply(kind, ChangeType(event.type), _kept(kind, event.obj, shared))
 
 
 # --- backoff -----------------------------------------------------------------------------------
@@ -540,7 +548,7 @@ class Informer:
                 # List items come without their kind; the store keeps them as kubectl prints them.
                 item.setdefault("apiVersion", resource.api_version)
                 item.setdefault("kind", resource.kind)
-                items.append(_kept(resource, item, self._shared))
+                items.append(_kept(resource.kind, item, self._shared))
             meta = page.get("metadata") or {}
             version = str(meta.get("resourceVersion", ""))
             token = str(meta.get("continue") or "")
@@ -595,8 +603,7 @@ class Informer:
                     state.stats.bookmarks += 1
                     continue
                 state.stats.events += 1
-                obj = _kept(resource, event.obj, self._shared)
-                change = self.store.apply(resource.kind, ChangeType(event.type), obj)
+                change = apply_event(self.store, resource.kind, event, self._shared)
                 if change is not None:
                     self._dispatch(state, [change])
         finally:

@@ -41,6 +41,7 @@ from podcost_core.convert import (
     slim_managed_fields,
 )
 from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER
+from podcost_kube.informer import WatchEvent, apply_event
 from podcost_kube.store import ChangeType, Store, object_key, resource_version
 from podcost_kube.workloads import (
     DEPLOYMENT,
@@ -205,6 +206,22 @@ def test_pods_with_keys_the_first_pods_lacked_still_share_their_keys() -> None:
     assert {"overhead", "affinity", "tolerations"} <= set(kept["spec"])
     for section in (kept, kept["metadata"], kept["spec"], kept["status"], first[-1]["spec"]):
         assert sys.getsizeof(section) < sys.getsizeof({**section})
+
+
+def test_a_watch_event_is_kept_projected_as_the_informer_keeps_it() -> None:
+    # ``apply_event`` is the informer's path from a watch event to the store, and the benches'.
+    store, shared = Store(), SharedParts()
+    raws = [served_pod(index, cost=index) for index in (1, 2)]
+    changes = [apply_event(store, "Pod", WatchEvent("ADDED", copy.deepcopy(raw)), shared)
+               for raw in raws]  # fmt: skip
+    kept = [store.get("Pod", raw["metadata"]["namespace"], raw["metadata"]["name"]) for raw in raws]
+    assert [change.new for change in changes if change is not None] == kept
+    assert kept == [_project_plain(slim_managed_fields(copy.deepcopy(raw))) for raw in raws]
+    assert kept[0]["spec"]["containers"] is kept[1]["spec"]["containers"]  # shared parts
+    gone = apply_event(store, "Pod", WatchEvent("DELETED", copy.deepcopy(raws[0])), shared)
+    assert gone is not None
+    assert gone.type is ChangeType.DELETED
+    assert store.count("Pod") == 1
 
 
 def _project_plain(raw: dict[str, Any]) -> dict[str, Any]:
