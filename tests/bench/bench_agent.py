@@ -3,7 +3,7 @@
 a synthetic watch stream instead of the API server's watch lines.
 
 ``python -m tests.bench.bench_agent --role watcher|annotator|agent [--clusters a,b] [--stream
-FIFO] [--pods stand-in|cache]``, started by ``bench_pipeline`` (mode "Kafka, one process per
+FIFO]``, started by ``bench_pipeline`` (mode "Kafka, one process per
 service": one watcher process and one annotator process) and ``bench_fleet`` (role ``agent``:
 one process hosting, per cluster of ``--clusters``, a watcher and an annotator with that
 cluster's settings: its own costs topic, consumer group and Kafka clients, as separate agents
@@ -13,17 +13,18 @@ would have; 100 agent processes would not fit two cores).
   ``PODCOST_WATCHER_NAMESPACE`` names an empty namespace), and each line read from ``--stream``
   (a FIFO written by a churn process: ``bench_pipeline.churn_main``, or ``bench_fleet``'s
   multi-cluster churn whose lines start with the cluster's index) goes through ``decode_event``,
-  ``Store.apply`` and the watcher's informer handler, exactly as a line from the API server.
-- The annotator runs dry-run (``PODCOST_DRY_RUN=true``). Its pod reads are answered without an
-  API server: role ``annotator`` (alone in its process, the synthetic pods living only in the
-  watcher's cache in another process) uses ``StandInPods``, a stand-in that answers a read with
-  a pod of the requested uid and no cost, so every decision goes through the whole plan path;
-  it replaces the API server for pod reads only, because no real API server here serves 5,000
-  synthetic pod events/s. Having no view of the synthetic workloads (they live in the watcher's
-  process), that annotator refuses every decision after its read (``no_workload``) since it
-  verifies writes: its ``dry_run`` count is 0 and its refusals count the decisions instead.
-  Role ``agent`` reads the pods from its own cluster's watcher cache
-  (``CachedPods``), as ``bench_pipeline``'s in-process modes do.
+  ``apply_event`` (the object projected as the informer keeps it, then ``Store.apply``) and the
+  watcher's informer handler, exactly as a line from the API server.
+- The annotator runs dry-run (``PODCOST_DRY_RUN=true``). Its pod reads are answered from a
+  store of the synthetic cluster instead of the API server, since no real API server here serves
+  5,000 synthetic pod events/s: role ``annotator`` (alone in its process, as the chart's agent
+  mode runs it) keeps its own view, fed from ``--stream`` (a copy of the watcher's stream) the
+  way its informer would keep it from its watch of pods, ReplicaSets and Deployments
+  (``apply_event``, then the view's handler; the other kinds are not watched), and reads the
+  pods from that view (``CachedPods``), so every decision is verified against the workloads and
+  goes through the whole plan path. Role ``agent`` reads the pods from its own cluster's watcher
+  cache, which is also its view, as ``podcost run`` shares the watcher's (``SharedView``) and
+  ``bench_pipeline``'s in-process modes do.
 
 Besides the services' own metrics, the process's ``/metrics`` (``PODCOST_HTTP_PORT``) has what
 the bench needs to see from outside, per cluster (``podcost_bench_*{cluster}``): events taken in
@@ -41,7 +42,7 @@ import argparse
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self, cast
@@ -49,7 +50,7 @@ from typing import Any, Self, cast
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from tests.bench.bench_pipeline import FLEET_END, CachedPods, consumed, synthetic_uid
+from tests.bench.bench_pipeline import FLEET_END, CachedPods, consumed
 
 from podcost.annotator import AnnotatorService, AnnotatorSettings
 from podcost.annotator import bootstrap as bootstrap_annotator
@@ -61,26 +62,16 @@ from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherService, WatcherSettings
 from podcost.watcher.service import bootstrap as bootstrap_watcher
 from podcost_bus import Bus, BusSettings, Consumer, Record, open_bus
+from podcost_core.convert import SharedParts
 from podcost_kube.client import Kube, connect
-from podcost_kube.informer import decode_event
-from podcost_kube.store import ChangeType
+from podcost_kube.informer import apply_event, decode_event
+from podcost_kube.store import Store
 
 READ_CHUNK = 1 << 22
 
-
-class StandInPods:
-    """Pod reads answered without an API server, for the annotator alone in its process: a pod
-    of the requested name whose uid is the one the churn gave it (``synthetic_uid``) and that
-    carries no cost, so every decision is a write to make (dry run: logged, not made)."""
-
-    async def read_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
-        return {"metadata": {"name": name, "namespace": namespace,
-                             "uid": synthetic_uid(namespace, name)}}  # fmt: skip
-
-    async def patch_deletion_cost_if_unchanged(
-        self, namespace: str, pod: str, cost: int, *, seen: Mapping[str, Any]
-    ) -> Mapping[str, Any]:
-        raise RuntimeError("the throughput run is a dry run: nothing is written")
+#: The kinds an annotator's own view watches (``ClusterView.resources``, without a namespace
+#: selector).
+VIEW_KINDS = frozenset(resource.kind for resource in ClusterView(Scope()).resources())
 
 
 # --- bytes an annotator reads ---------------------------------------------------------------
@@ -156,6 +147,10 @@ class Agent:
     annotator: AnnotatorService | None = None
     read: ReadBytes = field(default_factory=ReadBytes)
     fed: int = 0
+    view: ClusterView | None = None
+    """The annotator's own view, fed from the stream (an annotator without a watcher)."""
+    shared: SharedParts = field(default_factory=SharedParts)
+    """The parts the objects it keeps share, as its informer's (``apply_event``)."""
 
 
 class Feed:
@@ -177,12 +172,17 @@ class Feed:
 
     def deliver(self, agent: Agent, kind: str, line: bytes) -> None:
         # As bench_pipeline.WatchStream.deliver: what the informer does with a watch line.
-        watcher = agent.watcher
-        assert watcher is not None, "fed agents have a watcher"
-        event = decode_event(line, f"{kind}: watch")
-        change = watcher.store.apply(kind, ChangeType(event.type), event.obj)
-        if change is not None:
-            watcher._on_change(change)
+        watcher, view = agent.watcher, agent.view
+        if watcher is not None:
+            event = decode_event(line, f"{kind}: watch")
+            change = apply_event(watcher.store, kind, event, agent.shared)
+            if change is not None:
+                watcher._on_change(change)
+        elif view is not None and kind in VIEW_KINDS:
+            event = decode_event(line, f"{kind}: watch")
+            change = apply_event(view.store, kind, event, agent.shared)
+            if change is not None:
+                view.observe(change)
 
     def split(self, line: bytes) -> tuple[Agent, str, bytes]:
         if self.multi:
@@ -198,7 +198,7 @@ class Feed:
             await asyncio.Event().wait()
             return
         # Synced first (the informer's initial list in the cache); the watcher has no event.
-        while not all(a.watcher is not None and a.watcher.ready() for a in self.agents):  # noqa: ASYNC110
+        while not all(a.watcher is None or a.watcher.ready() for a in self.agents):  # noqa: ASYNC110
             await asyncio.sleep(0.1)
         loop = asyncio.get_running_loop()
         lines = asyncio.StreamReader(limit=READ_CHUNK)
@@ -301,14 +301,16 @@ async def run(args: argparse.Namespace) -> None:
                 buses.append(agent.watcher.bus)
                 services.append(agent.watcher)
             if annotates:
-                pods: Any = (
-                    CachedPods(agent.watcher.store) if agent.watcher is not None
-                    else StandInPods()
-                )  # fmt: skip
-                # What the annotator verifies decisions against: its cluster's watcher cache;
-                # alone in its process it has none (every decision is read, then refused).
-                store = agent.watcher.store if agent.watcher is not None else None
+                # What the annotator verifies decisions against and reads pods from: its
+                # cluster's watcher cache, or alone in its process a view of its own, fed from
+                # the stream (see the module docstring).
+                store = agent.watcher.store if agent.watcher is not None else Store()
                 view = ClusterView(Scope(), store=store)
+                if agent.watcher is None:
+                    if args.stream is None:
+                        raise SystemExit("an annotator alone needs --stream for its view")
+                    agent.view = view
+                pods = CachedPods(store)
                 bus = CountingBus(open_bus(bus_settings), agent.read)
                 agent.annotator = bootstrap_annotator(
                     own,
@@ -331,7 +333,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--role", choices=("watcher", "annotator", "agent"), required=True)
     parser.add_argument("--clusters", default=None, help="default: PODCOST_CLUSTER")
-    parser.add_argument("--stream", default=None, help="the churn FIFO (watcher, agent)")
+    parser.add_argument("--stream", default=None, help="the churn FIFO")
     args = parser.parse_args()
     os.environ.setdefault("PODCOST_DRY_RUN", "true")
     asyncio.run(run(args))

@@ -15,13 +15,14 @@ Method, for each N (a fresh core and fresh topics each time):
 - Cluster ``c<i>`` has its own synthetic watch stream, made as ``bench_pipeline`` makes it
   (``Churn``: pods from a real kwok pod of this control plane, replaced, flapping, status
   noise), its own watcher (``PODCOST_CLUSTER=c<i>``) fed each line through ``decode_event``,
-  ``Store.apply`` and its informer handler, and its own annotator reading only ``<costs>.c<i>``
-  in group ``<group>.c<i>``, dry-run, reading the pods from its own watcher's cache. 100 agent
-  processes would not fit two cores, so the agents of several clusters share an agent process
-  (``bench_agent --role agent``, at most ``--agent-processes`` of them): each hosts, per
-  cluster, a watcher and an annotator service instance with that cluster's settings, and its
-  own Kafka clients, consumer groups and topics, as separate agents would. One churn process
-  per agent process writes the streams of its clusters into a FIFO.
+  ``apply_event`` (projected as its informer keeps it) and its informer handler, and its own
+  annotator reading only ``<costs>.c<i>`` in group ``<group>.c<i>``, dry-run, reading the pods
+  from its own watcher's cache. 100 agent processes would not fit two cores, so the agents of
+  several clusters share an agent process (``bench_agent --role agent``, at most
+  ``--agent-processes`` of them): each hosts, per cluster, a watcher and an annotator service
+  instance with that cluster's settings, and its own Kafka clients, consumer groups and topics,
+  as separate agents would. One churn process per agent process writes the streams of its
+  clusters into a FIFO.
 - The offered rate (pod events/s for the whole fleet, split evenly between the clusters) goes
   up in steps of ``--step-seconds``; 20 times a step (every half second for steps of 10 s or
   less; ``--sample-seconds`` says otherwise) the bench reads each process's counters over

@@ -15,7 +15,7 @@ a. Throughput. The watcher runs for real (its informer lists and watches the API
    process (this module with ``--churn-from``) makes up watch lines and streams them over a pipe
    at the offered rate: pods made from a real kwok pod of this control plane, churning over many
    workloads (pods replaced through their whole lifecycle, readiness flaps with restarts, and
-   status noise the watcher must drop). Each line goes through ``decode_event``, ``Store.apply``
+   status noise the watcher must drop). Each line goes through ``decode_event``, ``apply_event``
    and the watcher's informer handler, exactly as a line read from the API server's socket does;
    the rest of the pipeline runs untouched. The annotator runs in dry-run mode and reads the pods
    from the watcher's cache: the synthetic pods exist only there (the API server would answer
@@ -41,11 +41,12 @@ started with the arguments and environment ``helm template`` renders for the cor
 (``procs.chart_core_specs``, through the harness ``tests.support.services``); the watcher and
 the annotator each run in a bench agent process (``bench_agent``) that bootstraps the real
 service from the environment as the commands do. The churn process writes into a FIFO the
-watcher process reads, line by line through the same informer path. The annotator's pod reads
-are answered by a stand-in (``bench_agent.StandInPods``: a pod of the requested uid, with no
-cost, so every decision goes through the whole plan path): the synthetic pods exist only in the
-watcher's cache, in another process now, and no real API server here serves 5,000 synthetic pod
-events/s; the stand-in replaces the API server for pod reads only, and the output says so. The
+watcher process reads, line by line through the same informer path, and the same lines into a
+second FIFO the annotator process reads: its own view of the cluster (pods, ReplicaSets,
+Deployments), as its informer would keep it from the API server's watch, which it verifies every
+decision against and reads the pods from, so every decision goes through the whole plan path;
+no real API server here serves 5,000 synthetic pod events/s, so the view stands in for the API
+server's pod reads, and the output says so. The
 lags are computed as above from each process's counters, read over its ``/metrics``; the
 watcher process reports the events it has taken in, against the offer the bench set. Instead of
 this process's CPU, each process's share of a core and its memory are printed (``/proc``). The
@@ -79,7 +80,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import orjson
 from kubernetes_asyncio import config
@@ -103,11 +104,12 @@ from podcost_bus import Bus, BusSettings, Consumer, open_bus
 from podcost_contracts.messages import DesiredCostsMessage, decode
 from podcost_contracts.topics import Topics
 from podcost_core.combine import answers_needed
+from podcost_core.convert import SharedParts
 from podcost_core.model import DELETION_COST_ANNOTATION
 from podcost_core.policy import DEFAULT_POLICY
 from podcost_kube.client import Kube, PodGone
-from podcost_kube.informer import POD, Informer, decode_event
-from podcost_kube.store import Change, ChangeType, RawObject, Store
+from podcost_kube.informer import POD, Informer, apply_event, decode_event
+from podcost_kube.store import Change, RawObject, Store
 from podcost_localinfra import build, cluster, kafka
 
 GOAL_EVENTS_PER_S = 5_000
@@ -387,12 +389,9 @@ class Churn:
 
     def __init__(
         self, templates: Templates, *, workloads: int, pods: int, namespaces: int, nodes: int,
-        seed: int = 1, named_uids: bool = False,
+        seed: int = 1,
     ) -> None:  # fmt: skip
         self.templates = templates
-        self.named_uids = named_uids
-        """Pod uids made from the pod's name (``synthetic_uid``) instead of drawn at random, so
-        that a process without the watcher's cache can tell a pod's uid from its name."""
         self.per_workload = pods
         self.rng = random.Random(seed)
         self._resource_version = itertools.count(10**9)
@@ -497,12 +496,12 @@ class Churn:
         meta.pop("deletionTimestamp", None)
         meta.pop("deletionGracePeriodSeconds", None)
         name = f"{workload.replicaset}-{self._suffix(5)}"
-        uid = str(uuid.UUID(int=self.rng.getrandbits(128)))  # drawn either way: same stream
+        uid = str(uuid.UUID(int=self.rng.getrandbits(128)))
         meta.update(
             name=name,
             generateName=f"{workload.replicaset}-",
             namespace=workload.namespace,
-            uid=synthetic_uid(workload.namespace, name) if self.named_uids else uid,
+            uid=uid,
             creationTimestamp=rfc3339(created),
             labels={"app": workload.name, "pod-template-hash": workload.template_hash},
             ownerReferences=[{"apiVersion": "apps/v1", "kind": "ReplicaSet",
@@ -642,11 +641,6 @@ class Churn:
         return self._emit("Pod", "MODIFIED", old)
 
 
-def synthetic_uid(namespace: str, name: str) -> str:
-    """The uid of a synthetic pod made with ``named_uids``."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"pod/{namespace}/{name}"))
-
-
 class CachedPods:
     """The annotator's pod reads served from the watcher's informer cache, for the dry run over
     synthetic pods (which exist only there). It never writes."""
@@ -693,10 +687,13 @@ def churn_main(args: argparse.Namespace) -> None:
     finds the events waiting, as on a watch socket."""
     raw = json.loads(Path(args.churn_from).read_text())
     churn = Churn(Templates(**raw), workloads=args.workloads, pods=args.pods,
-                  namespaces=args.namespaces, nodes=args.nodes,
-                  named_uids=args.named_uids)  # fmt: skip
+                  namespaces=args.namespaces, nodes=args.nodes)  # fmt: skip
     out = churn_output()
-    out.writelines(b"%s %s\n" % (kind.encode(), line) for kind, line in churn.fleet())
+    if args.copy_to:
+        # The same stream for a second reader (the annotator's own view of the cluster, as its
+        # informer would watch the API server), written in step with the first.
+        out = cast(BinaryIO, Tee(out, pipe_output(os.open(args.copy_to, os.O_RDWR))))
+    out.writelines([b"%s %s\n" % (kind.encode(), line) for kind, line in churn.fleet()])
     out.write(FLEET_END)
     out.flush()
 
@@ -707,11 +704,35 @@ def churn_main(args: argparse.Namespace) -> None:
     serve_offer(out, events)
 
 
+class Tee:
+    """Writes what it is given to every one of ``outs``, in order."""
+
+    def __init__(self, *outs: BinaryIO) -> None:
+        self.outs = outs
+
+    def write(self, data: bytes) -> None:
+        for out in self.outs:
+            out.write(data)
+
+    def writelines(self, lines: Sequence[bytes]) -> None:
+        for out in self.outs:
+            out.writelines(lines)
+
+    def flush(self) -> None:
+        for out in self.outs:
+            out.flush()
+
+
 def churn_output() -> BinaryIO:
     """A churn process's stdout, buffered, on a pipe as deep as a socket's buffers if allowed."""
+    return pipe_output(1)
+
+
+def pipe_output(fd: int) -> BinaryIO:
+    """``fd``, buffered, on a pipe as deep as a socket's buffers if allowed."""
     with contextlib.suppress(OSError):
-        fcntl.fcntl(1, F_SETPIPE_SZ, 1 << 20)
-    return os.fdopen(1, "wb", buffering=1 << 20)
+        fcntl.fcntl(fd, F_SETPIPE_SZ, 1 << 20)
+    return os.fdopen(fd, "wb", buffering=1 << 20)
 
 
 def serve_offer(out: BinaryIO, events: Callable[[int, float], list[bytes]]) -> None:
@@ -750,9 +771,10 @@ def serve_offer(out: BinaryIO, events: Callable[[int, float], list[bytes]]) -> N
 
 class WatchStream:
     """Watch lines from the churn process, handed to the watcher as its informer hands on each
-    line it reads from the API server: ``decode_event``, ``Store.apply``, then the informer's
-    handler. The lines come over a pipe from another process, as they come over a socket from
-    the API server, so making them up costs this process nothing."""
+    line it reads from the API server: ``decode_event``, ``apply_event`` (what the store keeps of
+    the object, projected, then ``Store.apply``), then the informer's handler. The lines come
+    over a pipe from another process, as they come over a socket from the API server, so making
+    them up costs this process nothing."""
 
     def __init__(self, watcher: WatcherService, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None, "started with stdout=PIPE"
@@ -761,6 +783,8 @@ class WatchStream:
         self.lines = process.stdout
         self.fed = 0
         self.offer = Offer()
+        self.shared = SharedParts()
+        """The parts the kept objects share, as the watcher's informer's."""
 
     def offered(self) -> int:
         return self.offer.due(time.monotonic())
@@ -774,7 +798,7 @@ class WatchStream:
 
     def deliver(self, kind: str, line: bytes) -> None:
         event = decode_event(line, f"{kind}: watch")
-        change = self.watcher.store.apply(kind, ChangeType(event.type), event.obj)
+        change = apply_event(self.watcher.store, kind, event, self.shared)
         if change is not None:
             # The informer's one handler: what the watcher subscribed with (Informer._dispatch).
             self.watcher._on_change(change)
@@ -1102,9 +1126,10 @@ async def throughput_processes(
     arguments and environment the chart's core mode renders (``procs.chart_core_specs``); the
     watcher and the annotator each run in a bench agent process (``bench_agent``) that
     bootstraps the real service. The churn process writes into a FIFO the watcher process
-    reads. The annotator's pod reads are answered by a stand-in (``bench_agent.StandInPods``):
-    the synthetic pods exist only in the watcher's cache, in another process now. Lags come
-    from each process's counters over ``/metrics``; CPU and memory from ``/proc``."""
+    reads, and the same lines into a second FIFO the annotator process reads: its own view of
+    the cluster, as its informer would keep it, which it verifies decisions against and reads the
+    pods from (the synthetic pods exist nowhere else). Lags come from each process's counters
+    over ``/metrics``; CPU and memory from ``/proc``."""
     assert mode.kafka is not None, "over Kafka"
     namespace = await helpers.create_namespace(f"bench-pipeline-p-{uuid.uuid4().hex[:5]}")
     run = uuid.uuid4().hex[:8]
@@ -1116,16 +1141,17 @@ async def throughput_processes(
     with tempfile.TemporaryDirectory(prefix="podcost-bench-procs-") as tmp:
         work = Path(tmp)
         core = procs.chart_core_specs(build.ensure_helm(), mode.kafka, run)
-        stream = work / "stream"
+        stream, copy = work / "stream", work / "annotator-stream"
         os.mkfifo(stream)
+        os.mkfifo(copy)
         agent_env = {"PODCOST_CLUSTER": CLUSTER}
         specs = [
             *core,
             procs.agent_spec("watcher", ["--role", "watcher", "--stream", str(stream)],
                              {**agent_env, "KUBECONFIG": kubeconfig,
                               "PODCOST_WATCHER_NAMESPACE": namespace}, core[0]),
-            # Reads are answered by the stand-in, not the API server: no request budget.
-            procs.agent_spec("annotator", ["--role", "annotator"],
+            # Reads are answered from its view, not the API server: no request budget.
+            procs.agent_spec("annotator", ["--role", "annotator", "--stream", str(copy)],
                              {**agent_env, "PODCOST_DRY_RUN": "true",
                               "PODCOST_ANNOTATOR_QPS": "10000", "PODCOST_ANNOTATOR_BURST": "10000",
                               "PODCOST_ANNOTATOR_GROUP": f"bench-{run}"}, core[0]),
@@ -1135,8 +1161,8 @@ async def throughput_processes(
         churn = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tests.bench.bench_pipeline", "--churn-from", str(templates),
             "--workloads", str(args.workloads), "--pods", str(args.pods),
-            "--namespaces", str(args.namespaces), "--nodes", str(args.nodes), "--named-uids",
-            stdin=asyncio.subprocess.PIPE, stdout=write_end, cwd=REPO,
+            "--namespaces", str(args.namespaces), "--nodes", str(args.nodes),
+            "--copy-to", str(copy), stdin=asyncio.subprocess.PIPE, stdout=write_end, cwd=REPO,
         )  # fmt: skip
         os.close(write_end)
         logs = work / "logs"
@@ -1621,10 +1647,10 @@ async def bench(kubeconfig: str, brokers: str | None, args: argparse.Namespace) 
                     "starts them; the watcher and the annotator each run in a process of their "
                     "own (tests/bench/bench_agent.py bootstraps the real services) in a, the real "
                     "`podcost watcher`/`podcost annotator` commands (chart agent mode) in b. In a, "
-                    "the annotator's pod reads are answered by a STAND-IN (a pod of the "
-                    "requested uid, no cost) instead of the API server: no real API server here "
-                    "serves 5,000 synthetic pod events/s, and the synthetic pods exist only in "
-                    "the watcher's cache, in another process. Lags from each process's /metrics."
+                    "the annotator's pod reads are answered from its own view of the synthetic "
+                    "cluster (a copy of the watcher's stream, as its informer would keep it) "
+                    "INSTEAD OF THE API SERVER: no real API server here serves 5,000 synthetic "
+                    "pod events/s. Lags from each process's /metrics."
                 )
             table(results)
         finally:
@@ -1656,7 +1682,7 @@ def main() -> None:
     parser.add_argument("--parts", default="a,b", help="a: throughput; b: latency and PATCHes")
     parser.add_argument("--profile", default=None, help="directory for cProfile stats of a")
     parser.add_argument("--churn-from", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--named-uids", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--copy-to", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.broker_pid = None
     if args.churn_from:
