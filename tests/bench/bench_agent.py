@@ -65,7 +65,7 @@ from podcost_bus import Bus, BusSettings, Consumer, Record, open_bus
 from podcost_core.convert import SharedParts
 from podcost_kube.client import Kube, connect
 from podcost_kube.informer import apply_event, decode_event
-from podcost_kube.store import Store
+from podcost_kube.store import Change, Store
 
 READ_CHUNK = 1 << 22
 
@@ -172,17 +172,17 @@ class Feed:
 
     def deliver(self, agent: Agent, kind: str, line: bytes) -> None:
         # As bench_pipeline.WatchStream.deliver: what the informer does with a watch line.
-        watcher, view = agent.watcher, agent.view
-        if watcher is not None:
-            event = decode_event(line, f"{kind}: watch")
-            change = apply_event(watcher.store, kind, event, agent.shared)
-            if change is not None:
-                watcher._on_change(change)
-        elif view is not None and kind in VIEW_KINDS:
-            event = decode_event(line, f"{kind}: watch")
-            change = apply_event(view.store, kind, event, agent.shared)
-            if change is not None:
-                view.observe(change)
+        # The watcher's informer, or else the annotator's own view's (which watches fewer kinds).
+        handle: Callable[[Change], None]
+        if agent.watcher is not None:
+            store, handle = agent.watcher.store, agent.watcher._on_change
+        elif agent.view is not None and kind in VIEW_KINDS:
+            store, handle = agent.view.store, agent.view.observe
+        else:
+            return
+        change = apply_event(store, kind, decode_event(line, f"{kind}: watch"), agent.shared)
+        if change is not None:
+            handle(change)
 
     def split(self, line: bytes) -> tuple[Agent, str, bytes]:
         if self.multi:

@@ -46,14 +46,14 @@ second FIFO the annotator process reads: its own view of the cluster (pods, Repl
 Deployments), as its informer would keep it from the API server's watch, which it verifies every
 decision against and reads the pods from, so every decision goes through the whole plan path;
 no real API server here serves 5,000 synthetic pod events/s, so the view stands in for the API
-server's pod reads, and the output says so. The
-lags are computed as above from each process's counters, read over its ``/metrics``; the
-watcher process reports the events it has taken in, against the offer the bench set. Instead of
-this process's CPU, each process's share of a core and its memory are printed (``/proc``). The
-table gives, for both Kafka modes, the sustained rate against embedded mode's (goal >= 0.8).
-In b and c (``latency_processes``) the watcher and the annotator are the real ``podcost
-watcher`` / ``podcost annotator`` commands as the chart's agent mode starts them, against the
-real control plane; the PATCH requests are then the annotator's own count.
+server's pod reads, and the output says so. The lags are computed as above from each process's
+counters, read over its ``/metrics``; the watcher process reports the events it has taken in,
+against the offer the bench set. Instead of this process's CPU, each process's share of a core
+and its memory are printed (``/proc``). The table gives, for both Kafka modes, the sustained
+rate against embedded mode's (goal >= 0.8). In b and c (``latency_processes``) the watcher and
+the annotator are the real ``podcost watcher`` / ``podcost annotator`` commands as the chart's
+agent mode starts them, against the real control plane; the PATCH requests are then the
+annotator's own count.
 """
 
 from __future__ import annotations
