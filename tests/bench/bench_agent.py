@@ -18,13 +18,14 @@ would have; 100 agent processes would not fit two cores).
 - The annotator runs dry-run (``PODCOST_DRY_RUN=true``). Its pod reads are answered from a
   store of the synthetic cluster instead of the API server, since no real API server here serves
   5,000 synthetic pod events/s: role ``annotator`` (alone in its process, as the chart's agent
-  mode runs it) keeps its own view, fed from ``--stream`` (a copy of the watcher's stream) the
-  way its informer would keep it from its watch of pods, ReplicaSets and Deployments
-  (``apply_event``, then the view's handler; the other kinds are not watched), and reads the
-  pods from that view (``CachedPods``), so every decision is verified against the workloads and
-  goes through the whole plan path. Role ``agent`` reads the pods from its own cluster's watcher
-  cache, which is also its view, as ``podcost run`` shares the watcher's (``SharedView``) and
-  ``bench_pipeline``'s in-process modes do.
+  mode runs it) keeps its own view, fed from ``--stream`` (the churn's metadata-only lines of the
+  same events: ``bench_pipeline.Churn.view_copy``) the way its informer keeps it from its
+  metadata-only watches of pods, ReplicaSets and Deployments (``apply_event``, then the view's
+  handler; the other kinds are not watched), and reads the pods from that view (``CachedPods``;
+  the annotator reads only their metadata), so every decision is verified against the
+  workloads and goes through the whole plan path. Role ``agent`` reads the pods from its own
+  cluster's watcher cache, which is also its view, as ``podcost run`` shares the watcher's
+  (``SharedView``) and ``bench_pipeline``'s in-process modes do.
 
 Besides the services' own metrics, the process's ``/metrics`` (``PODCOST_HTTP_PORT``) has what
 the bench needs to see from outside, per cluster (``podcost_bench_*{cluster}``): events taken in
@@ -50,7 +51,7 @@ from typing import Any, Self, cast
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from tests.bench.bench_pipeline import FLEET_END, CachedPods, consumed
+from tests.bench.bench_pipeline import FLEET_END, VIEWED, WATCHED, CachedPods, consumed
 
 from podcost.annotator import AnnotatorService, AnnotatorSettings
 from podcost.annotator import bootstrap as bootstrap_annotator
@@ -68,10 +69,6 @@ from podcost_kube.informer import apply_event, decode_event
 from podcost_kube.store import Change, Store
 
 READ_CHUNK = 1 << 22
-
-#: The kinds an annotator's own view watches (``ClusterView.resources``, without a namespace
-#: selector).
-VIEW_KINDS = frozenset(resource.kind for resource in ClusterView(Scope()).resources())
 
 
 # --- bytes an annotator reads ---------------------------------------------------------------
@@ -175,12 +172,12 @@ class Feed:
         # The watcher's informer, or else the annotator's own view's (which watches fewer kinds).
         handle: Callable[[Change], None]
         if agent.watcher is not None:
-            store, handle = agent.watcher.store, agent.watcher._on_change
-        elif agent.view is not None and kind in VIEW_KINDS:
-            store, handle = agent.view.store, agent.view.observe
+            store, handle, resource = agent.watcher.store, agent.watcher._on_change, WATCHED[kind]
+        elif agent.view is not None and kind in VIEWED:
+            store, handle, resource = agent.view.store, agent.view.observe, VIEWED[kind]
         else:
             return
-        change = apply_event(store, kind, decode_event(line, f"{kind}: watch"), agent.shared)
+        change = apply_event(store, resource, decode_event(line, f"{kind}: watch"), agent.shared)
         if change is not None:
             handle(change)
 

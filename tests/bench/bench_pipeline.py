@@ -108,7 +108,14 @@ from podcost_core.convert import SharedParts
 from podcost_core.model import DELETION_COST_ANNOTATION
 from podcost_core.policy import DEFAULT_POLICY
 from podcost_kube.client import Kube, PodGone
-from podcost_kube.informer import POD, Informer, apply_event, decode_event
+from podcost_kube.informer import (
+    POD,
+    WORKLOAD_RESOURCES,
+    Informer,
+    Resource,
+    apply_event,
+    decode_event,
+)
 from podcost_kube.store import Change, RawObject, Store
 from podcost_localinfra import build, cluster, kafka
 
@@ -360,6 +367,13 @@ class Templates:
 Event = tuple[str, bytes]
 """A kind and one watch line (``{"type": ..., "object": ...}``) as the API server sends it."""
 
+#: What the watcher's informer lists and watches, by kind.
+WATCHED: Mapping[str, Resource] = {resource.kind: resource for resource in WORKLOAD_RESOURCES}
+#: What an annotator's own view lists and watches, by kind (metadata only).
+VIEWED: Mapping[str, Resource] = {
+    resource.kind: resource for resource in ClusterView(Scope()).resources()
+}
+
 
 @dataclass
 class Workload:
@@ -389,9 +403,14 @@ class Churn:
 
     def __init__(
         self, templates: Templates, *, workloads: int, pods: int, namespaces: int, nodes: int,
-        seed: int = 1,
+        seed: int = 1, view_copy: list[bytes] | None = None,
     ) -> None:  # fmt: skip
         self.templates = templates
+        self.view_copy = view_copy
+        """When given, each event of a kind an annotator's view watches (:data:`VIEWED`) is also
+        appended to it as that view's informer receives it: a ``<kind> <watch line>`` of the
+        object's metadata only (``PartialObjectMetadata``, what the API server sends a
+        metadata-only watch)."""
         self.per_workload = pods
         self.rng = random.Random(seed)
         self._resource_version = itertools.count(10**9)
@@ -553,6 +572,11 @@ class Churn:
         # Compact, as the API server writes a watch line; orjson rather than the standard
         # library's encoder, which was 70 % of the churn process's CPU (a process that stands
         # in for the API server, on the cores of the pipeline it feeds).
+        if self.view_copy is not None and kind in VIEWED:
+            partial = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                       "metadata": obj["metadata"]}  # fmt: skip
+            line = orjson.dumps({"type": event, "object": partial})
+            self.view_copy.append(b"%s %s\n" % (kind.encode(), line))
         return kind, orjson.dumps({"type": event, "object": obj})
 
     def _later(self, due: float, step: Callable[[float], Event]) -> None:
@@ -686,14 +710,17 @@ def churn_main(args: argparse.Namespace) -> None:
     Writes block while the reader is behind and the offer goes on: a reader that falls behind
     finds the events waiting, as on a watch socket."""
     raw = json.loads(Path(args.churn_from).read_text())
+    copies: list[bytes] | None = [] if args.copy_to else None
     churn = Churn(Templates(**raw), workloads=args.workloads, pods=args.pods,
-                  namespaces=args.namespaces, nodes=args.nodes)  # fmt: skip
+                  namespaces=args.namespaces, nodes=args.nodes, view_copy=copies)  # fmt: skip
     out = churn_output()
-    if args.copy_to:
-        # The same stream for a second reader (the annotator's own view of the cluster, as its
-        # informer would watch the API server), written in step with the first.
-        out = cast(BinaryIO, Tee(out, pipe_output(os.open(args.copy_to, os.O_RDWR))))
+    if copies is not None:
+        # The annotator's own view of the cluster: what its informer's metadata-only watches
+        # of the API server would bring, written in step with the watcher's stream.
+        out = cast(BinaryIO, WithCopy(out, pipe_output(os.open(args.copy_to, os.O_RDWR)), copies))
     out.writelines([b"%s %s\n" % (kind.encode(), line) for kind, line in churn.fleet()])
+    if copies is not None:
+        copies.append(FLEET_END)
     out.write(FLEET_END)
     out.flush()
 
@@ -704,23 +731,24 @@ def churn_main(args: argparse.Namespace) -> None:
     serve_offer(out, events)
 
 
-class Tee:
-    """Writes what it is given to every one of ``outs``, in order."""
+class WithCopy:
+    """Writes what it is given to ``out``, and then, to ``copy``, the lines ``copies`` gathered
+    meanwhile (the churn's :attr:`Churn.view_copy` of the same events)."""
 
-    def __init__(self, *outs: BinaryIO) -> None:
-        self.outs = outs
+    def __init__(self, out: BinaryIO, copy: BinaryIO, copies: list[bytes]) -> None:
+        self.out, self.copy, self.copies = out, copy, copies
 
     def write(self, data: bytes) -> None:
-        for out in self.outs:
-            out.write(data)
+        self.writelines([data])
 
     def writelines(self, lines: Sequence[bytes]) -> None:
-        for out in self.outs:
-            out.writelines(lines)
+        self.out.writelines(lines)
+        self.copy.writelines(self.copies)
+        self.copies.clear()
 
     def flush(self) -> None:
-        for out in self.outs:
-            out.flush()
+        self.out.flush()
+        self.copy.flush()
 
 
 def churn_output() -> BinaryIO:
@@ -798,7 +826,7 @@ class WatchStream:
 
     def deliver(self, kind: str, line: bytes) -> None:
         event = decode_event(line, f"{kind}: watch")
-        change = apply_event(self.watcher.store, kind, event, self.shared)
+        change = apply_event(self.watcher.store, WATCHED[kind], event, self.shared)
         if change is not None:
             # The informer's one handler: what the watcher subscribed with (Informer._dispatch).
             self.watcher._on_change(change)
@@ -1648,7 +1676,8 @@ async def bench(kubeconfig: str, brokers: str | None, args: argparse.Namespace) 
                     "own (tests/bench/bench_agent.py bootstraps the real services) in a, the real "
                     "`podcost watcher`/`podcost annotator` commands (chart agent mode) in b. In a, "
                     "the annotator's pod reads are answered from its own view of the synthetic "
-                    "cluster (a copy of the watcher's stream, as its informer would keep it) "
+                    "cluster (the same events' metadata, as its metadata-only informer keeps "
+                    "them) "
                     "INSTEAD OF THE API SERVER: no real API server here serves 5,000 synthetic "
                     "pod events/s. Lags from each process's /metrics."
                 )

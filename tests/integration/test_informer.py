@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -168,6 +168,52 @@ async def test_the_cache_converges_to_the_api_after_creates_updates_and_deletes(
     for kind in ("Pod", "ReplicaSet", "Deployment"):
         for obj in informer.store.objects(kind, space.namespace):
             assert (obj["kind"], bool(obj["apiVersion"])) == (kind, True)
+
+
+@pytest.mark.usefixtures("no_leaked_tasks")
+async def test_a_metadata_only_informer_keeps_the_same_objects_without_spec_or_status(
+    kube: KubeTestCluster, space: Space
+) -> None:
+    # What the annotator's view watches (``ClusterView.resources``): the API server sends
+    # PartialObjectMetadata, and the store holds each object under its own kind, metadata only.
+    resources = tuple(replace(resource, metadata_only=True) for resource in WORKLOAD_RESOURCES)
+    whole, _ = informer_for(kube, space)
+    informer, recorder = informer_for(kube, space, resources=resources)
+    async with whole, informer:
+        await informer.wait_synced()
+        await deployment(kube, space, "metaonly", 2)
+        first = (await kube.active_pods(space.namespace, "metaonly"))[0].name
+        await kube.set_deletion_cost(space.namespace, first, 5)
+        await kube.core.patch_namespaced_pod(
+            first, space.namespace, {"metadata": {"labels": {"meta": "only"}}}
+        )
+
+        def relabelled() -> bool:
+            pod = informer.store.get("Pod", space.namespace, first) or {}
+            return pod.get("metadata", {}).get("labels", {}).get("meta") == "only"
+
+        await until(kube, informer, relabelled, "the label in the metadata-only cache")
+        await converged(kube, informer, space.namespace)
+        await converged(kube, whole, space.namespace)
+        for kind in ("Pod", "ReplicaSet", "Deployment", "Node"):
+            objects = informer.store.objects(kind, None if kind == "Node" else space.namespace)
+            assert objects, kind
+            for obj in objects:
+                assert set(obj) == {"apiVersion", "kind", "metadata"}, (kind, sorted(obj))
+                resource = next(r for r in WORKLOAD_RESOURCES if r.kind == kind)
+                assert (obj["kind"], obj["apiVersion"]) == (kind, resource.api_version)
+                name = obj["metadata"]["name"]
+                namespace = obj["metadata"].get("namespace", "")
+                full = whole.store.get(kind, namespace, name)
+                assert full is not None, (kind, name)
+                assert kind == "Node" or "spec" in full, (kind, name)
+                # The metadata readers use is the same as a whole object's, as kept.
+                for field_name in ("uid", "labels", "annotations", "ownerReferences"):
+                    assert obj["metadata"].get(field_name) == full["metadata"].get(field_name)
+        pod = informer.store.get("Pod", space.namespace, first) or {}
+        assert pod["metadata"]["annotations"][DELETION_COST_ANNOTATION] == "5"
+    assert any(change.kind == "Pod" and change.type is ChangeType.MODIFIED
+               for change, _ in recorder.seen)  # fmt: skip
 
 
 @pytest.mark.usefixtures("no_leaked_tasks")

@@ -41,7 +41,7 @@ from podcost_core.convert import (
     slim_managed_fields,
 )
 from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER
-from podcost_kube.informer import WatchEvent, apply_event
+from podcost_kube.informer import POD, WatchEvent, apply_event
 from podcost_kube.store import ChangeType, Store, object_key, resource_version
 from podcost_kube.workloads import (
     DEPLOYMENT,
@@ -212,13 +212,13 @@ def test_a_watch_event_is_kept_projected_as_the_informer_keeps_it() -> None:
     # ``apply_event`` is the informer's path from a watch event to the store, and the benches'.
     store, shared = Store(), SharedParts()
     raws = [served_pod(index, cost=index) for index in (1, 2)]
-    changes = [apply_event(store, "Pod", WatchEvent("ADDED", copy.deepcopy(raw)), shared)
+    changes = [apply_event(store, POD, WatchEvent("ADDED", copy.deepcopy(raw)), shared)
                for raw in raws]  # fmt: skip
     kept = [store.get("Pod", raw["metadata"]["namespace"], raw["metadata"]["name"]) for raw in raws]
     assert [change.new for change in changes if change is not None] == kept
     assert kept == [_project_plain(slim_managed_fields(copy.deepcopy(raw))) for raw in raws]
     assert kept[0]["spec"]["containers"] is kept[1]["spec"]["containers"]  # shared parts
-    gone = apply_event(store, "Pod", WatchEvent("DELETED", copy.deepcopy(raws[0])), shared)
+    gone = apply_event(store, POD, WatchEvent("DELETED", copy.deepcopy(raws[0])), shared)
     assert gone is not None
     assert gone.type is ChangeType.DELETED
     assert store.count("Pod") == 1

@@ -7,7 +7,8 @@ workload is opted in. :class:`InformerView` keeps it current with an informer
 (``podcost_kube.informer.Informers``) over the pods, ReplicaSets and Deployments of the
 annotator's scope (one per watched namespace, or one over all; and the namespaces, when a
 namespace selector opts workloads in): the same lists and watches the watcher makes, with the
-same RBAC, so the annotator trusts nothing it reads on the bus. The
+same RBAC, so the annotator trusts nothing it reads on the bus; of the objects' metadata only
+(``PartialObjectMetadata``), which is all the checks read. The
 base :class:`ClusterView` is a view its owner keeps current: through :meth:`ClusterView.apply`
 (the unit tests do), or a ``Store`` another informer of the same process fills.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 
 from podcost.annotator.plan import Scope
 from podcost_kube.client import Kube
@@ -82,9 +84,13 @@ class ClusterView:
 
     def resources(self) -> tuple[Resource, ...]:
         """What the view lists and watches: pods and their owners (and the namespaces, whose
-        labels a namespace selector reads)."""
-        kinds = (POD, REPLICASET, DEPLOYMENT)
-        return (*kinds, NAMESPACE) if self.scope.rules.namespace_selector is not None else kinds
+        labels a namespace selector reads), their metadata only: a write is checked against
+        uids, owner references, labels and annotations, all metadata (``plan.verify``), so the
+        API server need not send, nor the annotator decode and keep, any spec or status."""
+        kinds: tuple[Resource, ...] = (POD, REPLICASET, DEPLOYMENT)
+        if self.scope.rules.namespace_selector is not None:
+            kinds = (*kinds, NAMESPACE)
+        return tuple(replace(kind, metadata_only=True) for kind in kinds)
 
     async def run(self) -> None:
         """Keep the view current until cancelled; raise if that fails for good. A view fed by
