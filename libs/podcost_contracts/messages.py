@@ -30,7 +30,7 @@ import re
 import zlib
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Final, Literal, Self, TypeVar
 
@@ -118,12 +118,19 @@ class WorkloadKey:
         return cls(*parts)
 
 
+#: ``WorkloadKey.parse`` of the keys seen last: a key is the same string for every pod of a
+#: decision, and a ``WorkloadKey`` is immutable. An invalid key raises every time.
+_parsed_key: Callable[[str], WorkloadKey] = functools.lru_cache(maxsize=4096)(WorkloadKey.parse)
+
+
 def _part_problem(part: str) -> str | None:
     if not part:
         return "is empty"
     if "/" in part:
         return "contains '/'"
-    if any(char.isspace() or not char.isprintable() for char in part):
+    # The same test as "any character is whitespace or not printable", in C: every whitespace
+    # character but the ASCII space is a separator or a control character, not printable.
+    if " " in part or not part.isprintable():
         return "contains whitespace or a control character"
     if len(part) > _MAX_PART:
         return f"is longer than {_MAX_PART} characters"
@@ -248,8 +255,8 @@ class WorkloadMessage(Message):
 
     @property
     def workload(self) -> WorkloadKey:
-        """The key, parsed."""
-        return WorkloadKey.parse(self.key)
+        """The key, parsed (once per distinct key: the annotator asks for every pod it writes)."""
+        return _parsed_key(self.key)
 
 
 class WorkloadSnapshotMessage(WorkloadMessage):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import sys
 from dataclasses import replace
 from typing import Any
 
@@ -36,6 +37,7 @@ from podcost_contracts.messages import (
     WorkloadGoneMessage,
     WorkloadKey,
     WorkloadSnapshotMessage,
+    _part_problem,
     decode,
     decode_costs_record,
     decode_ranks_record,
@@ -160,6 +162,32 @@ def test_a_malformed_key_is_refused_with_what_is_wrong(
 def test_a_key_part_with_a_slash_cannot_be_built() -> None:
     with pytest.raises(InvalidKey, match="name contains '/'"):
         WorkloadKey("prod", "shop", "Deployment", "a/b")
+
+
+def test_a_key_part_is_refused_for_exactly_the_whitespace_and_control_characters() -> None:
+    # ``_part_problem`` tests a part in C; every code point still gets the answer the
+    # character-by-character test gave (whitespace, or not printable).
+    problem = "contains whitespace or a control character"
+    for code in range(sys.maxunicode + 1):
+        if 0xD800 <= code <= 0xDFFF or code == ord("/"):
+            continue  # a lone surrogate is no text a decoded key holds; "/" splits the key
+        char = chr(code)
+        refused = char.isspace() or not char.isprintable()
+        assert (_part_problem(f"a{char}b") == problem) is refused, hex(code)
+    with pytest.raises(InvalidKey, match=f"name {problem}"):
+        WorkloadKey.parse("prod/shop/Deployment/a\u00a0b")
+    assert WorkloadKey.parse("prod/shop/Deployment/caf\u00e9").name == "caf\u00e9"
+
+
+def test_a_message_s_workload_is_its_key_parsed() -> None:
+    message = StrategyRanksMessage(
+        key="prod/shop/Deployment/web", version=1, strategy="age", scores={},
+        duration_seconds=0.0, emitted_at=0.0,
+    )  # fmt: skip
+    assert message.workload == WorkloadKey("prod", "shop", "Deployment", "web")
+    assert message.workload is message.workload  # parsed once per distinct key
+    other = message.model_copy(update={"key": "prod/shop/Deployment/api"})
+    assert other.workload.name == "api"
 
 
 # --- topics ----------------------------------------------------------------------------------
