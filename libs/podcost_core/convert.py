@@ -575,14 +575,19 @@ def _project(value: Any, shape: _Shape) -> Any:
 _SHARE_MAX = 4096
 
 
-def _part_key(part: Any) -> str | None:
-    """A key equal exactly for equal JSON values of equal types in the same key order (its
-    ``repr``: ``True`` is not ``1``, ``0.0`` not ``-0.0``, ``"1"`` not ``1``); ``None`` when
-    there is none to take (an int of more than 4300 digits, nesting deeper than Python's limit)
-    or it is too long to be worth it."""
+def _part_key(part: Any) -> bytes | None:
+    """A key equal exactly for equal JSON values of equal types in the same key order: their
+    compact JSON (``true`` is not ``1``, ``0.0`` not ``-0.0``, ``"1"`` not ``1``), or, when it
+    holds a ``null`` (which orjson also writes for NaN and the infinities, where the part did
+    not come from JSON text), ``r`` and the part's ``repr``, which tells them apart; ``None``
+    when there is none to take (an int beyond 64 bits, a non-string key, nesting deeper than
+    the limits) or it is too long to be worth it. orjson rather than ``repr`` for every part:
+    3.8 µs instead of 16.7 for the 9 parts of a kwok pod."""
     try:
-        key = repr(part)
-    except (ValueError, RecursionError):
+        key = orjson.dumps(part)
+        if b"null" in key:
+            key = b"r" + repr(part).encode()
+    except (TypeError, ValueError, RecursionError):  # orjson.JSONEncodeError is a TypeError
         return None
     return key if len(key) <= _SHARE_MAX else None
 
@@ -600,7 +605,7 @@ class SharedParts:
 
     def __init__(self, limit: int = 4096) -> None:
         self.limit = limit
-        self._parts: dict[str, Any] = {}
+        self._parts: dict[bytes, Any] = {}
 
     def __len__(self) -> int:
         return len(self._parts)
@@ -615,7 +620,9 @@ class SharedParts:
             return found
         if len(self._parts) >= self.limit:
             self._parts.clear()
-        self._parts[key] = part
+        # A copy of its exact size: the bytes orjson returns keep the whole buffer it wrote in
+        # (4 KB for a part of 100 bytes, as tracemalloc counts it).
+        self._parts[bytes(memoryview(key))] = part
         return part
 
 

@@ -252,6 +252,7 @@ def test_only_parts_equal_in_type_and_order_are_shared() -> None:
         {"a": -0.0},
         {"a": None},
         {"a": float("nan")},
+        {"a": float("inf")},
         {"a": [1]},
         {"a": 1, "b": 2},
         {"b": 2, "a": 1},
