@@ -61,6 +61,7 @@ bench: setup  ## benchmarks that print numbers (not tests)
 	$(RUN) python -m tests.bench.bench_fleet
 	$(RUN) python -m tests.bench.bench_aggregator
 	$(RUN) python -m tests.bench.bench_snapshot_decode
+	$(RUN) python -m tests.bench.bench_watch_path
 
 demo: tools  ## the demo on an embedded default cluster
 	$(RUN) podcost demo
