@@ -54,10 +54,18 @@ async def test_restarting_one_service_mid_run_loses_no_decision(
     transport: str,
     victim: str,
     request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
     control_plane: ControlPlane,
     kube: KubeTestCluster,
 ) -> None:
     namespace = await kube.create_namespace(f"restart-{uuid.uuid4().hex[:6]}")
+    # Consumer groups of this run only, as its topics are: the default groups are the same for
+    # every test on the session's broker, and a member another test left behind (still in its
+    # session, or its group's rebalance) would hold this run's joins up; a replacement built
+    # below reads the same settings, so it joins the group of the service it replaces.
+    monkeypatch.setenv("PODCOST_RANKER_GROUP", f"ranker-{namespace}")
+    monkeypatch.setenv("PODCOST_AGGREGATOR_APP_ID", f"aggregator-{namespace}")
+    monkeypatch.setenv("PODCOST_ANNOTATOR_GROUP", f"annotator-{namespace}")
     zones = {f"{namespace}-{zone}": zone for zone in ("zone-a", "zone-b", "zone-c")}
     nodes = list(zones)
     for name, zone in zones.items():
