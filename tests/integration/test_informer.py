@@ -130,6 +130,23 @@ async def until(
     await kube.wait_for(check, what, timeout=timeout, interval=0.05)
 
 
+async def relabel(
+    kube: KubeTestCluster, informer: Informer, space: Space, pod: str, label: tuple[str, str],
+    what: str,
+) -> None:  # fmt: skip
+    """Set ``label`` on ``pod`` through the API; wait until ``informer``'s cache shows it."""
+    name, value = label
+    await kube.core.patch_namespaced_pod(
+        pod, space.namespace, {"metadata": {"labels": {name: value}}}
+    )
+
+    def labelled() -> bool:
+        kept = informer.store.get("Pod", space.namespace, pod) or {}
+        return kept.get("metadata", {}).get("labels", {}).get(name) == value
+
+    await until(kube, informer, labelled, what)
+
+
 async def deployment(kube: KubeTestCluster, space: Space, name: str, replicas: int) -> WorkloadKey:
     await kube.create_deployment(
         space.namespace, name, replicas, opt_in=True, node_selector=space.selector
@@ -184,15 +201,8 @@ async def test_a_metadata_only_informer_keeps_the_same_objects_without_spec_or_s
         await deployment(kube, space, "metaonly", 2)
         first = (await kube.active_pods(space.namespace, "metaonly"))[0].name
         await kube.set_deletion_cost(space.namespace, first, 5)
-        await kube.core.patch_namespaced_pod(
-            first, space.namespace, {"metadata": {"labels": {"meta": "only"}}}
-        )
-
-        def relabelled() -> bool:
-            pod = informer.store.get("Pod", space.namespace, first) or {}
-            return pod.get("metadata", {}).get("labels", {}).get("meta") == "only"
-
-        await until(kube, informer, relabelled, "the label in the metadata-only cache")
+        await relabel(kube, informer, space, first, ("meta", "only"),
+                      "the label in the metadata-only cache")  # fmt: skip
         await converged(kube, informer, space.namespace)
         await converged(kube, whole, space.namespace)
         for kind in ("Pod", "ReplicaSet", "Deployment", "Node"):
@@ -238,15 +248,7 @@ async def test_podcost_writing_a_cost_changes_no_workload_while_a_label_change_d
         await until(
             kube, informer, lambda: annotation(second) == "7", "the person's cost in the cache"
         )
-        await kube.core.patch_namespaced_pod(
-            first, space.namespace, {"metadata": {"labels": {"extra": "label"}}}
-        )
-
-        def labelled() -> bool:
-            pod = informer.store.get("Pod", space.namespace, first) or {}
-            return pod.get("metadata", {}).get("labels", {}).get("extra") == "label"
-
-        await until(kube, informer, labelled, "the label in the cache")
+        await relabel(kube, informer, space, first, ("extra", "label"), "the label in the cache")
 
     def cost_of(obj: dict[str, Any] | None) -> str | None:
         annotations = (obj or {}).get("metadata", {}).get("annotations", {})
