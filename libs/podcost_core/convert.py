@@ -549,10 +549,13 @@ def _unread_condition(condition: object) -> bool:
 
 def _projector(shape: _Shape) -> Callable[[Any], Any]:
     """What keeps of a value the fields ``shape`` names (see :data:`_Shape`), as a function
-    made once per shape: each level's keys looked up in one table of the shape's own strings
-    and what to do with each value, rather than the shape walked again for every pod (a third
-    of the time of :func:`project_pod`, ``tests/bench/bench_watch_path.py``). A value of an
-    unexpected type is kept as it is, for the readers to refuse."""
+    made once per shape. Each level looks up the shape's keys in the value, in the shape's
+    order (a kwok pod's containers, statuses and conditions have many more keys than are kept),
+    and knows for each what to do with its value, rather than the shape being walked again for
+    every pod: 31 % fewer instructions for the projection, 12 % for a watch line taken into the
+    watcher's store (callgrind, ``tests/bench/bench_watch_path.py``'s lines). The projection's
+    keys come in the shape's order, whatever the pod's. A value of an unexpected type is kept
+    as it is, for the readers to refuse."""
     if isinstance(shape, list):
         inner = _projector(shape[0])
 
@@ -565,8 +568,8 @@ def _projector(shape: _Shape) -> Callable[[Any], Any]:
     if not isinstance(shape, dict):
         return _as_it_is if shape == _UNIQUE else _intern
     section = _SECTIONS.get(id(shape))
-    # Each key the shape's own string (orjson's may be a copy), with the function its value
-    # goes through: ``None`` to keep it as it is, ``_intern`` for a leaf, or a projector.
+    # Each key with the function its value goes through: ``None`` to keep it as it is,
+    # ``_intern`` for a leaf, or a projector.
     fields: dict[str, tuple[str, Callable[[Any], Any] | None]] = {}
     for key, inner_shape in shape.items():
         name = sys.intern(key)
