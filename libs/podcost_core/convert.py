@@ -588,6 +588,7 @@ def _projector(shape: _Shape) -> Callable[[Any], Any]:
             if project is None:
                 kept[name] = item
             elif project is intern_leaf and type(item) is str:
+                # ``_intern``'s own answer for a string, without the call (most leaves are).
                 kept[name] = intern(item) if len(item) <= intern_max else item
             else:
                 kept[name] = project(item)
