@@ -580,6 +580,31 @@ async def test_dry_run_reads_decides_and_counts_but_writes_nothing(
     assert any("would set pod shop/a cost 1" in r.getMessage() for r in caplog.records)
 
 
+async def test_dry_run_says_a_write_once_until_the_wanted_cost_changes(
+    start: Start, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="podcost.annotator")
+    pods = FakePods()
+    a = pods.add("a")
+    run = await start(pods, dry_run=True)
+
+    def said(cost: int) -> list[int]:
+        return [
+            r.levelno
+            for r in caplog.records
+            if r.getMessage().startswith(f"dry run: would set pod shop/a cost {cost} ")
+        ]
+
+    for version, cost in enumerate((1, 1, 1, 2, 1), start=1):
+        await run.publish(Desire("a", a, cost), version=version)
+        await until(lambda done=version: run.committed() == done, f"record {version} committed")
+    # Every decision is still counted; only the first of each repetition is said at info.
+    assert run.patches("dry_run") == 5
+    assert said(1) == [logging.INFO, logging.DEBUG, logging.DEBUG, logging.INFO]
+    assert said(2) == [logging.INFO]
+    assert pods.patched() == []
+
+
 async def test_one_trace_runs_from_the_records_context_through_the_annotate_span_to_each_patch(
     start: Start,
 ) -> None:

@@ -79,7 +79,7 @@ import itertools
 import logging
 import sys
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
@@ -174,6 +174,8 @@ POLL_WAIT_S = 0.5
 LAG_INTERVAL_S = 5.0
 #: How often a write waiting for the view to show its pod looks again.
 VIEW_POLL_S = 0.05
+#: How many pods a dry run remembers having logged (:meth:`AnnotatorService._tell_dry_run`).
+DRY_RUN_TOLD = 65536
 
 CatchUp = Callable[[], Mapping[str, int] | None]
 """The decisions to write before the costs are current again after a start: per workload key,
@@ -270,6 +272,10 @@ class AnnotatorService:
         self._started_at: float | None = None
         self._done: dict[str, int] = {}
         """Per workload key, the newest version whose every write is done."""
+        self._told: OrderedDict[PodUID, tuple[int, str | None]] = OrderedDict()
+        """In a dry run, per pod, the cost it was last said to get and the cost it had then:
+        a decision that repeats them is logged at debug, not again at info (the costs of a dry
+        run are never written, so every later decision would repeat them for every pod)."""
         self.scope = scope if scope is not None else Scope()
         """The namespace and opt-in rules this annotator writes for."""
         self.view = view
@@ -896,13 +902,7 @@ class AnnotatorService:
         if state.invalid:
             log.warning("pod %s: replacing its deletion cost, %s", pod, state.invalid, extra=extra)
         if self.dry_run:
-            log.info(
-                "dry run: would set pod %s cost %d (now %r)",
-                pod,
-                want.cost,
-                state.value,
-                extra={**extra, "result": Result.DRY_RUN.value},
-            )
+            self._tell_dry_run(want.uid, pod, want.cost, state.value, extra)
             return Result.DRY_RUN
         await self._request(
             lambda: kube.patch_deletion_cost_if_unchanged(
@@ -920,6 +920,26 @@ class AnnotatorService:
             extra={**extra, "result": Result.OK.value},
         )
         return Result.OK
+
+    def _tell_dry_run(
+        self, uid: PodUID, pod: str, cost: int, now: str | None, extra: dict[str, object]
+    ) -> None:
+        """Log the write a dry run leaves out: at info the first time, at debug while the pod's
+        wanted and current costs stay what they were when it was last said."""
+        said = (cost, now)
+        repeated = self._told.get(uid) == said
+        self._told[uid] = said
+        self._told.move_to_end(uid)
+        if len(self._told) > DRY_RUN_TOLD:
+            self._told.popitem(last=False)
+        log.log(
+            logging.DEBUG if repeated else logging.INFO,
+            "dry run: would set pod %s cost %d (now %r)",
+            pod,
+            cost,
+            now,
+            extra={**extra, "result": Result.DRY_RUN.value},
+        )
 
     async def _request(self, call: Callable[[], Awaitable[R]]) -> R:
         """One API request within the QPS budget and the request timeout."""
