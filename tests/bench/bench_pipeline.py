@@ -5,7 +5,9 @@ annotation latency on the real control plane, and PATCH requests against the min
 A script, not a test (``python -m tests.bench.bench_pipeline [--rates 250,1000,...]``); it prints
 numbers and asserts nothing. It starts its own control plane and Kafka broker in temporary
 directories (``podcost_localinfra``) unless ``PODCOST_USE_KUBECONFIG=1`` with ``KUBECONFIG``, and
-``PODCOST_KAFKA``, point it at running ones. Every service runs in this one process and event
+``PODCOST_KAFKA``, point it at running ones. A run that has not ended within ``--timeout``
+seconds (by default a bound from its steps, ``run_bound``) stops its processes, deletes its nodes
+and exits 1. Every service runs in this one process and event
 loop (one core), wired as ``podcost run`` wires them: the watcher, one ranker per strategy of the
 default policy, the aggregator (the faust app over Kafka, the consumer loop in memory) and the
 annotator; only the bus differs between the two modes.
@@ -1710,6 +1712,12 @@ def main() -> None:
     parser.add_argument("--modes", default="embedded,kafka,kafka-procs")
     parser.add_argument("--parts", default="a,b", help="a: throughput; b: latency and PATCHes")
     parser.add_argument("--profile", default=None, help="directory for cProfile stats of a")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds for the whole run, then it stops with an error [a bound from the steps]",
+    )
     parser.add_argument("--churn-from", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--copy-to", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -1732,7 +1740,25 @@ def main() -> None:
             stack.callback(broker.stop)
             brokers = broker.bootstrap
             args.broker_pid = broker.pid
-        asyncio.run(bench(kubeconfig, brokers, args))
+        limit = args.timeout if args.timeout is not None else run_bound(args)
+        try:
+            asyncio.run(asyncio.wait_for(bench(kubeconfig, brokers, args), limit))
+        except TimeoutError:
+            # The run's processes and nodes are already stopped and deleted (the cancellation
+            # went through every ``async with``/``finally``); the servers stop on the way out.
+            print(f"bench_pipeline: the run did not end within {limit:g}s", file=sys.stderr)
+            stack.close()
+            sys.exit(1)
+
+
+def run_bound(args: argparse.Namespace) -> float:
+    """A bound on the whole run, far beyond what a healthy one takes: per mode, every step and
+    its longest drain three times over, the latency part's rounds likewise, and five minutes of
+    starting and stopping processes; at least fifteen minutes."""
+    modes = len(args.modes.split(","))
+    steps = len(args.rates) * (args.step_seconds + args.drain_seconds) if "a" in args.parts else 0
+    rounds = args.rounds * args.round_seconds + 120 if "b" in args.parts else 0
+    return max(900.0, modes * (3 * (steps + rounds) + 300))
 
 
 if __name__ == "__main__":
