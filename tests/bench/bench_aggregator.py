@@ -20,6 +20,11 @@ the faust engine, how many changelog records the tables wrote. Then it reads eve
 and says how many workloads were decided, how many completely.
 
 ``--profile FILE`` writes cProfile stats of the run (the aggregator's process is this one).
+
+``--processor floor`` runs the same transport on the same backlog with ``floor_processor``'s
+processor in place of the aggregator's: the same records read, produced and committed, the same
+state parts written, and none of the decoding, deciding and encoding. Its decisions per second
+are what the transport alone allows in this one process: a bound on any processor's.
 """
 
 from __future__ import annotations
@@ -36,14 +41,18 @@ import uuid
 from collections.abc import Awaitable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from tests.bench.floor_processor import FloorProcessor
 from tests.support.snapshots import snapshot
 
 from podcost import aggregator
 from podcost.aggregator import AggregatorSettings
+from podcost.aggregator import service as aggregator_service
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import setup_tracing
@@ -197,8 +206,36 @@ async def read_back(
         await consumer.stop()
 
 
+async def read_stamps(bootstrap: str, topic: str, partitions: int) -> list[tuple[float, str]]:
+    """Every record of ``topic``: its timestamp and its key."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
+        group_id=None,
+    )  # fmt: skip
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, partition) for partition in range(partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        out = []
+        for tp, end in ends.items():
+            while await consumer.position(tp) < end:
+                batches = await consumer.getmany(tp, timeout_ms=1000)
+                for record in batches.get(tp, []):
+                    out.append((record.timestamp / 1000, (record.key or b"").decode()))
+        return out
+    finally:
+        await consumer.stop()
+
+
 async def bench(
-    bootstrap: str, count: int, pods: int, engine: str, profile: str | None, per_record: int
+    bootstrap: str,
+    count: int,
+    pods: int,
+    engine: str,
+    profile: str | None,
+    per_record: int,
+    floor: bool = False,
 ) -> None:
     run = uuid.uuid4().hex[:8]
     settings = BusSettings(
@@ -210,8 +247,8 @@ async def bench(
         topic_deadletter=f"bench-{run}.deadletter",
     )
     topics = settings.topics
-    print(f"aggregator ({engine}) over Kafka {bootstrap}: {count} workloads x {pods} pods, "
-          f"{settings.partitions} partitions")  # fmt: skip
+    print(f"aggregator ({engine}{', floor processor' if floor else ''}) over Kafka {bootstrap}: "
+          f"{count} workloads x {pods} pods, {settings.partitions} partitions")  # fmt: skip
     started = time.perf_counter()
     snapshots = workloads(count, pods)
     async with KafkaBus(settings) as bus:
@@ -221,6 +258,9 @@ async def bench(
           f"{time.perf_counter() - started:.1f}s")  # fmt: skip
     # The snapshots' cluster's costs topic; created below so that its end offsets can be asked.
     costs_topic = topics.costs_for(snapshots[0].workload.cluster)
+    # The answers a workload needs (the floor processor decides once it has them all).
+    policies = PolicyResolver(DEFAULT_POLICY, registry=default_registry())
+    needed = len(policies.of(snapshots[0]).ranked)
     # What the bench built is not the aggregator's: an aggregator's process holds only what it
     # reads. Kept, the bench's snapshots (every pod of the backlog as objects) were walked by
     # the aggregator's first collection once ready (``settle_heap``): 5 % of the process's CPU
@@ -237,7 +277,15 @@ async def bench(
     )
     # What ``podcost aggregator`` does, in this process.
     provider = setup_tracing("podcost-aggregator")
-    service = aggregator.bootstrap(service_settings, settings, config=config)
+    if floor:
+        # The composition root as it is, but for the processor it builds.
+        def floor_processor(_aggregator: object, **wiring: Any) -> FloorProcessor:
+            return FloorProcessor(wiring["bus"], wiring["topics"], needed=needed)
+
+        with mock.patch.object(aggregator_service, "AggregationProcessor", floor_processor):
+            service = aggregator.bootstrap(service_settings, settings, config=config)
+    else:
+        service = aggregator.bootstrap(service_settings, settings, config=config)
     ends = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
     await ends.start()
     async with KafkaBus(settings) as bus:
@@ -282,15 +330,20 @@ async def bench(
         await ends.start()
         changelog = sum((await ends.end_offsets(tps)).values())
         await ends.stop()
-    decisions = await read_back(bootstrap, costs_topic, settings.partitions)
-    first = min(stamp for stamp, _ in decisions)
-    keys = {message.key for _, message in decisions}
-    complete = {message.key for _, message in decisions if message.complete}
+    if floor:  # its costs records are made-up bytes: only their keys and times say something
+        stamps = await read_stamps(bootstrap, costs_topic, settings.partitions)
+        decisions_count, first = len(stamps), min(stamp for stamp, _ in stamps)
+        keys = complete = {key for _, key in stamps}
+    else:
+        decisions = await read_back(bootstrap, costs_topic, settings.partitions)
+        decisions_count, first = len(decisions), min(stamp for stamp, _ in decisions)
+        keys = {message.key for _, message in decisions}
+        complete = {message.key for _, message in decisions if message.complete}
     elapsed = finished - first
     since = max((sample for sample in cpu if sample[0] <= first), default=cpu[0])
     used = cpu[-1][1] - since[1]
     print(f"  started -> first decision: {first - launched:.2f}s")
-    print(f"  {len(decisions)} decisions ({len(keys)} workloads, {len(complete)} complete) in "
+    print(f"  {decisions_count} decisions ({len(keys)} workloads, {len(complete)} complete) in "
           f"{elapsed:.2f}s from the first: {count / elapsed:.0f} decisions/s "
           f"({count / (finished - launched):.0f}/s counting the start)")  # fmt: skip
     if changelog:
@@ -312,6 +365,10 @@ def main() -> None:
     parser.add_argument("--engine", choices=("faust", "consumer"), default="faust")
     parser.add_argument("--profile", default=None, help="write cProfile stats to this file")
     parser.add_argument(
+        "--processor", choices=("real", "floor"), default="real",
+        help="floor: the transport alone, with floor_processor's processor (module docstring)",
+    )  # fmt: skip
+    parser.add_argument(
         "--answers-per-record", type=int, default=100,
         help="answers in a ranks record, as a ranker batches them (0: a record per answer)",
     )  # fmt: skip
@@ -331,6 +388,7 @@ def main() -> None:
                 args.engine,
                 args.profile,
                 args.answers_per_record,
+                floor=args.processor == "floor",
             )
         )
 
