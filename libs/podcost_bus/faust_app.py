@@ -26,34 +26,38 @@ What podcost relies on, and why it is arranged so:
 - **Sources are raw bytes** (``key_serializer``/``value_serializer`` ``raw``): faust's own JSON
   decoding would crash the agent on a bad record before our code saw it, and would ack it.
 - **States are written after the outputs are acknowledged, and the batch is done once they
-  are acknowledged too**: the table writes (changelog records) follow the flush, and the agent
-  awaits their delivery (the futures ``_Table`` keeps) before it asks for the next batch. A
-  crash in between processes the batch again (its offsets are not committed) and publishes
-  again: at least once, never lost. faust's own guard is not enough: it flushes its producer
-  before it commits offsets, but the flush of the buffer table writes go through gives up once
-  0.1 s pass without a message sent (``ProducerBuffer.flush_atmost``,
-  ``faust/transport/producer.py`` line 89), so on a busy machine a commit could pass source
-  records whose states were still in that buffer, and a stop then dropped them (the buffer's
-  task ends with the app): the state another member recovers lacked answers whose records
-  nobody would read again, and the workload waited for them forever. The changelog producer
-  does not compress batches: the large state parts are gzipped one by one already, and
-  aiokafka's level-9 gzip over them took a twelfth of the process's CPU.
-- **Tables use the producer's partitioner** (``use_partitioner``): the timer writes outside of
-  any stream event, where faust cannot tell the partition from the current event (with batches,
-  neither can the agent). The table key is the record key itself, so murmur2 puts a key's
-  changelog record in the same partition number as its source records, which is what faust's
-  co-partitioned recovery assumes. That partitioner reads the producer's metadata without
-  waiting for it, so every write first awaits the changelog topics' metadata, and the app is not
-  ready before it has it.
-- **Reads bypass the tables**: states are read from the memory stores' dicts, not through
+  are acknowledged too**: the state writes (changelog records) follow the flush, and the agent
+  awaits their delivery before it asks for the next batch. A crash in between processes the
+  batch again (its offsets are not committed) and publishes again: at least once, never lost.
+  faust's own guard would not be enough: it flushes its producer before it commits offsets, but
+  the flush of the buffer a table write's record goes through gives up once 0.1 s pass without
+  a message sent (``ProducerBuffer.flush_atmost``, ``faust/transport/producer.py`` line 89), so
+  on a busy machine a commit could pass source records whose states were still in that buffer,
+  and a stop then dropped them (the buffer's task ends with the app): the state another member
+  recovered lacked answers whose records nobody would read again, and the workload waited for
+  them forever. The changelog producer does not compress batches: the large state parts are
+  gzipped one by one already, and aiokafka's level-9 gzip over them took a twelfth of the
+  process's CPU.
+- **States are written around the tables** (:meth:`FaustKeyedApp._store_batch`): into the
+  tables' memory stores, and their changelog records sent with faust's own producer, rather
+  than through ``Table.__setitem__``, whose record takes a path through faust's producer buffer
+  that cost as much as the rest of the transport together. The records are what the tables
+  would send; faust recovers, keeps standbys and compacts from them as from its own.
+- **Tables use the producer's partitioner** (``use_partitioner``): states are written outside
+  of any stream event (by the timer, and by the agent for a whole batch), where faust cannot
+  tell the partition from the current event. The table key is the record key itself, so murmur2
+  puts a key's changelog record in the same partition number as its source records, which is
+  what faust's co-partitioned recovery assumes. The app is not ready before faust's producer has
+  the changelog topics' metadata.
+- **Reads bypass the tables** too: states are read from the memory stores' dicts, not through
   ``Table.get``, which also runs faust's sensors, at a cost larger than the lookup's, for every
-  record and for every key on every tick. Writes go through the tables (they send the changelog
-  records). Each key's decoded state is kept with the stored values it came from and its next
-  wake-up, so a tick decodes nothing that did not change; and a tick looks only at the keys with
-  a wake-up (an index kept with the decoded states), not at every stored key: the full scan of
-  the stores, 4 times a second, took 3 % of the process's CPU with 3,000 workloads in the
-  aggregator benchmark, and grows with the fleet. The stores are scanned again only after a
-  rebalance, until the recovery that fills them from the changelogs is complete.
+  record and for every key on every tick. Each key's decoded state is kept with the stored
+  values it came from and its next wake-up, so a tick decodes nothing that did not change; and
+  a tick looks only at the keys with a wake-up (an index kept with the decoded states), not at
+  every stored key: the full scan of the stores, 4 times a second, took 3 % of the process's
+  CPU with 3,000 workloads in the aggregator benchmark, and grows with the fleet. The stores are
+  scanned again only after a rebalance, until the recovery that fills them from the changelogs
+  is complete.
 - **One lock** serialises the agent and the timer: a batch awaits its acknowledgements between
   reading its keys' states and writing them, and a tick in between would decide from, and then
   overwrite, the states the batch is about to replace.
@@ -280,22 +284,6 @@ class _FlowControl(FlowControlEvent):
         super().resume()
 
 
-class _Table(faust.Table[bytes, bytes]):
-    """faust's table, keeping the futures of the changelog records it sends until
-    :meth:`sent` hands them over (see the module docstring): a write's record is delivered when
-    its future is done."""
-
-    def send_changelog(self, *args: Any, **kwargs: Any) -> Any:
-        future = super().send_changelog(*args, **kwargs)
-        self.__dict__.setdefault("_podcost_sent", []).append(future)
-        return future
-
-    def sent(self) -> list[Any]:
-        """The futures of the changelog records sent since the last call."""
-        futures: list[Any] = self.__dict__.pop("_podcost_sent", [])
-        return futures
-
-
 class _App(faust.App):
     """``faust.App`` with the consumer and the flow control above."""
 
@@ -456,7 +444,6 @@ class FaustKeyedApp(Generic[S]):
             topic_replication_factor=settings.replication_factor,
             table_standby_replicas=standby_replicas,
             store="memory://",
-            Table=_Table,
             datadir=str(data_dir),
             web_enabled=False,
             autodiscover=False,
@@ -803,11 +790,12 @@ class FaustKeyedApp(Generic[S]):
 
     # --- state --------------------------------------------------------------------------------
 
-    # The tables' in-memory stores are read directly (``_stores``): a ``Table.get`` also goes
-    # through faust's sensors, which cost more than the lookup, on every record and for every
-    # key on every tick. Writes go through the tables, which send the changelog records.
+    # The tables' in-memory stores are read and written directly (``_stores``): a ``Table.get``
+    # also goes through faust's sensors, which cost more than the lookup, on every record and
+    # for every key on every tick; a table write's changelog record goes through faust's
+    # producer buffer (see ``_store_batch``).
 
-    def _stores(self) -> list[Mapping[bytes, bytes]]:
+    def _stores(self) -> list[dict[bytes, bytes]]:
         """Per part, the dict the table's memory store keeps (``store="memory://"``)."""
         tables: list[Any] = [self.tables[part] for part in self.processor.parts]
         return [table.data.data for table in tables]
@@ -854,12 +842,10 @@ class FaustKeyedApp(Generic[S]):
         return all(cluster.partitions_for_topic(topic) for topic in self.changelog_topics())
 
     async def _await_changelogs(self) -> None:
-        # A table write picks the changelog partition at once, from the metadata faust's
-        # producer has (aiokafka's ``_partition``, which does not wait for it, unlike ``send``):
-        # with none for the changelog topic it raises TypeError. The changelog topics are
-        # created after that producer started, and its refresh right after creating one can
-        # miss it, so every write first makes sure the metadata is there (a dict lookup once it
-        # is; it can also go missing again on a later refresh).
+        # The app is not ready before faust's producer has every changelog topic's metadata
+        # (``_settled``). The changelog topics are created after that producer started, and its
+        # refresh right after creating one can miss it; it can also go missing again on a later
+        # refresh. (A state write itself waits for it: aiokafka's ``send`` does.)
         if self._changelogs_known():
             return
         producer = self._producer()
@@ -884,33 +870,49 @@ class FaustKeyedApp(Generic[S]):
         return producer
 
     async def _store_batch(self, batch: Batch[S]) -> None:
-        """Write the batch's changed states to the tables (a changelog record per changed
-        part); called once its outputs are acknowledged."""
+        """Write the batch's changed states to the tables' stores and their changelog records
+        (one per changed part) with faust's producer; called once its outputs are
+        acknowledged, done once the broker has the records.
+
+        What ``Table.__setitem__`` does, without the path its changelog record takes in faust:
+        ``Table.send_changelog`` → ``Topic.send_soon`` → a ``FutureMessage`` in the
+        ``ProducerBuffer``, whose own task hands it to ``Topic.publish_message`` and then to
+        aiokafka, with faust's sensors on the way (``faust/tables/base.py`` line 266,
+        ``faust/topics.py`` lines 202 and 390, ``faust/transport/producer.py`` line 119). That
+        path took half of what the transport costs a decision (``bench_aggregator.py
+        --processor floor``: 850–935 decisions/s through it, 1,880–2,113 with this). The records
+        are the same: a key's value (``None``, a tombstone, for a removed key) in the part's
+        changelog topic, partitioned by the producer's partitioner from the key as the tables'
+        ``use_partitioner`` has faust do, so recovery, standbys and compaction read them as
+        faust's own."""
         if not batch.states:
             return
-        await self._await_changelogs()
-        parts = self.processor.parts
-        tables = [self.tables[part] for part in parts]
+        stores = dict(zip(self.processor.parts, self._stores(), strict=True))
+        topics = dict(zip(self.processor.parts, self.changelog_topics(), strict=True))
+        send = self._producer().send
+        sent: list[asyncio.Future[Any]] = []
         for key, new in batch.states.items():
             if key is None:
                 continue  # a record without a key has no state to keep
             replaced = key in batch.replaced
             if new is DROP or replaced:
-                for table in tables:
-                    if key in table:
-                        del table[key]  # a tombstone in the changelog: compaction forgets it
+                for part, store in stores.items():
+                    if key in store:
+                        del store[key]
+                        # A tombstone: compaction forgets the key.
+                        sent.append(await send(topics[part], None, key=key))
                 self._forget(key)
                 if new is DROP:
                     continue
             cached = self._decoded.get(key)
             old = cached.state if cached is not None else None
             for part, value in self.processor.dump(old, new).items():
-                self.tables[part][key] = value
-            stored = tuple(store.get(key) for store in self._stores())
+                stores[part][key] = value
+                sent.append(await send(topics[part], value, key=key))
+            stored = tuple(store.get(key) for store in stores.values())
             self._remember(key, _Decoded(stored, new, self.processor.wakeup(new)))
         # Done once the broker has the changelog records (see the module docstring); a failed
         # delivery raises, and the batch is withheld like any failure's.
-        sent = [future for table in tables for future in cast(_Table, table).sent()]
         if sent:
             await asyncio.gather(*sent)
 

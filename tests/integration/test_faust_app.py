@@ -177,12 +177,13 @@ async def test_a_table_write_waits_until_faust_s_producer_knows_the_changelog_to
 
         await kafka.bus.publish(kafka.source, b"key", b"first")
         await eventually(
-            lambda: task.done() or app.tables[PART].get(b"key") == b"first",
-            "the table to hold the value",
+            lambda: task.done() or (app.ready() and app.tables[PART].get(b"key") == b"first"),
+            "the table to hold the value, and the app ready",
         )
         assert not task.done(), task.exception()
         assert client.cluster.partitions_for_topic(changelogs[0]) == {0}
-        assert app.ready()
+        # The write's changelog record is on the broker: what a recovery reads.
+        assert await read_all(kafka.bus, changelogs[0], 1) == [b"first"]
     finally:
         await stopped(task)
 
@@ -341,20 +342,24 @@ async def test_a_commit_never_passes_records_whose_states_faust_has_not_sent_yet
     # faust flushes its producer before it commits offsets, but the flush of the buffer that
     # table writes go through gives up once 0.1 s pass without a message sent
     # (``ProducerBuffer.flush_atmost``), and a stop drops what the buffer still holds. The
-    # buffer's sender is slowed here (0.3 s before each changelog record), in the test's own
-    # process: a stand-in for an event loop that a loaded machine starves, which no server
-    # produces on demand. The batch must not be committed before its states are delivered,
-    # or the states a restart recovers lack records nobody reads again.
+    # app's state writes are slowed here (0.3 s before each changelog record is handed to the
+    # producer), in the test's own process: a stand-in for an event loop that a loaded machine
+    # starves, which no server produces on demand. The batch must not be committed before its
+    # states are delivered, or the states a restart recovers lack records nobody reads again.
     app = kafka.app(Remember())
-    buffer = app.app.producer.buffer
-    send = buffer._send_pending
-
-    async def slow_send(future: Any) -> None:
-        await asyncio.sleep(0.3)
-        await send(future)
-
-    buffer._send_pending = slow_send  # read once, when the buffer's task starts
     task = await started(app)
+    producer = app._producer()
+    send = producer.send
+    changelogs = set(app.changelog_topics())
+    slowed: list[str] = []
+
+    async def slow_send(topic: str, *args: Any, **kwargs: Any) -> Any:
+        if topic in changelogs:
+            slowed.append(topic)
+            await asyncio.sleep(0.3)
+        return await send(topic, *args, **kwargs)
+
+    producer.send = slow_send  # looked up for every batch's writes
     keys = [b"k1", b"k2", b"k3", b"k4"]
     try:
         acks = [await kafka.bus.send(kafka.source, key, b"v-" + key) for key in keys]
@@ -367,6 +372,7 @@ async def test_a_commit_never_passes_records_whose_states_faust_has_not_sent_yet
             await asyncio.sleep(0.05)
     finally:
         await stopped(task)  # at once, once committed: what faust still buffered is dropped
+    assert len(slowed) >= len(keys)  # every state write was slowed
 
     again = kafka.app(Remember())
     task = await started(again)
