@@ -46,7 +46,7 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from tests.bench.floor_processor import FloorProcessor
 from tests.support.snapshots import snapshot
 
@@ -180,52 +180,46 @@ async def preload(
     return len(ranks)
 
 
+async def read_all(bootstrap: str, topic: str, partitions: int) -> list[ConsumerRecord]:
+    """Every record of ``topic``."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
+        group_id=None,
+    )  # fmt: skip
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, partition) for partition in range(partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        out = []
+        for tp, end in ends.items():
+            while await consumer.position(tp) < end:
+                batches = await consumer.getmany(tp, timeout_ms=1000)
+                out.extend(batches.get(tp, []))
+        return out
+    finally:
+        await consumer.stop()
+
+
 async def read_back(
     bootstrap: str, topic: str, partitions: int
 ) -> list[tuple[float, DesiredCostsMessage]]:
     """Every record of ``topic``: its timestamp and its decision."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
-        group_id=None,
-    )  # fmt: skip
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, partition) for partition in range(partitions)]
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        out = []
-        for tp, end in ends.items():
-            while await consumer.position(tp) < end:
-                batches = await consumer.getmany(tp, timeout_ms=1000)
-                for record in batches.get(tp, []):
-                    headers = dict(record.headers)
-                    message = decode(DesiredCostsMessage, record.value, headers, key=record.key)
-                    out.append((record.timestamp / 1000, message))
-        return out
-    finally:
-        await consumer.stop()
+    return [
+        (
+            record.timestamp / 1000,
+            decode(DesiredCostsMessage, record.value, dict(record.headers), key=record.key),
+        )
+        for record in await read_all(bootstrap, topic, partitions)
+    ]
 
 
 async def read_stamps(bootstrap: str, topic: str, partitions: int) -> list[tuple[float, str]]:
     """Every record of ``topic``: its timestamp and its key."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
-        group_id=None,
-    )  # fmt: skip
-    await consumer.start()
-    try:
-        tps = [TopicPartition(topic, partition) for partition in range(partitions)]
-        consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
-        out = []
-        for tp, end in ends.items():
-            while await consumer.position(tp) < end:
-                batches = await consumer.getmany(tp, timeout_ms=1000)
-                for record in batches.get(tp, []):
-                    out.append((record.timestamp / 1000, (record.key or b"").decode()))
-        return out
-    finally:
-        await consumer.stop()
+    return [
+        (record.timestamp / 1000, (record.key or b"").decode())
+        for record in await read_all(bootstrap, topic, partitions)
+    ]
 
 
 async def bench(
