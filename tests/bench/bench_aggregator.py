@@ -21,6 +21,10 @@ and says how many workloads were decided, how many completely.
 
 ``--profile FILE`` writes cProfile stats of the run (the aggregator's process is this one).
 
+``--stages`` also prints where the process's CPU went per decision: the CPU of the processor's
+stages (decoding the records, the core's decision, the costs record, the state parts; counted by
+``stages.Stages``) and of the rest of the process around them (faust, aiokafka, the event loop).
+
 ``--processor floor`` runs the same transport on the same backlog with ``floor_processor``'s
 processor in place of the aggregator's: the same records read, produced and committed, the same
 state parts written, and none of the decoding, deciding and encoding. Its decisions per second
@@ -48,10 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from tests.bench.floor_processor import FloorProcessor
+from tests.bench.stages import Stages
 from tests.support.snapshots import snapshot
 
 from podcost import aggregator
 from podcost.aggregator import AggregatorSettings
+from podcost.aggregator import processor as aggregator_processor
 from podcost.aggregator import service as aggregator_service
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
@@ -68,7 +74,7 @@ from podcost_contracts.messages import (
     decode,
     encode,
 )
-from podcost_core.aggregate import PolicyResolver
+from podcost_core.aggregate import Aggregator, PolicyResolver
 from podcost_core.model import Snapshot
 from podcost_core.policy import DEFAULT_POLICY
 from podcost_core.strategies.registry import default_registry
@@ -230,6 +236,7 @@ async def bench(
     profile: str | None,
     per_record: int,
     floor: bool = False,
+    stages: Stages | None = None,
 ) -> None:
     run = uuid.uuid4().hex[:8]
     settings = BusSettings(
@@ -291,6 +298,21 @@ async def bench(
     if profiler:
         profiler.enable()
     task = asyncio.create_task(serve([service], service_settings, bus=service.bus, stop=stop))
+    counting = contextlib.ExitStack()
+    if stages is not None:
+        module, processor = aggregator_processor, aggregator_processor.AggregationProcessor
+        counting.enter_context(stages.wrapped([
+            ("split (a record into steps)", processor, "split", None),
+            ("decode a snapshot", module, "decode_workload_record", "split (a record into steps)"),
+            ("decode a ranks record", module, "decode_ranks_record", "split (a record into steps)"),
+            ("on_record (a step)", processor, "on_record", None),
+            ("decide (the core)", Aggregator, "due", "on_record (a step)"),
+            ("queue the costs record", processor, "_queue_costs", "on_record (a step)"),
+            ("costs JSON", module, "desired_costs_json", "queue the costs record"),
+            ("gzip and headers", module, "encode_json", "queue the costs record"),
+            ("on_tick", processor, "on_tick", None),
+            ("dump (a state's parts)", processor, "dump", None),
+        ]))  # fmt: skip
     try:
         decided = 0
         cpu = [(time.time(), time.process_time())]  # when, and this process's CPU time then
@@ -310,6 +332,7 @@ async def bench(
             profiler.disable()
         stop.set()
         await asyncio.gather(task, return_exceptions=True)
+        counting.close()
         await ends.stop()
         provider.shutdown()
         data_dir.cleanup()
@@ -350,6 +373,10 @@ async def bench(
               f"CPU {spent:.2f}s, {count / spent:.0f} decisions per CPU-second")  # fmt: skip
     print(f"  this process's CPU meanwhile: {used:.2f}s ({used / (cpu[-1][0] - since[0]):.0%} of "
           f"one core), {count / used:.0f} decisions per CPU-second")  # fmt: skip
+    if stages is not None:
+        print("  this process's CPU per decision (from its readiness), by stage:")
+        for line in stages.report(count, spent if ready is not None else used):
+            print(f"    {line}")
 
 
 def main() -> None:
@@ -363,10 +390,16 @@ def main() -> None:
         help="floor: the transport alone, with floor_processor's processor (module docstring)",
     )  # fmt: skip
     parser.add_argument(
+        "--stages", action="store_true",
+        help="also print the CPU per decision of each stage of the processor (module docstring)",
+    )  # fmt: skip
+    parser.add_argument(
         "--answers-per-record", type=int, default=100,
         help="answers in a ranks record, as a ranker batches them (0: a record per answer)",
     )  # fmt: skip
     args = parser.parse_args()
+    if args.stages and args.processor == "floor":
+        parser.error("--stages counts the real processor's stages, not the floor's")
     with contextlib.ExitStack() as stack:
         bootstrap = os.environ.get("PODCOST_KAFKA")
         if not bootstrap:
@@ -383,6 +416,7 @@ def main() -> None:
                 args.profile,
                 args.answers_per_record,
                 floor=args.processor == "floor",
+                stages=Stages() if args.stages else None,
             )
         )
 
