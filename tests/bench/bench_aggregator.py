@@ -306,6 +306,8 @@ async def bench(
             ("decode a snapshot", module, "decode_workload_record", "split (a record into steps)"),
             ("decode a ranks record", module, "decode_ranks_record", "split (a record into steps)"),
             ("on_record (a step)", processor, "on_record", None),
+            ("a snapshot's transition", Aggregator, "on_snapshot", "on_record (a step)"),
+            ("an answer's transition", Aggregator, "on_ranks", "on_record (a step)"),
             ("decide (the core)", Aggregator, "due", "on_record (a step)"),
             ("queue the costs record", processor, "_queue_costs", "on_record (a step)"),
             ("costs JSON", module, "desired_costs_json", "queue the costs record"),
