@@ -319,6 +319,7 @@ async def fleet_step(
         samples.append(sample)
     step = Step(rate, samples[-1].at - first.at, samples, first)
     step.usage = cpu.stop(step.seconds)
+    step.machine = cpu.machine
     fleet.set_rate(0)
     stopped = time.monotonic()
     if await holds_within_async(fleet.settled, args.drain_seconds):
@@ -348,6 +349,8 @@ def report(got: FleetStep, n: int) -> None:
     )  # fmt: skip
     assert step.usage is not None
     print(procs.describe_usage(step.usage, indent="      "))
+    if step.machine is not None:
+        print(procs.describe_machine(step.machine, indent="      "))
 
 
 def kafka_env(pairs: Sequence[str]) -> dict[str, str]:

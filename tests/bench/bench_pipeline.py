@@ -876,6 +876,8 @@ class Step:
     usage: Mapping[str, tuple[float, int]] | None = None
     """One process per service: per process, the share of a core it used during the step and
     its resident memory at the end (``cpu_seconds`` and the GC figures are then not taken)."""
+    machine: procs.MachineShare | None = None
+    """One process per service: what the whole machine's cores did during the step."""
 
     def per_second(self, of: Callable[[Sample], float]) -> float:
         return (of(self.samples[-1]) - of(self.first)) / self.seconds
@@ -1059,6 +1061,8 @@ def report_step(step: Step) -> None:
     if step.usage is not None:
         print("    CPU (share of one core) and RSS per process:")
         print(procs.describe_usage(step.usage, indent="      "))
+        if step.machine is not None:
+            print(procs.describe_machine(step.machine, indent="      "))
     else:
         print(
             f"    this process: {step.cpu_seconds:.1f}s of CPU in the {step.seconds:.1f}s step, "
@@ -1256,6 +1260,7 @@ async def run_step_processes(
         samples.append((await pipeline.probe(offer.offered()))[0])
     step = Step(rate, samples[-1].at - first.at, samples, first)
     step.usage = cpu.stop(step.seconds)
+    step.machine = cpu.machine
     offer.set_rate(0)
     stopped = time.monotonic()
     if await holds_within_async(lambda: pipeline.settled(offer), drain_seconds):

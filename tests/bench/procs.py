@@ -104,19 +104,61 @@ def usage(pid: int) -> Usage | None:
     return Usage((int(fields[11]) + int(fields[12])) / CLOCK_TICKS, int(fields[21]) * PAGE_BYTES)
 
 
+@dataclass(frozen=True)
+class MachineShare:
+    """What the whole machine's cores did over an interval (``/proc/stat``): whether the
+    processes measured had the cores to themselves, or the machine was full."""
+
+    busy: float
+    """Share of all cores running anything (user, nice, system, irq, softirq)."""
+    idle: float
+    """Share of all cores idle (idle and iowait)."""
+    steal: float
+    """Share of all cores the hypervisor gave to other guests (time this machine wanted and
+    did not get)."""
+    cores: int
+
+
+def cpu_times() -> list[int]:
+    """The first line of ``/proc/stat``: all cores' user, nice, system, idle, iowait, irq,
+    softirq and steal time (clock ticks)."""
+    first = Path("/proc/stat").read_text().split("\n", 1)[0]
+    return [int(value) for value in first.split()[1:9]]
+
+
+def machine_share(before: Sequence[int], after: Sequence[int]) -> MachineShare:
+    user, nice, system, idle, iowait, irq, softirq, steal = (
+        later - earlier for earlier, later in zip(before, after, strict=True)
+    )
+    total = max(1, user + nice + system + idle + iowait + irq + softirq + steal)
+    busy = user + nice + system + irq + softirq
+    return MachineShare(busy / total, (idle + iowait) / total, steal / total, os.cpu_count() or 1)
+
+
+def describe_machine(share: MachineShare, *, indent: str = "    ") -> str:
+    return (f"{indent}the machine's {share.cores} cores: {share.busy:.0%} busy, {share.idle:.0%} "
+            f"idle, {share.steal:.0%} stolen by the host")  # fmt: skip
+
+
 @dataclass
 class CpuWatch:
-    """CPU time of named processes over an interval: ``start()``, then ``stop()``."""
+    """CPU time of named processes over an interval: ``start()``, then ``stop()``; and what
+    the whole machine did meanwhile (:attr:`machine`, once stopped)."""
 
     pids: Mapping[str, int]
     _before: dict[str, Usage] | None = None
+    _machine_before: list[int] | None = None
+    machine: MachineShare | None = None
 
     def start(self) -> None:
         self._before = {name: u for name, pid in self.pids.items() if (u := usage(pid))}
+        self._machine_before = cpu_times()
 
     def stop(self, seconds: float) -> dict[str, tuple[float, int]]:
         """Per process: the fraction of one core it used over ``seconds``, and its RSS now."""
         assert self._before is not None, "started"
+        assert self._machine_before is not None, "started"
+        self.machine = machine_share(self._machine_before, cpu_times())
         out = {}
         for name, pid in self.pids.items():
             now, before = usage(pid), self._before.get(name)
