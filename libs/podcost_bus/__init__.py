@@ -11,7 +11,6 @@ a second, which an embedded ``podcost run`` (the in-process bus) does not pay.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -72,11 +71,8 @@ def key_partitioner(bus: Bus, settings: BusSettings) -> Callable[[bytes], int]:
 
     partitions = settings.partitions
 
-    # Cached: asked for every answer, murmur2 is pure Python (about 10 us), and the keys are
-    # the fleet's workloads.
-    @functools.lru_cache(maxsize=65536)
     def partition_of(key: bytes) -> int:
-        return key_partition(key, partitions)
+        return key_partition(key, partitions)  # remembered there: asked for every answer
 
     return partition_of
 

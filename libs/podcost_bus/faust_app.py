@@ -141,7 +141,7 @@ from mode.threads import WorkerThread
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
-from podcost_bus.kafka import key_partition
+from podcost_bus.kafka import key_partition, partition_by_key
 from podcost_bus.keyed import DROP, Batch, KeyedProcessor, process_batch, tick_batch
 from podcost_bus.protocol import Record, TopicPartition
 from podcost_bus.settings import BusSettings
@@ -436,6 +436,8 @@ class FaustKeyedApp(Generic[S]):
             # part above 16 KB): gzipping the batches again (aiokafka does it at level 9)
             # took a twelfth of the process's CPU for a few percent of the bytes.
             producer_compression_type=None,
+            # murmur2's, each key's partition remembered: 3.6 keyed records a decision.
+            producer_partitioner=partition_by_key,
             producer_linger=settings.linger_ms / 1000,
             # The bus's batch size rather than faust's 16 KB: a batch's changelog records go in
             # a few produce requests instead of one per 16 KB of each partition.

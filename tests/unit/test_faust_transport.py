@@ -16,6 +16,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from podcost_bus import BusSettings, Record, TopicPartition
 from podcost_bus.faust_app import FaustKeyedApp, RecoveryStalls, SkippedRecords, key_partition
+from podcost_bus.kafka import partition_by_key
 
 
 class Offsets:
@@ -146,6 +147,22 @@ def test_a_key_goes_to_the_partition_the_kafka_producers_give_it() -> None:
     for index in range(200):
         key = f"prod-eu-1/ns-{index}/Deployment/web-{index % 7}".encode()
         assert key_partition(key, 6) == DefaultPartitioner()(key, partitions, partitions)
+
+
+def test_podcosts_producers_partition_as_the_kafka_producers_do() -> None:
+    # Every producer podcost makes (its own, faust's) partitions with partition_by_key: the
+    # default partitioner, each key's partition remembered.
+    default = DefaultPartitioner()
+    for count in (1, 3, 6):
+        partitions = list(range(count))
+        for index in range(300):
+            key = f"prod-eu-{index % 3}/ns-{index}/Deployment/web-{index % 7}".encode()
+            wanted = default(key, partitions, partitions)
+            assert partition_by_key(key, partitions, partitions) == wanted
+            assert partition_by_key(key, partitions, partitions[:1]) == wanted  # asked again
+    # Without a key: a random partition, of the available ones when there are any.
+    assert {partition_by_key(None, [0, 1, 2], [2]) for _ in range(20)} == {2}
+    assert {partition_by_key(None, [0, 1, 2], []) for _ in range(200)} == {0, 1, 2}
 
 
 def test_a_changelog_partition_the_recovery_applies_nothing_of_for_a_while_is_stalled() -> None:
