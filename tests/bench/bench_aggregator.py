@@ -315,6 +315,7 @@ async def bench(
             ("on_tick", processor, "on_tick", None),
             ("dump (a state's parts)", processor, "dump", None),
         ]))  # fmt: skip
+        counting.enter_context(stages.collections())
     try:
         decided = 0
         cpu = [(time.time(), time.process_time())]  # when, and this process's CPU time then

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ class Stage:
 
     name: str
     parent: str | None
+    anywhere: bool = False
+    """Counted wherever it happens, within other stages too: shown, not taken from the rest."""
     calls: int = 0
     cpu_ns: int = 0
 
@@ -35,6 +38,27 @@ class Stages:
     """The stages wrapped so far, in the order they were named."""
 
     stages: dict[str, Stage] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def collections(self, name: str = "garbage collection") -> Iterator[Stages]:
+        """Count the garbage collector's passes as stage ``name`` while the block runs
+        (``gc.callbacks``; the CPU of the thread that collects, whichever stage it interrupted:
+        shown on its own, and counted in the stage it interrupted too)."""
+        stage = self.stages.setdefault(name, Stage(name, None, anywhere=True))
+        started: list[int] = []
+
+        def callback(phase: str, info: dict[str, int]) -> None:
+            if phase == "start":
+                started.append(time.thread_time_ns())
+            elif started:
+                stage.cpu_ns += time.thread_time_ns() - started.pop()
+                stage.calls += 1
+
+        gc.callbacks.append(callback)
+        try:
+            yield self
+        finally:
+            gc.callbacks.remove(callback)
 
     @contextlib.contextmanager
     def wrapped(self, targets: list[tuple[str, object, str, str | None]]) -> Iterator[Stages]:
@@ -50,7 +74,8 @@ class Stages:
 
     def report(self, decisions: int, process_cpu_s: float) -> list[str]:
         """Lines of the stages' CPU per decision, each part indented under its stage, then the
-        rest of the process: ``process_cpu_s`` less the top-level stages."""
+        rest of the process: ``process_cpu_s`` less the top-level stages (a stage counted
+        wherever it happens, the collector's, is not taken from it)."""
         lines = []
         top = 0
         for stage in self.stages.values():
@@ -59,12 +84,13 @@ class Stages:
             while parent is not None:
                 depth += 1
                 parent = self.stages[parent].parent
-            if stage.parent is None:
+            if stage.parent is None and not stage.anywhere:
                 top += stage.cpu_ns
             per = stage.cpu_ns / 1000 / max(decisions, 1)
             share = stage.cpu_ns / 1e9 / process_cpu_s if process_cpu_s else 0.0
+            where = ", also counted where it ran" if stage.anywhere else ""
             lines.append(f"{'  ' * depth}{stage.name:<{34 - 2 * depth}} {per:8.0f} us "
-                         f"{share:6.1%}   ({stage.calls} calls)")  # fmt: skip
+                         f"{share:6.1%}   ({stage.calls} calls{where})")  # fmt: skip
         rest = process_cpu_s * 1e9 - top
         lines.append(f"{'the rest of the process':<34} {rest / 1000 / max(decisions, 1):8.0f} us "
                      f"{rest / 1e9 / process_cpu_s if process_cpu_s else 0.0:6.1%}")  # fmt: skip
