@@ -25,6 +25,13 @@ and says how many workloads were decided, how many completely.
 stages (decoding the records, the core's decision, the costs record, the state parts; counted by
 ``stages.Stages``) and of the rest of the process around them (faust, aiokafka, the event loop).
 
+``--replicas N`` runs the aggregator as ``N`` processes of its own instead, started as the chart
+starts the core's aggregator Deployment with ``replicaCount: N`` (``helm template``, as
+``bench_pipeline`` starts the core), over the same backlog on ``--partitions P`` partitions: they
+split the partitions (a consumer group), and the bench prints the decisions per second of all of
+them together, each process's share of a core and the whole machine's. What replicas give on
+this machine's cores.
+
 ``--processor floor`` runs the same transport on the same backlog with ``floor_processor``'s
 processor in place of the aggregator's: the same records read, produced and committed, the same
 state parts written, and none of the decoding, deciding and encoding. Its decisions per second
@@ -51,8 +58,10 @@ from unittest import mock
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from tests.bench import procs
 from tests.bench.floor_processor import FloorProcessor
 from tests.bench.stages import Stages
+from tests.support.services import ServiceSpec, chart_specs, processes
 from tests.support.snapshots import snapshot
 
 from podcost import aggregator
@@ -78,7 +87,7 @@ from podcost_core.aggregate import Aggregator, PolicyResolver
 from podcost_core.model import Snapshot
 from podcost_core.policy import DEFAULT_POLICY
 from podcost_core.strategies.registry import default_registry
-from podcost_localinfra import kafka
+from podcost_localinfra import build, kafka
 
 POLL_S = 0.05
 #: Far beyond the run: every decision is complete (a backlog read at the aggregator's own pace
@@ -237,10 +246,13 @@ async def bench(
     per_record: int,
     floor: bool = False,
     stages: Stages | None = None,
+    replicas: int = 0,
+    partitions: int = 3,
 ) -> None:
     run = uuid.uuid4().hex[:8]
     settings = BusSettings(
         bootstrap_servers=bootstrap,
+        partitions=partitions,
         client_id=f"bench-{run}",
         topic_workloads=f"bench-{run}.workloads",
         topic_ranks=f"bench-{run}.ranks",
@@ -267,6 +279,9 @@ async def bench(
     # the aggregator's first collection once ready (``settle_heap``): 5 % of the process's CPU
     # from its readiness to the last decision, at 8,000 workloads.
     del snapshots
+    if replicas:
+        await bench_replicas(settings, run, count, costs_topic, replicas)
+        return
 
     data_dir = tempfile.TemporaryDirectory(prefix="podcost-bench-")
     service_settings = ServiceSettings(http_port=0)
@@ -382,6 +397,69 @@ async def bench(
             print(f"    {line}")
 
 
+async def bench_replicas(
+    settings: BusSettings, run: str, count: int, costs_topic: str, replicas: int
+) -> None:
+    """``--replicas``: the backlog decided by the chart's aggregator Deployment of ``replicas``
+    processes (see the module docstring)."""
+    values = {
+        "mode": "core",
+        "kafka": {
+            "bootstrapServers": settings.bootstrap_servers,
+            "partitions": settings.partitions,
+            "topics": {kind: f"bench-{run}.{kind}"
+                       for kind in ("workloads", "ranks", "costs", "deadletter")},
+        },
+        "aggregator": {"replicaCount": replicas, "deadlineSeconds": DEADLINE_S},
+        "log": {"format": "text", "level": "WARNING"},
+    }  # fmt: skip
+    specs = []
+    for spec in chart_specs(build.ensure_helm(), values):
+        if spec.args[0] == "aggregator":  # not the rankers: their answers are in the backlog
+            env = {**spec.env, "PODCOST_AGGREGATOR_APP_ID": f"bench-{run}-aggregator"}
+            specs.append(ServiceSpec(spec.name, spec.args, env, spec.files, spec.scratch))
+    assert len(specs) == replicas, f"the chart rendered {len(specs)} aggregators"
+    async with KafkaBus(settings) as bus:
+        await bus.ensure_topics([costs_topic])
+    costs = [TopicPartition(costs_topic, p) for p in range(settings.partitions)]
+    async with contextlib.AsyncExitStack() as stack:
+        ends = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap_servers, group_id=None)
+        await ends.start()
+        stack.push_async_callback(ends.stop)
+        logs = stack.enter_context(tempfile.TemporaryDirectory(prefix="podcost-bench-"))
+        launched = time.time()
+        started = await stack.enter_async_context(processes(specs, env={}, log_dir=Path(logs)))
+        # Every process ready (the first ones may have decided meanwhile, alone).
+        ready = time.time()
+        cpu = procs.CpuWatch({name: proc.pid for name, proc in started.items()})
+        cpu.start()
+        decided = before = sum((await ends.end_offsets(costs)).values())
+        while decided < count:
+            if dead := [name for name, proc in started.items() if not proc.alive]:
+                raise RuntimeError(f"aggregator processes stopped by themselves: {dead}")
+            await asyncio.sleep(POLL_S)
+            decided = sum((await ends.end_offsets(costs)).values())
+        finished = time.time()
+        used = cpu.stop(finished - ready)
+    decisions = await read_back(settings.bootstrap_servers, costs_topic, settings.partitions)
+    first = min(stamp for stamp, _ in decisions)
+    keys = {message.key for _, message in decisions}
+    complete = {message.key for _, message in decisions if message.complete}
+    print(f"  {replicas} aggregator processes, as the chart's core starts them: started -> all "
+          f"ready {ready - launched:.2f}s, -> first decision {first - launched:.2f}s")  # fmt: skip
+    after = count - before
+    print(f"  {len(decisions)} decisions ({len(keys)} workloads, {len(complete)} complete) in "
+          f"{finished - first:.2f}s from the first: {count / (finished - first):.0f} "
+          f"decisions/s")  # fmt: skip
+    total = sum(share for share, _ in used.values()) * (finished - ready)
+    print(f"  all ready -> last decision: {finished - ready:.2f}s, {after} decisions, "
+          f"{after / (finished - ready):.0f}/s; their CPU {total:.2f}s, {after / total:.0f} "
+          f"decisions per CPU-second")  # fmt: skip
+    print(procs.describe_usage(used, indent="    "))
+    if cpu.machine is not None:
+        print(procs.describe_machine(cpu.machine, indent="    "))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", type=int, default=5000)
@@ -400,9 +478,18 @@ def main() -> None:
         "--answers-per-record", type=int, default=100,
         help="answers in a ranks record, as a ranker batches them (0: a record per answer)",
     )  # fmt: skip
+    parser.add_argument(
+        "--replicas", type=int, default=0,
+        help="run the aggregator as this many processes, as the chart starts them (docstring)",
+    )  # fmt: skip
+    parser.add_argument("--partitions", type=int, default=3, help="of every topic of the run")
     args = parser.parse_args()
     if args.stages and args.processor == "floor":
         parser.error("--stages counts the real processor's stages, not the floor's")
+    if args.replicas and (args.stages or args.profile or args.processor == "floor"
+                          or args.engine != "faust"):  # fmt: skip
+        parser.error("--replicas runs `podcost aggregator` processes as the chart does: without "
+                     "--stages, --profile, --processor floor or --engine consumer")  # fmt: skip
     with contextlib.ExitStack() as stack:
         bootstrap = os.environ.get("PODCOST_KAFKA")
         if not bootstrap:
@@ -420,6 +507,8 @@ def main() -> None:
                 args.answers_per_record,
                 floor=args.processor == "floor",
                 stages=Stages() if args.stages else None,
+                replicas=args.replicas,
+                partitions=args.partitions,
             )
         )
 
