@@ -61,7 +61,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from tests.bench import procs
 from tests.bench.floor_processor import FloorProcessor
 from tests.bench.stages import Stages
-from tests.support.services import ServiceSpec, chart_specs, processes
+from tests.support.services import processes
 from tests.support.snapshots import snapshot
 
 from podcost import aggregator
@@ -402,22 +402,12 @@ async def bench_replicas(
 ) -> None:
     """``--replicas``: the backlog decided by the chart's aggregator Deployment of ``replicas``
     processes (see the module docstring)."""
-    values = {
-        "mode": "core",
-        "kafka": {
-            "bootstrapServers": settings.bootstrap_servers,
-            "partitions": settings.partitions,
-            "topics": {kind: f"bench-{run}.{kind}"
-                       for kind in ("workloads", "ranks", "costs", "deadletter")},
-        },
-        "aggregator": {"replicaCount": replicas, "deadlineSeconds": DEADLINE_S},
-        "log": {"format": "text", "level": "WARNING"},
-    }  # fmt: skip
-    specs = []
-    for spec in chart_specs(build.ensure_helm(), values):
-        if spec.args[0] == "aggregator":  # not the rankers: their answers are in the backlog
-            env = {**spec.env, "PODCOST_AGGREGATOR_APP_ID": f"bench-{run}-aggregator"}
-            specs.append(ServiceSpec(spec.name, spec.args, env, spec.files, spec.scratch))
+    core = procs.chart_core_specs(
+        build.ensure_helm(), settings.bootstrap_servers, run, partitions=settings.partitions,
+        aggregator={"replicaCount": replicas, "deadlineSeconds": DEADLINE_S},
+    )  # fmt: skip
+    # Not the rankers: their answers are in the backlog.
+    specs = [spec for spec in core if spec.args[0] == "aggregator"]
     assert len(specs) == replicas, f"the chart rendered {len(specs)} aggregators"
     async with KafkaBus(settings) as bus:
         await bus.ensure_topics([costs_topic])

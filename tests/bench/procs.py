@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.support.services import ServiceSpec, chart_specs, sample
 
@@ -25,21 +26,35 @@ PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 # --- the core, as the chart starts it ----------------------------------------------------------
 
 
-def chart_core_specs(helm: Path, brokers: str, run: str) -> list[ServiceSpec]:
+def chart_core_specs(
+    helm: Path,
+    brokers: str,
+    run: str,
+    *,
+    partitions: int | None = None,
+    aggregator: Mapping[str, Any] | None = None,
+) -> list[ServiceSpec]:
     """One spec per Deployment of the chart in core mode (one ranker per strategy of the
     default policy, and the aggregator; ``chart_specs``: the arguments and environment ``helm
-    template`` renders), over topics of their own (``bench-<run>.*``). One variable is added:
-    a faust app id of this run's own (the chart's default would share a consumer group and
-    changelog topics with earlier runs on the same broker)."""
-    values = {
-        "mode": "core",
-        "kafka": {
-            "bootstrapServers": brokers,
-            "topics": {kind: f"bench-{run}.{kind}"
-                       for kind in ("workloads", "ranks", "costs", "deadletter")},
-        },
-        "log": {"format": "text", "level": "WARNING"},
+    template`` renders), over topics of their own (``bench-<run>.*``), of ``partitions``
+    partitions if given, with ``aggregator`` as the chart's ``aggregator`` values if given
+    (``replicaCount``, ``deadlineSeconds`` ...). One variable is added: a faust app id of this
+    run's own (the chart's default would share a consumer group and changelog topics with
+    earlier runs on the same broker)."""
+    kafka: dict[str, Any] = {
+        "bootstrapServers": brokers,
+        "topics": {kind: f"bench-{run}.{kind}"
+                   for kind in ("workloads", "ranks", "costs", "deadletter")},
     }  # fmt: skip
+    if partitions is not None:
+        kafka["partitions"] = partitions
+    values: dict[str, Any] = {
+        "mode": "core",
+        "kafka": kafka,
+        "log": {"format": "text", "level": "WARNING"},
+    }
+    if aggregator is not None:
+        values["aggregator"] = dict(aggregator)
     specs = []
     for spec in chart_specs(helm, values):
         if spec.args[0] == "aggregator":
