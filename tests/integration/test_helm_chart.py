@@ -650,7 +650,7 @@ def test_the_aggregator_keeps_its_own_batch_compression_by_default(
     for _, container in containers(rendered(case)):
         found[container["args"][0]] = env_of(container).get("PODCOST_KAFKA_COMPRESSION")
     assert found.pop("aggregator") is None
-    assert set(found.values()) == {"gzip"}
+    assert set(found.values()) == {"zstd"}
 
 
 def test_the_aggregators_batch_compression_is_set_apart_from_the_others(
