@@ -62,6 +62,7 @@ bench: setup  ## benchmarks that print numbers (not tests)
 	$(RUN) python -m tests.bench.bench_aggregator
 	$(RUN) python -m tests.bench.bench_snapshot_decode
 	$(RUN) python -m tests.bench.bench_watch_path
+	$(RUN) python -m tests.bench.bench_compression
 
 demo: tools  ## the demo on an embedded default cluster
 	$(RUN) podcost demo
