@@ -8,9 +8,9 @@ client library leaves it (records become ``Record``, errors become ``BusError`` 
 Producer: ``acks=all`` and idempotence (no duplicate or reordered records from the producer's own
 retries), batching with a short linger, zstd batch compression (``PODCOST_KAFKA_COMPRESSION``).
 Consumer: a group member with ``enable_auto_commit=False``; offsets move only when the caller
-commits what it has processed, so delivery is at least once. Pausing a consumer
-keeps it polling (so the group does not evict it) while nothing is delivered, also for partitions
-assigned while paused.
+commits what it has processed, so delivery is at least once. Pausing a consumer keeps it polling
+(so the group does not evict it) while nothing is delivered, also for partitions assigned while
+paused.
 """
 
 from __future__ import annotations

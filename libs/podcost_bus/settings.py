@@ -42,11 +42,10 @@ level (3, the broker's default). Over the records podcost sends it takes from a 
 ranker's batch of 100 answers, 64 KB already gzipped) to a third (a 25-pod snapshot) of the CPU
 of aiokafka's gzip (level 9, which aiokafka does not let a producer change), and 85 % on a single
 small answer, for the same bytes; consumers decode it faster too
-(``tests/bench/bench_compression.py``). Most large
-values are gzipped one by one already (``podcost_contracts.messages.encode``), so a batch codec
-gains little on them and its cost is what matters; small records (a few pods' snapshot, a single
-answer) it compresses as well as gzip. gzip stays available for a broker or a tool that cannot
-read zstd (Kafka before 2.1).
+(``tests/bench/bench_compression.py``). Most large values are gzipped one by one already
+(``podcost_contracts.messages.encode``), so a batch codec gains little on them and its cost is
+what matters; small records (a few pods' snapshot, a single answer) it compresses as well as
+gzip. gzip stays available for a broker or a tool that cannot read zstd (Kafka before 2.1).
 """
 
 from __future__ import annotations

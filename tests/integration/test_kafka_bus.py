@@ -101,6 +101,30 @@ async def test_snapshot_messages_go_through_real_topics_in_order_per_workload(
     assert all(record.headers[TRACEPARENT] == TRACE[TRACEPARENT].encode() for record in records)
 
 
+@pytest.mark.parametrize("compression", ["zstd", "gzip", "none"])
+async def test_every_offered_batch_compression_goes_through_the_broker(
+    settings: BusSettings, compression: str
+) -> None:
+    # PODCOST_KAFKA_COMPRESSION: the producer compresses its batches so (the broker keeps the
+    # producer's codec), and a consumer reads them back unchanged: a small snapshot sent as it
+    # is, and a large one gzipped one by one.
+    compressing = settings.model_copy(update={"compression": compression})
+    async with KafkaBus(compressing) as bus:
+        await bus.ensure_topics(compressing.topics.shared())
+        producer = bus._producer  # the aiokafka producer: the setting reached it
+        assert producer._compression_type == (None if compression == "none" else compression)
+        sent = [
+            WorkloadSnapshotMessage.of(snapshot("web", version=1), emitted_at=1.0),
+            WorkloadSnapshotMessage.of(snapshot("web", version=2, pods=40), emitted_at=2.0),
+        ]
+        for message in sent:
+            await publish_message(bus, topics(bus).workloads, message, trace=TRACE)
+        async with bus.consumer([topics(bus).workloads], group="ranker-age") as consumer:
+            records = await take(consumer, len(sent))
+    assert [CONTENT_ENCODING in record.headers for record in records] == [False, True]
+    assert [decode(WorkloadSnapshotMessage, r.value, r.headers) for r in records] == sent
+
+
 async def test_a_consumer_told_to_batch_its_fetches_still_gets_a_lone_record(
     settings: BusSettings,
 ) -> None:
