@@ -4,7 +4,8 @@ patches.
 
 Span and attribute names are declared here, once, and tested. Export follows the standard
 ``OTEL_*`` variables: with ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_TRACES_EXPORTER=otlp``)
-spans go to an OTLP collector; tests pass an in-memory exporter instead.
+spans go to an OTLP collector; tests pass an in-memory exporter instead. With nothing to export
+to, spans are not recorded, but their ids are still made and carried (:func:`_sampler`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Sampler
 
 from podcost_contracts.messages import trace_context
 
@@ -56,18 +58,40 @@ def setup_tracing(
 
     ``exporters`` are added with a synchronous processor (tests read spans right away).
     """
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}))
+    otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")) or os.environ.get(
+        "OTEL_TRACES_EXPORTER", ""
+    ).startswith("otlp")
+    provider = TracerProvider(
+        resource=Resource.create({SERVICE_NAME: service}),
+        sampler=_sampler(exporting=otlp or bool(exporters)),
+    )
     for exporter in exporters:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
-        "OTEL_TRACES_EXPORTER", ""
-    ).startswith("otlp"):
+    if otlp:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
+
+
+def _sampler(*, exporting: bool) -> Sampler | None:
+    """The sampler of a provider :func:`setup_tracing` sets up: ``None`` (the SDK's own choice:
+    ``OTEL_TRACES_SAMPLER``, else parent-based, always on) when something exports the spans or
+    that variable is set; else one that records nothing.
+
+    A span nothing exports is never read, and recording it cost a decision of the aggregator
+    a twentieth of its CPU (`micro_aggregator.py`: its attributes, every pod's rank and cost).
+    Not recorded, it still has its trace id and span id, carried downstream in the W3C
+    ``traceparent`` (flagged not sampled), so the logs, the annotator's decision log and
+    ``podcost explain`` keep them. A service that exports under a parent flagged not sampled
+    follows it (the SDK's parent-based default) and records nothing either: export from every
+    service of a deployment (the chart's ``opentelemetry.endpoint`` is every component's) or
+    set ``OTEL_TRACES_SAMPLER=always_on`` where it exports."""
+    if exporting or os.environ.get("OTEL_TRACES_SAMPLER"):
+        return None
+    return ALWAYS_OFF
 
 
 def tracer(provider: trace.TracerProvider | None = None) -> trace.Tracer:
