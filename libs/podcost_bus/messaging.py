@@ -27,13 +27,20 @@ from podcost_contracts.topics import DEFAULT_TOPICS
 
 log = logging.getLogger(__name__)
 
-#: The most of a bad record's value a dead letter keeps, so the dead letter itself always fits
-#: in one Kafka record (base64 grows it by a third; gzip wins some of that back).
+#: What a dead letter keeps of a bad record, so that the dead letter always fits in one Kafka
+#: record, whatever the record held (the broker takes megabytes of key and headers inside a
+#: compressed batch; a dead letter the producer refuses would stop the consumer for good). In
+#: the JSON of a dead letter a byte of the value takes 4/3 (base64), and a byte or a character
+#: of the key, a header or the reason at most 6 (a control character as ``\u00NN``), so the
+#: whole JSON is at most 699,052 + 32 × 6 × (256 + 1,024) + 2 × 6 × 1,024, plus the topic,
+#: group and framing: about 960,000 bytes, under ``MAX_MESSAGE_BYTES`` (gzip, above its
+#: threshold, adds at most a few hundred bytes to what does not compress). Its record's
+#: headers are its trace context, bounded by ``MAX_TRACE_HEADER_BYTES``.
 DEAD_LETTER_VALUE_BYTES: Final = 512 * 1024
-#: The most of the record's key, of each header, and of the reason a dead letter keeps, and how
-#: many headers: a record can carry nearly 1 MB of key or headers (up to four characters each
-#: as ``\xNN`` text), and a dead letter that does not fit would stop the consumer for good.
-DEAD_LETTER_TEXT_BYTES: Final = 4 * 1024
+#: The most of the record's key, of each header's value, and of the reason a dead letter keeps.
+DEAD_LETTER_TEXT_BYTES: Final = 1024
+#: The most of each header's name a dead letter keeps (characters), and how many headers.
+DEAD_LETTER_NAME_CHARS: Final = 256
 DEAD_LETTER_HEADERS: Final = 32
 
 M = TypeVar("M", bound=Message)
@@ -102,7 +109,7 @@ def dead_letter_of(
         value=kept,
         value_size=len(record.value),
         truncated=len(kept) < len(record.value),
-        headers={name[:DEAD_LETTER_TEXT_BYTES]: _text(value) for name, value in headers},
+        headers={name[:DEAD_LETTER_NAME_CHARS]: _text(value) for name, value in headers},
         reason=reason[:DEAD_LETTER_TEXT_BYTES],
         error=type(error).__name__ if error is not None else "",
         group=group,

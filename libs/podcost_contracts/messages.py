@@ -162,16 +162,26 @@ GZIP: Final = "gzip"
 IDENTITY: Final = "identity"
 
 
+#: The longest trace header podcost reads, stores or writes. W3C Trace Context: a
+#: ``traceparent`` is 55 characters (version 00), and a platform must propagate at least 512
+#: characters of ``tracestate`` and may drop the rest. A longer header is left out whole: a
+#: record may carry megabytes of it (the broker takes them inside a compressed batch), and
+#: copied onto a dead letter, a costs record or a stored state it would make that record larger
+#: than the producer may send, a refusal that no retry ends.
+MAX_TRACE_HEADER_BYTES: Final = 512
+
+
 def trace_context(headers: Mapping[str, bytes]) -> dict[str, str]:
     """The W3C trace context of a record as a text carrier, for an OpenTelemetry propagator.
 
     A header that is not ASCII is left out: it cannot be trace context (a propagator would drop
     it), and passed on it would make :func:`encode` fail on the message that carries it on (a
-    dead letter of the very record, say)."""
+    dead letter of the very record, say). So is one longer than
+    :data:`MAX_TRACE_HEADER_BYTES`."""
     carrier = {}
     for name in TRACE_HEADERS:
         raw = headers.get(name)
-        if raw is not None and raw.isascii():
+        if raw is not None and raw.isascii() and len(raw) <= MAX_TRACE_HEADER_BYTES:
             carrier[name] = raw.decode("ascii")
     return carrier
 
@@ -187,7 +197,14 @@ DEFAULT_GZIP_THRESHOLD: Final = 8 * 1024
 MAX_MESSAGE_BYTES: Final = 1_000_000
 #: The most a compressed value may inflate to on decode (a guard against gzip bombs); a
 #: 10,000-pod snapshot is about 10 MB of JSON.
-MAX_DECODED_BYTES: Final = 128 * 1024 * 1024
+MAX_DECODED_BYTES: Final = 32 * 1024 * 1024
+#: The most JSON values (objects, arrays, members and elements) a payload may hold, counted
+#: before anything is built from it: the bytes alone do not bound what decoding costs, since a
+#: million minimal pods are 117 MB of JSON that gzip to 0.4 MB, and about 1 GB once decoded. A
+#: 10,000-pod snapshot as the watcher publishes it is 433,000 values (43 a pod and its share of
+#: the nodes), so this lets through about 23,000 such pods, or 200,000 minimal ones (under
+#: 100 MB decoded), and refuses the million.
+MAX_DECODED_VALUES: Final = 1_000_000
 
 # --- payloads ---------------------------------------------------------------------------------
 
@@ -771,7 +788,9 @@ def encode_json(
     headers = {SCHEMA_HEADER: schema_header(kind, schema_version)}
     for name in TRACE_HEADERS:
         if trace and name in trace:
-            headers[name] = trace[name].encode("ascii")
+            raw = trace[name].encode("ascii")
+            if len(raw) <= MAX_TRACE_HEADER_BYTES:  # a longer one is not carried on (see there)
+                headers[name] = raw
     value = body
     if len(body) > gzip_threshold:
         # mtime=0: the same message always encodes to the same bytes.
@@ -805,6 +824,7 @@ def decode(
     *,
     key: str | bytes | None = None,
     max_decoded_bytes: int = MAX_DECODED_BYTES,
+    max_decoded_values: int = MAX_DECODED_VALUES,
     validator: SchemaValidator | None = None,
 ) -> M:
     """The ``kind`` message in a record, validated.
@@ -814,11 +834,14 @@ def decode(
     another kind or an unsupported version, an unknown ``content-encoding``, bad gzip, bad JSON,
     an unsupported ``schema_version`` in the payload, or the validation errors with their field
     paths (``snapshot.pods.3.uid: Field required``). ``validator`` validates instead of the
-    model's own (one built from its schema, see :func:`decode_workload_record`).
+    model's own (one built from its schema, see :func:`decode_workload_record`). A payload
+    that inflates to more than ``max_decoded_bytes`` or holds more than ``max_decoded_values``
+    JSON values is refused before it is parsed.
     """
     headers = headers or {}
     _check_schema_header(kind, headers)
     payload = _inflate(value, headers, max_decoded_bytes)
+    _check_values(kind, payload, max_decoded_values)
     try:
         if validator is None:
             message = kind.model_validate_json(payload, context=_WIRE)
@@ -890,6 +913,23 @@ def _inflate(value: bytes, headers: Mapping[str, bytes], limit: int) -> bytes:
     if inflater.unused_data:
         raise DecodeError(f"bad gzip: {len(inflater.unused_data)} stray bytes after the stream")
     return payload
+
+
+def _check_values(kind: type[Message], payload: bytes, limit: int) -> None:
+    """Refuse ``payload`` if it may hold more than ``limit`` JSON values, before it is parsed.
+
+    Every value after the first of an array or object follows a comma, and every array or
+    object opens with a bracket or brace, so their count bounds the values from above (those
+    characters inside strings count too: an estimate that errs only towards refusing). Each
+    value takes at least one byte, so a payload no longer than ``limit`` is not counted."""
+    if len(payload) <= limit:
+        return
+    values = payload.count(b",") + payload.count(b"{") + payload.count(b"[") + 1
+    if values > limit:
+        raise DecodeError(
+            f"the {kind.KIND} payload holds up to {values} JSON values, more than the limit "
+            f"of {limit} (that many pods and nodes would take too much memory to decode)"
+        )
 
 
 _SHOWN_ERRORS = 5

@@ -1,13 +1,17 @@
-"""Poison records on the real Kafka broker: every service that reads a topic dead-letters each
-one with its reason, stays ready, and decides the good record published after them.
+"""Poison records on the real Kafka broker: every service that reads a topic dead-letters each one
+with its reason, stays ready, and decides the good record published after them.
 
-The poison: a ``podcost-schema`` header with a 5,000-digit version, a key that is not UTF-8, a
-gzip bomb, a value marked gzip that is not, truncated JSON, a message of the wrong kind, a
-valid-looking message with a 5,000-digit number in it, and a record of nearly 1 MB of headers and
-value (whose dead letter must still fit in one record), one with a trace header that is not
-ASCII. They go on every topic a service reads: workloads (two rankers and the aggregator) and
-ranks (the aggregator), with the aggregator on faust and on the consumer loop; costs (the
-annotator, against the real control plane, followed by costs for pods with odd names).
+The poison: a ``podcost-schema`` header with a 5,000-digit version, a key that is not UTF-8, a gzip
+bomb, a value marked gzip that is not, truncated JSON, a message of the wrong kind, a valid-looking
+message with a 5,000-digit number in it, and a record of nearly 1 MB of headers and value (whose
+dead letter must still fit in one record), one with a trace header that is not ASCII, one with a 2
+MB ``tracestate`` (accepted by the broker inside a zstd batch, as any client may send it), and a
+snapshot of 400,000 minimal pods (18 MB of JSON in 0.1 MB of gzip: inside the byte limits, refused
+for its count of JSON values before anything is built from it). A valid snapshot with a 2 MB
+``tracestate`` is decided (its trace context is left out, and the state the aggregator stores of it
+fits the changelog). They go on every topic a service reads: workloads (two rankers and the
+aggregator) and ranks (the aggregator), with the aggregator on faust and on the consumer loop;
+costs (the annotator, against the real control plane, followed by costs for pods with odd names).
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from tests.support.costs import CountingPods, Desire, desired, publish_costs
 from tests.support.kube import KubeTestCluster
 from tests.support.pipeline import Reader, eventually, expected_costs, fresh_kafka_settings, running
@@ -44,6 +50,7 @@ from podcost_contracts.messages import (
     MAX_DECODED_BYTES,
     SCHEMA_HEADER,
     TRACEPARENT,
+    TRACESTATE,
     DeadLetter,
     DesiredCostsMessage,
     Message,
@@ -66,6 +73,9 @@ GOOD = replace(deployment(pods=4, nodes=4), annotations=ANNOTATIONS)
 POLICY = policy_from_annotations(ANNOTATIONS)
 KEY = GOOD.workload.key.encode()
 DIGITS = "1" * 5000
+#: A ``tracestate`` of 2 MB: nothing in it is valid trace context, and its record is 2 KB in a
+#: zstd batch.
+HUGE_TRACESTATE = b"v=" + b"a" * 2_000_000
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,17 @@ def _gzip_bomb() -> bytes:
     chunk = bytes(1 << 20)
     parts = [packer.compress(chunk) for _ in range((MAX_DECODED_BYTES >> 20) + 1)]
     return b"".join(parts) + packer.flush()
+
+
+def many_pods(valid: WorkloadSnapshotMessage, count: int) -> bytes:
+    """``valid`` with ``count`` minimal pods (a namespace, a name and a uid, 45 bytes of JSON
+    each), gzipped."""
+    document = json.loads(encode(valid, gzip_threshold=10**9).value)
+    namespace = document["snapshot"]["pods"][0]["namespace"]
+    minimal = json.dumps({"namespace": namespace, "name": "p", "uid": "u"})
+    document["snapshot"]["pods"] = "__pods__"
+    pods = "[" + ",".join([minimal] * count) + "]"
+    return gzip.compress(json.dumps(document).replace('"__pods__"', pods).encode(), 9)
 
 
 def _with_huge_number(message: Message, field: str) -> bytes:
@@ -154,6 +175,26 @@ def poison(valid: Message, wrong: Message, number_field: str) -> list[Poison]:
             {SCHEMA_HEADER: schema, "x-junk": os.urandom(400_000)},
             "bad JSON",
         ),
+        Poison(
+            "truncated JSON with a 2 MB tracestate",
+            key,
+            good[: len(good) // 2],
+            {SCHEMA_HEADER: schema, TRACESTATE: HUGE_TRACESTATE},
+            "bad JSON",
+        ),
+        *(
+            [
+                Poison(
+                    "400,000 minimal pods",
+                    key,
+                    many_pods(valid, 400_000),
+                    {SCHEMA_HEADER: schema, CONTENT_ENCODING: b"gzip"},
+                    "the workload-snapshot payload holds up to",
+                )
+            ]
+            if isinstance(valid, WorkloadSnapshotMessage)
+            else []
+        ),
     ]
 
 
@@ -162,11 +203,30 @@ Published = dict[tuple[int, int], Poison]
 
 
 async def publish_poison(bus: KafkaBus, topic: str, records: list[Poison]) -> Published:
+    """Publish ``records`` as any client may: in zstd batches, with no request size limit of
+    its own (the broker's limit applies to the compressed batch)."""
     published = {}
-    for record in records:
-        landed = await bus.publish(topic, record.key, record.value, record.headers)
-        published[(landed.partition, landed.offset)] = record
+    async with _raw_producer(bus) as producer:
+        for record in records:
+            landed = await producer.send_and_wait(
+                topic, record.value, key=record.key, headers=list(record.headers.items())
+            )
+            published[(landed.partition, landed.offset)] = record
     return published
+
+
+@asynccontextmanager
+async def _raw_producer(bus: KafkaBus) -> AsyncIterator[AIOKafkaProducer]:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bus.settings.bootstrap_servers,
+        compression_type="zstd",
+        max_request_size=64 * 1024 * 1024,
+    )
+    await producer.start()
+    try:
+        yield producer
+    finally:
+        await producer.stop()
 
 
 def check_letters(
@@ -252,9 +312,12 @@ async def test_poison_on_workloads_and_ranks_is_dead_lettered_and_the_next_snaps
     ):
         on_workloads_at = await publish_poison(bus, topics.workloads, on_workloads)
         on_ranks_at = await publish_poison(bus, topics.ranks, on_ranks)
-        await publish_message(
-            bus, topics.workloads, WorkloadSnapshotMessage.of(odd_snapshot, emitted_at=time.time())
-        )
+        odd_message = encode(WorkloadSnapshotMessage.of(odd_snapshot, emitted_at=time.time()))
+        async with _raw_producer(bus) as producer:
+            await producer.send_and_wait(
+                topics.workloads, odd_message.value, key=odd_message.key,
+                headers=[*odd_message.headers.items(), (TRACESTATE, HUGE_TRACESTATE)],
+            )  # fmt: skip
         await publish_message(bus, topics.workloads, snapshot_message)
         decisions = {decision.key: decision for decision in await costs.take(2, timeout=60)}
         letters = await dead.take(3 * len(on_workloads) + len(on_ranks), timeout=60)

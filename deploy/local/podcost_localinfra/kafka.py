@@ -51,8 +51,8 @@ transaction.state.log.num.partitions=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
 log.flush.interval.messages=1000000
-message.max.bytes=10485760
-replica.fetch.max.bytes=10485760
+# The record limit (message.max.bytes) is Kafka's default, 1,048,588 bytes a batch: the tests
+# meet the limit production does.
 """
 
 LOG4J_PROPERTIES = """\
