@@ -107,7 +107,8 @@ What podcost relies on, and why it is arranged so:
   seeks stalled recoveries also checks, every second, that the app moves forward (a batch
   processed, a changelog record applied in a recovery): with records to process on its source
   partitions (the consumer's highwaters beyond the records processed, or a batch taken and not
-  done) and none processed for :data:`PROGRESS_STALL_S`, or a start, or a time unable to
+  done) and none processed for :data:`PROGRESS_STALL_S` (a record decided is progress, so a
+  batch of slow records is not taken for a stall), or a start, or a time unable to
   process once started (a rebalance, a recovery, the changelogs' metadata missing), without
   progress for :data:`START_TIMEOUT_S`, the app is not ready from half that time and then
   :meth:`FaustKeyedApp.run` raises :class:`Stalled` (the service exits non-zero; what was not
@@ -714,12 +715,20 @@ class FaustKeyedApp(Generic[S]):
                 try:
                     records = [_record(event) for event in events]
                     self._check_offsets(records)
-                    batch = await process_batch(self.processor, records, self._state)
+                    batch = await process_batch(
+                        self.processor, records, self._state, decided=self._record_decided
+                    )
                     await self._store_batch(batch)
                     self._last_progress = time.monotonic()
                     self._in_flight = 0
                 except Exception as error:  # escalated: see the module docstring
                     await self._fail(error, [event.message for event in events])
+
+    def _record_decided(self) -> None:
+        # Progress is judged per record, not per batch: a batch of records that are slow to
+        # decide may take longer than the stall bound as a whole, and killed for it, it would
+        # be read again and take as long after every restart.
+        self._last_progress = time.monotonic()
 
     def _check_offsets(self, records: Sequence[Record]) -> None:
         """Raise :class:`SkippedRecords` if a record is past one faust never delivered (see the

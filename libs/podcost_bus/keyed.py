@@ -156,10 +156,14 @@ async def process_batch(
     processor: KeyedProcessor[S],
     records: Sequence[Record],
     stored: Callable[[bytes | None], S | None],
+    *,
+    decided: Callable[[], None] | None = None,
 ) -> Batch[S]:
     """Decide every record in order (each with the state the previous record of its key left;
     ``stored`` gives a key's state before the batch), then flush: returns once every output is
-    acknowledged. Persist ``Batch.states`` and commit the records only after it returns."""
+    acknowledged. Persist ``Batch.states`` and commit the records only after it returns.
+    ``decided`` is called after each record is decided: a batch of slow records is progress
+    record by record, not one long silence (the faust transport's watchdog)."""
     batch: Batch[S] = Batch()
     states = batch.states
     pacer = _Pacer()
@@ -179,6 +183,8 @@ async def process_batch(
                 batch.replaced.add(key)
             if new is not None:
                 states[key] = new
+        if decided is not None:
+            decided()
     await processor.flush()
     return batch
 

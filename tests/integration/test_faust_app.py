@@ -7,7 +7,8 @@ batch committed while faust's producer still buffers its states (they must be de
 first); and a recovery whose changelog records are fetched but never reach it (as seen after a
 consumer-group rebalance) is sought again and ends; the progress watchdog: an app with a batch
 stuck for good, one whose consumer stopped fetching, and one that does not start within its
-bound exit (``Stalled``). Every test has its topics and faust app id of its own."""
+bound exit (``Stalled``), and a batch longer than the stall bound whose every record is
+quick enough does not. Every test has its topics and faust app id of its own."""
 
 from __future__ import annotations
 
@@ -401,6 +402,38 @@ async def test_an_app_that_stops_making_progress_turns_not_ready_then_exits_stal
         await asyncio.wait_for(task, timeout=30.0)
     assert time.monotonic() - held_at < 20.0
     assert b"hold" in relay.seen
+
+
+class Slow(Remember):
+    """Takes ``seconds`` of the event loop to decide each record (as a large snapshot does)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def on_record(self, record: Record, state: bytes | None) -> bytes | Drop | None:
+        time.sleep(self.seconds)  # the decision's own work, which holds the loop
+        return super().on_record(record, state)
+
+
+async def test_a_batch_longer_than_the_stall_bound_whose_records_each_progress_is_no_stall(
+    kafka: Kafka,
+) -> None:
+    # 16 records of 0.5 s in one batch: 8 s, twice the stall bound, each record well within it.
+    values = [f"v{index}".encode() for index in range(16)]
+    await published(kafka.bus, kafka.source, values)
+    processor = Slow(0.5)
+    app = kafka.app(processor, stop_timeout_s=3.0, stall_s=4.0)
+    task = asyncio.create_task(app.run(), name=app.app_id)
+    try:
+        store = app.tables[PART].data.data  # the table's memory store: written once done
+        await eventually(
+            lambda: task.done() or store.get(b"key") == values[-1], "the batch done", 60.0
+        )
+        assert not task.done(), task.exception()
+        assert processor.seen == values
+    finally:
+        await stopped(task)
 
 
 async def test_an_app_whose_consumer_stops_fetching_sees_its_lag_from_the_broker_and_exits(
