@@ -418,8 +418,23 @@ class AnnotatorService:
         def writes() -> int:  # at most what the high-water mark lets wait
             return sum(len(decision.pods) for decision in tail if decision is not None)
 
-        while writes() < self.marks.high and sum((await consumer.lag()).values()) > 0:
-            more = await consumer.poll(max_wait=POLL_WAIT_S)
+        # Retried as every other read is: records polled here are delivered, and a failure that
+        # left this method would lose them (the later commits pass their offsets).
+        async def lag() -> int:
+            return sum((await consumer.lag()).values())
+
+        async def poll() -> list[Record]:
+            return await consumer.poll(max_wait=POLL_WAIT_S)
+
+        while writes() < self.marks.high:
+            behind = await retry_transient(
+                lag, what=f"reading the lag of {self.group}", sleep=self._clock.sleep
+            )
+            if not behind:
+                break
+            more = await retry_transient(
+                poll, what=f"reading {self.topic}", sleep=self._clock.sleep
+            )
             if not more:
                 break
             read.extend(more)
