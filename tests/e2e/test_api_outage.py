@@ -41,7 +41,7 @@ PODS = 60
 
 def _patches(annotator: AnnotatorService, result: str) -> float:
     labels = {"result": result}
-    return annotator.metrics.registry.get_sample_value("podcost_patches_total", labels) or 0.0
+    return annotator.metrics.get_sample_value("podcost_patches_total", labels) or 0.0
 
 
 #: Seconds without an answer before the annotator and the watcher report not ready.

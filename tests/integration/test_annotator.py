@@ -180,7 +180,7 @@ async def costs_on(
 
 
 def sample(service: AnnotatorService, name: str, **labels: str) -> float:
-    return service.metrics.registry.get_sample_value(name, labels) or 0.0
+    return service.metrics.get_sample_value(name, labels) or 0.0
 
 
 def patches(service: AnnotatorService, result: str) -> float:

@@ -145,7 +145,7 @@ async def metadata_of(kube: KubeTestCluster, namespace: str, name: str) -> dict[
 
 
 def sample(service: AnnotatorService, name: str, **labels: str) -> float:
-    return service.metrics.registry.get_sample_value(name, labels) or 0.0
+    return service.metrics.get_sample_value(name, labels) or 0.0
 
 
 def refused(service: AnnotatorService) -> dict[str, float]:

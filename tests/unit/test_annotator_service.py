@@ -196,7 +196,7 @@ class Harness:
         self.service, self.bus, self.pods, self.clock = service, bus, pods, clock
 
     def patches(self, result: str) -> float:
-        registry = self.service.metrics.registry
+        registry = self.service.metrics
         return registry.get_sample_value("podcost_patches_total", {"result": result}) or 0.0
 
     def committed(self) -> int:
@@ -371,7 +371,7 @@ async def test_an_older_decision_after_a_newer_one_is_skipped_as_stale_even_mid_
     await until(lambda: run.committed() == 3, "all three records committed")
     assert (pods.cost("a"), pods.cost("b")) == ("20", "21")
     assert pods.patched() == ["a", "a", "b"]  # v2's, its retry; nothing for v1 or the duplicate
-    consumed = run.service.metrics.registry.get_sample_value
+    consumed = run.service.metrics.get_sample_value
     assert [
         consumed(
             "podcost_messages_consumed_total",
@@ -431,7 +431,7 @@ async def test_after_a_start_only_the_newest_decision_of_the_uncommitted_tail_is
     await until(lambda: run.committed() == 3, "the three records committed")
     assert (pods.cost("a"), pods.cost("b")) == ("20", "22")
     assert pods.patched() == ["b"]  # v3's one change; nothing of v1 or v2
-    consumed = run.service.metrics.registry.get_sample_value
+    consumed = run.service.metrics.get_sample_value
     assert [
         consumed(
             "podcost_messages_consumed_total",
@@ -530,7 +530,7 @@ async def test_the_token_bucket_paces_requests_at_the_configured_rate_on_the_fak
     times = [round(at, 6) for _, _, at in pods.timeline]
     assert times == [0.0] * 4 + [round(0.1 * n, 6) for n in range(1, 17)]
     assert all(pods.cost(name) == "1" for name in uids)
-    waited = run.service.metrics.registry.get_sample_value("podcost_rate_limit_wait_seconds_total")
+    waited = run.service.metrics.get_sample_value("podcost_rate_limit_wait_seconds_total")
     assert waited is not None
     assert waited > 0
 
@@ -668,7 +668,7 @@ async def test_event_to_annotation_is_measured_from_the_change_the_watcher_saw(
     await publish_costs(harness.bus, TOPICS.costs_for("local"), older)
     await until(lambda: harness.patches("ok") == 2, "both pods written")
 
-    registry = harness.service.metrics.registry
+    registry = harness.service.metrics
     observed = registry.get_sample_value("podcost_event_to_annotation_seconds_count")
     total = registry.get_sample_value("podcost_event_to_annotation_seconds_sum") or 0.0
     assert observed == 1
@@ -709,7 +709,7 @@ async def test_the_most_urgent_decision_is_written_first_then_pod_by_pod_in_dele
 
 
 def refusals(run: Harness, reason: str) -> float:
-    registry = run.service.metrics.registry
+    registry = run.service.metrics
     return registry.get_sample_value("podcost_refusals_total", {"reason": reason}) or 0.0
 
 

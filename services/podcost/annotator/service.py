@@ -122,7 +122,7 @@ from podcost.annotator.plan import (
 )
 from podcost.annotator.settings import AnnotatorSettings
 from podcost.annotator.view import ClusterView, InformerView
-from podcost.runtime.metrics import Metrics
+from podcost.runtime.metrics import Families, Metrics
 from podcost.runtime.retry import DEFAULT_BACKOFF, retry_transient
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
@@ -1008,6 +1008,7 @@ def bootstrap(
     catch_up: CatchUp | None = None,
     scope: Scope | None = None,
     view: ClusterView | None = None,
+    families: Families | None = None,
 ) -> AnnotatorService:
     """The annotator, wired: ``bus`` (default: the one ``bus_settings`` ask for, not started;
     ``serve`` starts it), ``kube`` (default: connect with ``$KUBECONFIG`` or in-cluster when
@@ -1015,7 +1016,8 @@ def bootstrap(
     global one); ``catch_up``: what must be written before it is ready (default: nothing);
     ``scope``: the namespace and opt-in rules it writes for (default: the watcher's defaults,
     every namespace, workloads that opt in themselves); ``view``: its view of the cluster
-    (default: an ``InformerView`` over ``kube``, which must then be the ``Kube`` adapter)."""
+    (default: an ``InformerView`` over ``kube``, which must then be the ``Kube`` adapter);
+    ``families``: the process's metric families (default: a registry of its own)."""
     if view is None and kube is not None and not isinstance(kube, Kube):
         raise ValueError("an annotator over a pod API that is not the Kube adapter needs a view")
     return AnnotatorService(
@@ -1025,7 +1027,7 @@ def bootstrap(
         bus=bus if bus is not None else open_bus(bus_settings),
         kube=kube,
         clock=clock if clock is not None else LoopClock(),
-        metrics=Metrics("annotator"),
+        metrics=Metrics("annotator", families),
         otel=tracer(tracer_provider),
         catch_up=catch_up,
         scope=scope,

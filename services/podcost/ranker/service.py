@@ -40,7 +40,7 @@ from opentelemetry.util.types import AttributeValue
 
 from podcost.ranker.settings import RankerSettings
 from podcost.runtime.clock import Clock, WallClock
-from podcost.runtime.metrics import Metrics
+from podcost.runtime.metrics import Families, Metrics
 from podcost.runtime.retry import DEFAULT_BACKOFF, Backoff, retry_transient
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
@@ -398,11 +398,13 @@ def bootstrap(
     registry: Registry | None = None,
     tracer_provider: TracerProvider | None = None,
     whole_snapshots: bool = False,
+    families: Families | None = None,
 ) -> RankerService:
     """The ranker of ``strategy`` (composition root of ``podcost ranker`` and the tests).
 
     ``whole_snapshots``: decode snapshots whole, not without what the strategy never reads
     (embedded mode, where the rankers and the aggregator share one decode of each record).
+    ``families``: the process's metric families (default: a registry of its own).
 
     Start-up errors name their culprit: ``UnknownStrategyError`` (an unknown name, with the known
     ones), ``PluginError`` (a broken installed plugin) and ``PolicyError`` (a bad policy file,
@@ -427,7 +429,7 @@ def bootstrap(
         policies=PolicyResolver(default, registry=registry),
         bus=bus,
         topics=bus_settings.topics,
-        metrics=Metrics(f"ranker-{strategy}"),
+        metrics=Metrics(f"ranker-{strategy}", families),
         tracer=tracer(tracer_provider),
         clock=clock if clock is not None else WallClock(),
         group=config.group_for(found.name),

@@ -78,7 +78,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from podcost.runtime.clock import Clock, WallClock
 from podcost.runtime.heap import settle_heap, trim_forever
-from podcost.runtime.metrics import Metrics
+from podcost.runtime.metrics import Families, Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_PODS,
@@ -664,10 +664,12 @@ def bootstrap(
     bus: Bus | None = None,
     clock: Clock | None = None,
     tracer_provider: TracerProvider | None = None,
+    families: Families | None = None,
 ) -> WatcherService:
     """The watcher (composition root of ``podcost watcher``, embedded mode and the tests).
 
-    A bad policy file or namespace selector raises at once, naming the setting.
+    A bad policy file or namespace selector raises at once, naming the setting. ``families``:
+    the process's metric families (default: a registry of its own).
     """
     watcher_settings = watcher_settings or WatcherSettings()
     try:
@@ -681,7 +683,7 @@ def bootstrap(
         rules=rules,
         cluster=settings.cluster,
         settings=watcher_settings,
-        metrics=Metrics("watcher"),
+        metrics=Metrics("watcher", families),
         tracer=tracer(tracer_provider),
         clock=clock if clock is not None else WallClock(),
         adopt=settings.adopted,
