@@ -49,7 +49,7 @@ def cleanup_command(
     podcost's), within the annotator's write budget."""
     settings = load_settings(COMMAND, ServiceSettings, **({"dry_run": True} if dry_run else {}))
     config = load_settings(COMMAND, AnnotatorSettings)
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, service="podcost-cleanup")
     try:
         report = asyncio.run(_clean(config, namespace, settings.dry_run))
     except KubeError as error:

@@ -9,12 +9,14 @@ line all say the same thing, so a scrape, a trace or a log names the build it ca
 
 from __future__ import annotations
 
-import os
 import platform
 import uuid
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The distribution whose metadata holds the version.
 DISTRIBUTION = "podcost"
@@ -22,6 +24,19 @@ DISTRIBUTION = "podcost"
 #: What the version reads when the package metadata is missing (a source tree run off
 #: ``PYTHONPATH``, never an installed build).
 UNKNOWN = "unknown"
+
+
+class BuildSettings(BaseSettings):
+    """What the image says of itself: set by its build, not by a person deploying it."""
+
+    model_config = SettingsConfigDict(env_prefix="PODCOST_", frozen=True, extra="ignore")
+
+    revision: str = Field(
+        default=UNKNOWN,
+        description="The source revision the image was built from (the Dockerfile's REVISION "
+        "build argument sets it), shown in podcost_build_info, /healthz, the span resource "
+        "(vcs.revision) and each service's first log line.",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,12 +66,17 @@ def package_version() -> str:
         return UNKNOWN
 
 
-@cache
-def build() -> Build:
-    """This process's build identity (read once: it does not change while a process runs)."""
+def identify(settings: BuildSettings) -> Build:
+    """The build identity ``settings`` and the package metadata give, with a new instance id."""
     return Build(
         version=package_version(),
-        revision=os.environ.get("PODCOST_REVISION", "").strip() or UNKNOWN,
+        revision=settings.revision.strip() or UNKNOWN,
         python=platform.python_version(),
         instance=str(uuid.uuid4()),
     )
+
+
+@cache
+def build() -> Build:
+    """This process's build identity (read once: it does not change while a process runs)."""
+    return identify(BuildSettings())
