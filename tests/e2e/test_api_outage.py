@@ -115,7 +115,9 @@ async def test_an_api_server_outage_mid_write_loses_no_decision_and_nothing_give
             watcher_settings=WatcherSettings(
                 namespace=namespace, debounce_seconds=0.2, unready_after_seconds=UNREADY_AFTER
             ),
-            annotator_settings=AnnotatorSettings(qps=5, burst=1, unready_after=UNREADY_AFTER),
+            annotator_settings=AnnotatorSettings(
+                qps=5, burst=1, unready_after_seconds=UNREADY_AFTER
+            ),
         )
         annotator = pipeline.annotator
         assert isinstance(annotator, AnnotatorService)

@@ -80,9 +80,9 @@ class Stream:
         group = f"podcost-verify-{uuid.uuid4().hex[:6]}"
         service = bootstrap(
             # The default cluster, "local": the forged records are on its own costs topic.
-            ServiceSettings(http_port=0),
+            ServiceSettings(http_port=0, retry_initial_seconds=0.05),
             self.settings,
-            AnnotatorSettings(group=group, backoff_initial=0.05),
+            AnnotatorSettings(group=group),
             bus=self.bus,
             kube=counting,
             scope=scope,

@@ -71,12 +71,12 @@ class Kafka:
 
     def aggregator(self, deadline_s: float = 30.0, engine: str = "faust") -> AggregatorService:
         config = AggregatorSettings(
-            deadline_s=deadline_s,
-            tick_s=0.1,
+            deadline_seconds=deadline_s,
+            tick_seconds=0.1,
             engine=engine,  # type: ignore[arg-type]
             app_id=f"test-{self.run}-aggregator",
             data_dir=self.data_dir,
-            commit_interval_s=0.2,
+            commit_interval_seconds=0.2,
         )
         return aggregator.bootstrap(SETTINGS, self.settings, config=config, bus=self.bus)
 

@@ -229,17 +229,18 @@ async def start() -> AsyncIterator[Start]:
         **config: Any,
     ) -> Harness:
         bus, clock = bus or MemoryBus(), FakeClock()
-        options = {"backoff_initial": 1.0, "backoff_max": 8.0, **config}
+        retry = {"retry_initial_seconds": 1.0, "retry_max_seconds": 8.0}
         service = bootstrap(
-            ServiceSettings(http_port=0, dry_run=dry_run),
+            ServiceSettings(http_port=0, dry_run=dry_run, **retry),
             BUS,
-            AnnotatorSettings(**options),
+            AnnotatorSettings(**config),
             bus=bus,
             kube=pods,
             clock=clock,
             tracer_provider=provider,
             view=pods.view,
             catch_up=catch_up,
+            rng=lambda: 1.0,  # every retry waits its whole ceiling: exact on the fake clock
         )
         tasks.append(asyncio.create_task(service.run(), name="annotator-under-test"))
         if catch_up is None:
@@ -334,7 +335,7 @@ async def test_readiness_reports_an_api_server_outage_past_unready_after_and_rec
     a = pods.add("a")
     down = KubeError("reading pod shop/a: ClientConnectorError: refused", retriable=True)
     pods.fail("read", *(down for _ in range(4)))
-    run = await start(pods, max_in_flight=1, unready_after=5.0)
+    run = await start(pods, max_in_flight=1, unready_after_seconds=5.0)
     await run.publish(Desire("a", a, 1))
     await until(lambda: run.patches("unavailable") == 1, "the first failure")
     assert run.service.ready()  # a blip is retried, not reported
@@ -763,7 +764,7 @@ async def test_a_pod_whose_new_replicaset_the_view_has_not_seen_waits_for_it_wit
     start: Start,
 ) -> None:
     pods = FakePods()
-    run = await start(pods, view_grace=5.0)
+    run = await start(pods, view_grace_seconds=5.0)
     fresh = pods.add("fresh", replicaset="web-2")
     await run.publish(Desire("fresh", fresh, 7))
     await run.clock.advance(1.0)
@@ -779,7 +780,7 @@ async def test_a_pod_whose_replicaset_the_view_never_shows_is_refused_after_the_
     start: Start,
 ) -> None:
     pods = FakePods()
-    run = await start(pods, view_grace=2.0)
+    run = await start(pods, view_grace_seconds=2.0)
     stray = pods.add("stray", replicaset="nowhere")
     await run.publish(Desire("stray", stray, 7))
     await run.clock.advance(1.9)
@@ -829,7 +830,7 @@ async def test_a_new_pod_of_a_new_replicaset_is_read_once_and_written_when_the_v
     start: Start,
 ) -> None:
     pods = FakePods()
-    run = await start(pods, view_grace=5.0)
+    run = await start(pods, view_grace_seconds=5.0)
     fresh = pods.add("fresh", replicaset="web-3", in_view=False)
     await run.publish(Desire("fresh", fresh, 7))
     await run.clock.advance(1.0)

@@ -102,7 +102,7 @@ class World:
 
     def aggregator(self, deadline_s: float = 5.0) -> AggregatorService:
         return aggregator.bootstrap(
-            SETTINGS, BUS, config=AggregatorSettings(deadline_s=deadline_s), bus=self.bus,
+            SETTINGS, BUS, config=AggregatorSettings(deadline_seconds=deadline_s), bus=self.bus,
             clock=self.clock, registry=self.registry, tracer_provider=self.provider,
         )  # fmt: skip
 

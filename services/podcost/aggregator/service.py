@@ -159,7 +159,9 @@ def bootstrap(
     topics = bus_settings.topics
     metrics = Metrics("aggregator", families)
     aggregator = Aggregator(
-        AggregationConfig(deadline_s=config.deadline_s, overwrite_foreign=config.overwrite_foreign),
+        AggregationConfig(
+            deadline_s=config.deadline_seconds, overwrite_foreign=config.overwrite_foreign
+        ),
         PolicyResolver(default, registry=registry),
     )
     processor = AggregationProcessor(
@@ -172,6 +174,7 @@ def bootstrap(
         clock=clock,
         partition_of=key_partitioner(bus, bus_settings),
         unread=None if whole_snapshots else DECISION_UNREAD,
+        backoff=settings.backoff(),
     )
     sources = (topics.workloads, topics.ranks)
     transport: Transport
@@ -190,15 +193,15 @@ def bootstrap(
             app_id=config.app_id,
             topics=sources,
             data_dir=config.faust_data_dir(),
-            tick_s=config.tick_s,
-            commit_interval_s=config.commit_interval_s,
+            tick_s=config.tick_seconds,
+            commit_interval_s=config.commit_interval_seconds,
             standby_replicas=config.standby_replicas,
-            stall_s=config.stall_s,
-            start_timeout_s=config.start_timeout_s,
+            stall_s=config.stall_seconds,
+            start_timeout_s=config.start_timeout_seconds,
         )
     else:
         transport = KeyedConsumerLoop(
-            bus, sources, config.app_id, processor, tick_s=config.tick_s, sleep=clock.sleep
+            bus, sources, config.app_id, processor, tick_s=config.tick_seconds, sleep=clock.sleep
         )
     return AggregatorService(
         processor=processor,

@@ -41,7 +41,7 @@ from opentelemetry.util.types import AttributeValue
 from podcost.ranker.settings import RankerSettings
 from podcost.runtime.clock import Clock, WallClock
 from podcost.runtime.metrics import Families, Metrics
-from podcost.runtime.retry import DEFAULT_BACKOFF, Backoff, retry_transient
+from podcost.runtime.retry import DEFAULT_BACKOFF, retry_transient
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_PODS,
@@ -80,6 +80,7 @@ from podcost_contracts.messages import (
 )
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import PolicyResolver, score_problem
+from podcost_core.backoff import Backoff
 from podcost_core.policy import DEFAULT_POLICY, BoundStrategy, PolicyError, load_policy_file
 from podcost_core.strategies.base import Strategy
 from podcost_core.strategies.registry import Registry, default_registry
@@ -435,4 +436,5 @@ def bootstrap(
         group=config.group_for(found.name),
         partition_of=key_partitioner(bus, bus_settings),
         whole_snapshots=whole_snapshots,
+        backoff=settings.backoff(),
     )
