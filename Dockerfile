@@ -6,7 +6,10 @@
 # no pip, no compilers. It runs as a numeric non-root user and writes nothing outside /tmp, so it
 # works with a read-only root filesystem (mount a writable /tmp: an emptyDir or a tmpfs).
 #
-#   docker build -t podcost:0.1.0 .
+#   docker build --build-arg REVISION="$(git rev-parse HEAD)" -t podcost:0.1.0 .
+#
+# VERSION (the OCI label) defaults to pyproject.toml's version, which the services read from the
+# package metadata; REVISION becomes PODCOST_REVISION, which they report (build_info, /healthz).
 #
 # The Helm chart (deploy/helm/podcost) and docker-compose.yml run this image;
 # tests/unit/test_dockerfile.py checks these promises by reading this file.
@@ -62,8 +65,10 @@ RUN python -m pip uninstall --yes --no-cache-dir pip setuptools wheel \
 COPY --from=builder /opt/podcost /opt/podcost
 
 # Read-only root filesystem: bytecode was compiled in the builder, HOME and the temporary
-# directory are /tmp, and faust's data directory (the aggregator) is under it too.
+# directory are /tmp, and faust's data directory (the aggregator) is under it too. The revision
+# is the services' own (build_info, /healthz, spans, logs); the version is the package's.
 ENV PATH=/opt/podcost/bin:$PATH \
+    PODCOST_REVISION=${REVISION} \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HOME=/tmp \

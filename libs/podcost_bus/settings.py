@@ -75,39 +75,95 @@ class BusSettings(BaseSettings):
         validation_alias=_env("PODCOST_KAFKA", "bootstrap_servers"),
         description="Kafka bootstrap servers; unset means the in-process bus.",
     )
-    client_id: str = Field(default="podcost", min_length=1)
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    ssl_cafile: FilePath | None = None
-    ssl_certfile: FilePath | None = None
-    ssl_keyfile: FilePath | None = None
-    ssl_password: SecretStr | None = None
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    compression: Literal["zstd", "gzip", "none"] = "zstd"
-    linger_ms: int = Field(default=1, ge=0)
-    max_batch_bytes: int = Field(default=256 * 1024, ge=1024)
-    max_poll_records: int = Field(default=500, ge=1)
-    fetch_min_bytes: int = Field(default=1, ge=1)
-    fetch_max_wait_ms: int | None = Field(default=None, ge=0)
-    session_timeout_ms: int = Field(default=10_000, ge=1000)
-    request_timeout_ms: int = Field(default=40_000, ge=1000)
-    partitions: int = Field(default=3, ge=1)
-    replication_factor: int = Field(default=1, ge=1)
+    client_id: str = Field(
+        default="podcost",
+        min_length=1,
+        description="The client id shown in broker logs and quotas.",
+    )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", description="How to reach the brokers."
+    )
+    ssl_cafile: FilePath | None = Field(
+        default=None, description="The CA bundle that verifies the brokers; unset: the system's."
+    )
+    ssl_certfile: FilePath | None = Field(
+        default=None, description="The client certificate (PEM) for mutual TLS."
+    )
+    ssl_keyfile: FilePath | None = Field(
+        default=None, description="The client certificate's key (PEM) for mutual TLS."
+    )
+    ssl_password: SecretStr | None = Field(
+        default=None, description="The password of the client key."
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        default=None, description="The SASL mechanism, with a SASL_* security protocol."
+    )
+    sasl_username: str | None = Field(default=None, description="The SASL user name.")
+    sasl_password: SecretStr | None = Field(default=None, description="The SASL password.")
+    compression: Literal["zstd", "gzip", "none"] = Field(
+        default="zstd",
+        description="Producer batch compression; the aggregator's producer: none unless set "
+        "(its records are gzipped one by one).",
+    )
+    # Milliseconds, as Kafka's own client settings (linger.ms, session.timeout.ms, ...) are.
+    linger_ms: int = Field(
+        default=1,
+        ge=0,
+        description="Milliseconds the producer waits to fill a batch; every awaited "
+        "acknowledgement pays it.",
+    )
+    max_batch_bytes: int = Field(
+        default=256 * 1024, ge=1024, description="Producer batch size per partition, in bytes."
+    )
+    max_poll_records: int = Field(
+        default=500, ge=1, description="The most records one consumer poll returns."
+    )
+    fetch_min_bytes: int = Field(
+        default=1,
+        ge=1,
+        description="A consumer's fetch returns once this many bytes are there (or after "
+        "the fetch wait).",
+    )
+    fetch_max_wait_ms: int | None = Field(
+        default=None,
+        ge=0,
+        description="Milliseconds a consumer's fetch waits for its minimum bytes; unset: "
+        "aiokafka's 500 (the aggregator's faust consumer 100).",
+    )
+    session_timeout_ms: int = Field(
+        default=10_000, ge=1000, description="Consumer group session timeout, in milliseconds."
+    )
+    request_timeout_ms: int = Field(
+        default=40_000, ge=1000, description="Milliseconds one broker request may take."
+    )
+    partitions: int = Field(
+        default=3,
+        ge=1,
+        description="Partitions of the topics podcost creates; also the in-memory bus's.",
+    )
+    replication_factor: int = Field(
+        default=1, ge=1, description="Replicas of the topics podcost creates."
+    )
 
     topic_workloads: TopicName = Field(
         default=DEFAULT_TOPICS.workloads,
         validation_alias=_env("PODCOST_TOPIC_WORKLOADS", "topic_workloads"),
+        description="The topic of the watchers' workload snapshots.",
     )
     topic_ranks: TopicName = Field(
-        default=DEFAULT_TOPICS.ranks, validation_alias=_env("PODCOST_TOPIC_RANKS", "topic_ranks")
+        default=DEFAULT_TOPICS.ranks,
+        validation_alias=_env("PODCOST_TOPIC_RANKS", "topic_ranks"),
+        description="The topic of the rankers' answers.",
     )
     topic_costs: TopicName = Field(
-        default=DEFAULT_TOPICS.costs, validation_alias=_env("PODCOST_TOPIC_COSTS", "topic_costs")
+        default=DEFAULT_TOPICS.costs,
+        validation_alias=_env("PODCOST_TOPIC_COSTS", "topic_costs"),
+        description="The prefix of each cluster's costs topic, <topic>.<cluster>.",
     )
     topic_deadletter: TopicName = Field(
         default=DEFAULT_TOPICS.deadletter,
         validation_alias=_env("PODCOST_TOPIC_DEADLETTER", "topic_deadletter"),
+        description="The topic of records that cannot be decoded, with their reason.",
     )
 
     @model_validator(mode="after")

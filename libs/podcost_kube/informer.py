@@ -14,8 +14,9 @@ What it does, per resource, as client-go's reflector does:
 - when the server ends a watch (its ``timeoutSeconds``), watch again from the last version;
 - on 410 Gone (the version was compacted away) relist at once; the relist replaces the store's
   content and reports only what changed meanwhile, so no object is lost or spuriously deleted;
-- on any other watch or list error, back off (exponentially, jittered, capped, and at least
-  as long as the server's ``retryAfterSeconds``) and relist; after
+- on any other watch or list error, back off (podcost's one retry policy,
+  ``podcost_core.backoff``: exponential, full jitter, capped, and at least as long as the
+  server's ``retryAfterSeconds``) and relist; after
   ``Backoff.max_failures`` failures in a row, or at once on a permanent error (401, 403, 404), the
   informer fails: :meth:`Informer.wait_synced` and :meth:`Informer.join` raise
   :class:`InformerFailed` naming the resource. A service sets ``max_failures=None``
@@ -55,6 +56,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from podcost_core.backoff import Backoff
 from podcost_core.convert import (
     SharedParts,
     project_node,
@@ -237,40 +239,14 @@ def apply_event(
 # --- backoff -----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """How long to wait before relisting after the n-th failure in a row, and when to give up."""
-
-    initial: float = 0.5
-    """Seconds before the first retry."""
-    factor: float = 2.0
-    maximum: float = 30.0
-    """No wait is longer than this."""
-    jitter: float = 0.2
-    """Each wait is scaled by a random factor in ``[1 - jitter, 1 + jitter]``."""
-    max_failures: int | None = 10
-    """Failures in a row after which the informer fails; ``None``: retry forever."""
-
-    def __post_init__(self) -> None:
-        if self.initial <= 0 or self.factor < 1 or self.maximum < self.initial:
-            raise ValueError("Backoff needs 0 < initial <= maximum and factor >= 1")
-        if not 0 <= self.jitter < 1:
-            raise ValueError("Backoff.jitter must be in [0, 1)")
-        if self.max_failures is not None and self.max_failures < 1:
-            raise ValueError("Backoff.max_failures must be >= 1 or None")
-
-    def delay(self, failures: int, rng: Callable[[], float] = random.random) -> float:
-        """The wait after ``failures`` (>= 1) failures in a row."""
-        base = min(self.maximum, self.initial * self.factor ** max(0, failures - 1))
-        return base * (1 + self.jitter * (2 * rng() - 1))
-
-    def exhausted(self, failures: int) -> bool:
-        """Whether ``failures`` in a row is too many."""
-        return self.max_failures is not None and failures >= self.max_failures
+#: What a one-off caller uses: the one retry policy (``podcost_core.backoff``), giving up after
+#: ten failures in a row.
+DEFAULT_BACKOFF = Backoff(max_failures=10)
 
 
-#: What a long-running service uses: retriable failures never end the informer, however many.
-SERVICE_BACKOFF = Backoff(max_failures=None)
+#: What a long-running service uses unless it passes its own (``ServiceSettings.backoff``):
+#: retriable failures never end the informer, however many.
+SERVICE_BACKOFF = Backoff()
 
 
 # --- the informer ------------------------------------------------------------------------------
@@ -345,7 +321,7 @@ class Informer:
         self.page_size = page_size
         self.watch_timeout = watch_timeout
         self.request_timeout = request_timeout
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or DEFAULT_BACKOFF
         self._sleep = sleep
         self._rng = rng
         self._handlers: list[Handler] = list(handlers)
@@ -514,8 +490,8 @@ class Informer:
             ) from error
         # The first 410 after a healthy watch relists at once, as client-go does.
         if not (isinstance(error, ResourceExpired) and state.failures == 1):
-            delay = self.backoff.delay(state.failures, self._rng)
-            await self._sleep(max(delay, error.retry_after or 0.0))
+            delay = self.backoff.delay(state.failures, self._rng, at_least=error.retry_after)
+            await self._sleep(delay)
 
     async def _request(
         self,

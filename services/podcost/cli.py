@@ -108,7 +108,7 @@ points. {_ENV}; {_KAFKA}.
 PODCOST_KAFKA=kafka:9092 podcost aggregator
 ```
 
-{_ENV}; {_KAFKA}; `PODCOST_AGGREGATOR_DEADLINE_S` (how long to wait for every strategy),
+{_ENV}; {_KAFKA}; `PODCOST_AGGREGATOR_DEADLINE_SECONDS` (how long to wait for every strategy),
 `PODCOST_AGGREGATOR_ENGINE` (faust or consumer) and the other `PODCOST_AGGREGATOR_*`.
 """,
     "annotator": f"""**Examples**

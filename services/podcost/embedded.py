@@ -27,6 +27,7 @@ from podcost.annotator.service import bootstrap as bootstrap_annotator
 from podcost.annotator.settings import AnnotatorSettings
 from podcost.annotator.view import SharedView
 from podcost.runtime.clock import Clock
+from podcost.runtime.metrics import Families
 from podcost.runtime.runner import Service
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherService, WatcherSettings
@@ -64,19 +65,23 @@ def bootstrap(
     registry: Registry | None = None,
     clock: Clock | None = None,
     tracer_provider: TracerProvider | None = None,
+    families: Families | None = None,
 ) -> Pipeline:
     """The whole pipeline over one bus (composition root of ``podcost run`` and the e2e tests).
 
     ``strategies`` limits the rankers (default: every strategy of the registry). Start-up
     errors of any service (bad policy file, unknown strategy, broken plugin) raise here.
+    Every service records into one registry, ``families`` (default: a new one), so the
+    process's ``/metrics`` declares each family once.
     """
     registry = registry if registry is not None else default_registry()
     bus = bus if bus is not None else open_bus(bus_settings)
     names = list(strategies) if strategies is not None else sorted(registry)
     pods: PodAPI = kube
+    families = families if families is not None else Families()
     watcher = bootstrap_watcher(
         settings, bus_settings, watcher_settings, kube=kube, bus=bus,
-        tracer_provider=tracer_provider,
+        tracer_provider=tracer_provider, families=families,
     )  # fmt: skip
     # One cache of the cluster: the annotator verifies against the watcher's (both list and
     # watch the same objects of the same scope from the same API server).
@@ -92,17 +97,18 @@ def bootstrap(
             # every record several times).
             ranker.bootstrap(
                 settings, bus_settings, strategy=name, bus=bus, clock=clock, registry=registry,
-                tracer_provider=tracer_provider, whole_snapshots=True,
+                tracer_provider=tracer_provider, whole_snapshots=True, families=families,
             )
             for name in names
         ],
         aggregator=aggregator.bootstrap(
             settings, bus_settings, config=aggregator_settings, bus=bus, clock=clock,
             registry=registry, tracer_provider=tracer_provider, whole_snapshots=True,
+            families=families,
         ),
         annotator=bootstrap_annotator(
             settings, bus_settings, annotator_settings or AnnotatorSettings(), bus=bus,
             kube=pods, tracer_provider=tracer_provider, catch_up=watcher.first_pass,
-            scope=scope, view=view,
+            scope=scope, view=view, families=families,
         ),
     )  # fmt: skip

@@ -233,7 +233,7 @@ class FeedMetrics:
 
 
 def _value(metrics: Metrics, name: str, **labels: str) -> float:
-    return metrics.registry.get_sample_value(name, labels) or 0.0
+    return metrics.get_sample_value(name, labels) or 0.0
 
 
 #: Per cluster: (name, help, value of the agent or None when it has not that service).

@@ -289,7 +289,7 @@ async def bench(
         app_id=f"bench-{run}-aggregator",
         data_dir=Path(data_dir.name),
         engine=engine,  # type: ignore[arg-type]
-        deadline_s=DEADLINE_S,
+        deadline_seconds=DEADLINE_S,
     )
     # What ``podcost aggregator`` does, in this process.
     provider = setup_tracing("podcost-aggregator")

@@ -269,7 +269,7 @@ async def running(pipeline: Pipeline) -> AsyncIterator[None]:
 
 
 def counter(metrics: Metrics, name: str, **labels: str) -> float:
-    return metrics.registry.get_sample_value(name, labels) or 0.0
+    return metrics.get_sample_value(name, labels) or 0.0
 
 
 def produced(metrics: Metrics, topic: str) -> float:
@@ -284,7 +284,9 @@ def consumed(metrics: Metrics, topic: str) -> float:
         for family in metrics.registry.collect()
         if family.name == "podcost_messages_consumed"
         for sample in family.samples
-        if sample.name == "podcost_messages_consumed_total" and sample.labels["topic"] == topic
+        if sample.name == "podcost_messages_consumed_total"
+        and sample.labels["topic"] == topic
+        and sample.labels["component"] == metrics.component
     )
 
 
@@ -340,7 +342,7 @@ def probe(pipeline: Pipeline, offered: int, fed: int) -> Sample:
         decisions=decisions,
         dry_runs=counter(ann, "podcost_patches_total", result="dry_run"),
         lags=lags,
-        queue=ann.registry.get_sample_value("podcost_queue_depth") or 0.0,
+        queue=ann.get_sample_value("podcost_queue_depth") or 0.0,
     )
 
 
@@ -1015,7 +1017,7 @@ def settled(pipeline: Pipeline, stream: WatchStream) -> bool:
         stream.fed >= stream.offered()
         and pipeline.watcher.debouncer.pending == 0
         and probe(pipeline, 0, 0).lag == 0
-        and (pipeline.annotator.metrics.registry.get_sample_value("podcost_queue_depth") or 0) == 0
+        and (pipeline.annotator.metrics.get_sample_value("podcost_queue_depth") or 0) == 0
     )
 
 
@@ -1400,7 +1402,7 @@ async def latency(
                                 f"{total} pods Ready and annotated", 120)  # fmt: skip
                     # Settle: the last decisions written, nothing more in flight.
                     await until(
-                        lambda: (pipeline.annotator.metrics.registry.get_sample_value(
+                        lambda: (pipeline.annotator.metrics.get_sample_value(
                             "podcost_queue_depth") or 0) == 0, "the annotator idle", 60,
                     )  # fmt: skip
                     await asyncio.sleep(2.0)

@@ -54,7 +54,7 @@ async def bench(
     config = AggregatorSettings(
         data_dir=Path(data_dir.name),
         app_id=f"bench-{run}-aggregator",
-        commit_interval_s=0.5,
+        commit_interval_seconds=0.5,
         engine=engine,  # type: ignore[arg-type]
     )
     templates = [

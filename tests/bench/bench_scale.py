@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import calendar
 import contextlib
 import json
 import math
@@ -239,15 +240,15 @@ def stamp(message: str) -> None:
 
 def log_interval(text: str, first: str, second: str) -> float | None:
     """Seconds between the first log line containing ``first`` and the first one containing
-    ``second`` after it, by the lines' ``YYYY-mm-dd HH:MM:SS,mmm`` timestamps."""
+    ``second`` after it, by the lines' UTC timestamps (``YYYY-mm-ddTHH:MM:SS.mmmZ``)."""
     found: list[float] = []
     for line in text.splitlines():
         if (first if not found else second) in line:
-            match = re.match(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})", line)
+            match = re.match(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)\.(\d{3})Z", line)
             if match is None:
                 return None
-            moment = time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S")
-            found.append(time.mktime(moment) + int(match.group(2)) / 1000)
+            moment = time.strptime(match.group(1), "%Y-%m-%dT%H:%M:%S")
+            found.append(calendar.timegm(moment) + int(match.group(2)) / 1000)
             if len(found) == 2:
                 return found[1] - found[0]
     return None

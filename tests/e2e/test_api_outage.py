@@ -41,7 +41,7 @@ PODS = 60
 
 def _patches(annotator: AnnotatorService, result: str) -> float:
     labels = {"result": result}
-    return annotator.metrics.registry.get_sample_value("podcost_patches_total", labels) or 0.0
+    return annotator.metrics.get_sample_value("podcost_patches_total", labels) or 0.0
 
 
 #: Seconds without an answer before the annotator and the watcher report not ready.
@@ -115,7 +115,9 @@ async def test_an_api_server_outage_mid_write_loses_no_decision_and_nothing_give
             watcher_settings=WatcherSettings(
                 namespace=namespace, debounce_seconds=0.2, unready_after_seconds=UNREADY_AFTER
             ),
-            annotator_settings=AnnotatorSettings(qps=5, burst=1, unready_after=UNREADY_AFTER),
+            annotator_settings=AnnotatorSettings(
+                qps=5, burst=1, unready_after_seconds=UNREADY_AFTER
+            ),
         )
         annotator = pipeline.annotator
         assert isinstance(annotator, AnnotatorService)

@@ -9,8 +9,8 @@ mode, over the real broker, each its own OS process. The annotator is paced by t
 ``annotator.qps``/``burst`` at 5 requests a second, so the writes of 60 pods (a read and a PATCH
 each) take about 24 s and most are still to do when the server goes away; the watcher and the
 annotator report an outage after 3 s (``PODCOST_WATCHER_UNREADY_AFTER_SECONDS``,
-``PODCOST_ANNOTATOR_UNREADY_AFTER``). Each process's ``GET /readyz`` is polled all along: while
-the server is away, the watcher and the annotator answer 503 (and log why) and the processes
+``PODCOST_ANNOTATOR_UNREADY_AFTER_SECONDS``). Each process's ``GET /readyz`` is polled all along:
+while the server is away, the watcher and the annotator answer 503 (and log why) and the processes
 that do not talk to it stay ready; after it, every process is ready again. A process that exits
 is started again by the kubelet stand-in (``churn.Kubelet``), and printed.
 """
@@ -107,7 +107,7 @@ async def test_an_api_server_outage_under_a_fleet_of_processes_loses_no_decision
     env = {
         **run_env(run),
         "PODCOST_WATCHER_UNREADY_AFTER_SECONDS": str(UNREADY_AFTER),
-        "PODCOST_ANNOTATOR_UNREADY_AFTER": str(UNREADY_AFTER),
+        "PODCOST_ANNOTATOR_UNREADY_AFTER_SECONDS": str(UNREADY_AFTER),
     }
     seen: dict[str, list[tuple[float, int]]] = defaultdict(list)
     try:

@@ -267,7 +267,7 @@ async def test_the_costs_on_the_pods_are_the_aggregators_latest_decisions(
                 annotations.get("controller.kubernetes.io/pod-deletion-cost", 0)
             )
         assert on_pods == {name: latest[name] for name in on_pods}
-        registry = pipeline.annotator.metrics.registry
+        registry = pipeline.annotator.metrics
         patched = registry.get_sample_value("podcost_patches_total", {"result": "ok"}) or 0
         assert 0 < patched <= writes
     finally:

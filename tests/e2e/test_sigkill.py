@@ -169,7 +169,7 @@ RUN_LONG = [200, 201, 202, 203]
 #: never ready (4 at its first start, 1 after the double kill; where it was traced, the faust
 #: aggregator's start hung creating its ``__assignor-__leader`` topic, and in one run an idle
 #: faust producer had lost a changelog topic's metadata). The aggregator's progress watchdog now
-#: re-fetches that metadata and bounds the start (``PODCOST_AGGREGATOR_START_TIMEOUT_S``); the
+#: re-fetches that metadata and bounds the start (``PODCOST_AGGREGATOR_START_TIMEOUT_SECONDS``); the
 #: variant passed 5 of 5 runs since.
 
 

@@ -104,10 +104,10 @@ class Annotators:
     async def start(
         self, pods: CountingPods, *, dry_run: bool = False, **config: Any
     ) -> AnnotatorService:
-        options: dict[str, Any] = {"group": self.group, "backoff_initial": 0.05, **config}
+        options: dict[str, Any] = {"group": self.group, **config}
         assert isinstance(pods.inner, Kube), "the annotator's view lists the real cluster"
         service = bootstrap(
-            ServiceSettings(http_port=0, dry_run=dry_run),
+            ServiceSettings(http_port=0, dry_run=dry_run, retry_initial_seconds=0.05),
             self.pipe.settings,
             AnnotatorSettings(**options),
             bus=self.pipe.bus,
@@ -180,7 +180,7 @@ async def costs_on(
 
 
 def sample(service: AnnotatorService, name: str, **labels: str) -> float:
-    return service.metrics.registry.get_sample_value(name, labels) or 0.0
+    return service.metrics.get_sample_value(name, labels) or 0.0
 
 
 def patches(service: AnnotatorService, result: str) -> float:

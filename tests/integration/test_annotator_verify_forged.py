@@ -80,9 +80,9 @@ class Stream:
         group = f"podcost-verify-{uuid.uuid4().hex[:6]}"
         service = bootstrap(
             # The default cluster, "local": the forged records are on its own costs topic.
-            ServiceSettings(http_port=0),
+            ServiceSettings(http_port=0, retry_initial_seconds=0.05),
             self.settings,
-            AnnotatorSettings(group=group, backoff_initial=0.05),
+            AnnotatorSettings(group=group),
             bus=self.bus,
             kube=counting,
             scope=scope,
@@ -145,7 +145,7 @@ async def metadata_of(kube: KubeTestCluster, namespace: str, name: str) -> dict[
 
 
 def sample(service: AnnotatorService, name: str, **labels: str) -> float:
-    return service.metrics.registry.get_sample_value(name, labels) or 0.0
+    return service.metrics.get_sample_value(name, labels) or 0.0
 
 
 def refused(service: AnnotatorService) -> dict[str, float]:

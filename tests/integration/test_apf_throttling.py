@@ -228,7 +228,7 @@ async def test_real_429s_are_waited_out_without_dropping_a_cost_or_exceeding_the
                     await publish_costs(bus, settings.topics.costs_for("local"), message)
 
                     def ok() -> float:
-                        sample = annotator.metrics.registry.get_sample_value
+                        sample = annotator.metrics.get_sample_value
                         return sample("podcost_patches_total", {"result": "ok"}) or 0.0
 
                     async def all_patched() -> bool:
@@ -267,7 +267,7 @@ async def test_real_429s_are_waited_out_without_dropping_a_cost_or_exceeding_the
             name: str(cost) for name, cost in wants.items()
         }
 
-        registry = annotator.metrics.registry
+        registry = annotator.metrics
         throttled_metric = (
             registry.get_sample_value("podcost_patches_total", {"result": "throttled"}) or 0.0
         )

@@ -342,7 +342,7 @@ async def twin_decisions(
     settings = ServiceSettings(http_port=0, policy_file=policy_file)
     bus_settings = BusSettings(bootstrap_servers=None, partitions=PARTITIONS)
     bus = MemoryBus(partitions=PARTITIONS)
-    config = AggregatorSettings(deadline_s=DEADLINE_S, tick_s=0.1)
+    config = AggregatorSettings(deadline_seconds=DEADLINE_S, tick_seconds=0.1)
     services: list[Runnable] = [
         *(ranker.bootstrap(settings, bus_settings, strategy=name, bus=bus) for name in strategies),
         aggregator.bootstrap(settings, bus_settings, config=config, bus=bus),

@@ -84,8 +84,8 @@ async def test_the_example_plugin_runs_as_its_own_ranker_and_its_weight_reorders
     without = replace(base, pods=pods, annotations=WITHOUT, version=1)
     with_plugin = replace(without, annotations=WITH, version=2)
     config = AggregatorSettings(
-        deadline_s=60.0, tick_s=0.1, app_id=f"test-plugin-{uuid.uuid4().hex[:8]}",
-        data_dir=tmp_path, commit_interval_s=0.2,
+        deadline_seconds=60.0, tick_seconds=0.1, app_id=f"test-plugin-{uuid.uuid4().hex[:8]}",
+        data_dir=tmp_path, commit_interval_seconds=0.2,
     )  # fmt: skip
     plugin = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "podcost", "ranker", "--strategy", "restarts",

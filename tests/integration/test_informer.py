@@ -17,16 +17,17 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from tests.support.kube import KubeTestCluster
 from tests.support.tasks import leak_check
 
+from podcost_core.backoff import Backoff
 from podcost_core.model import DELETION_COST_ANNOTATION
 from podcost_kube.client import Kube
-from podcost_kube.informer import NODE, POD, WORKLOAD_RESOURCES, Backoff, Informer, Resource
+from podcost_kube.informer import NODE, POD, WORKLOAD_RESOURCES, Informer, Resource
 from podcost_kube.store import Change, ChangeType, Store
 from podcost_kube.workloads import DEPLOYMENT, WorkloadKey, touched_by
 
 pytestmark = pytest.mark.integration
 
 RUN = uuid.uuid4().hex[:6]
-FAST = Backoff(initial=0.05, maximum=1.0, max_failures=10)
+FAST = Backoff(initial_seconds=0.05, maximum_seconds=1.0, max_failures=10)
 
 
 @dataclass

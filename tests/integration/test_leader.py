@@ -241,7 +241,7 @@ def _one(snapshots: list[WorkloadSnapshotMessage]) -> WorkloadSnapshotMessage:
 
 
 def _published(watcher: WatcherService) -> float:
-    return watcher.metrics.registry.get_sample_value("podcost_snapshots_published_total") or 0
+    return watcher.metrics.get_sample_value("podcost_snapshots_published_total") or 0
 
 
 async def test_two_watchers_with_election_on_publish_each_change_once_and_hand_over_on_stop(

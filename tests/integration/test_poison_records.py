@@ -298,8 +298,8 @@ async def test_poison_on_workloads_and_ranks_is_dead_lettered_and_the_next_snaps
     )
     rankers = [ranker.bootstrap(SETTINGS, settings, strategy=name, bus=bus) for name in (CAP, AGE)]
     config = AggregatorSettings(
-        deadline_s=30.0, tick_s=0.1, app_id=f"poison-{run}-aggregator", data_dir=tmp_path,
-        commit_interval_s=0.2, engine=engine,  # type: ignore[arg-type]
+        deadline_seconds=30.0, tick_seconds=0.1, app_id=f"poison-{run}-aggregator",
+        data_dir=tmp_path, commit_interval_seconds=0.2, engine=engine,  # type: ignore[arg-type]
     )  # fmt: skip
     combiner = aggregator.bootstrap(SETTINGS, settings, config=config, bus=bus)
     transport = FaustKeyedApp if engine == "faust" else KeyedConsumerLoop
@@ -362,7 +362,8 @@ async def test_poison_on_the_costs_topic_is_dead_lettered_and_the_next_costs_are
         topic = settings.topics.costs_for("local")
         counting = CountingPods(Kube(kube.api))
         service = annotator(
-            SETTINGS, settings, AnnotatorSettings(group=f"poison-{suffix}", backoff_initial=0.05),
+            SETTINGS.model_copy(update={"retry_initial_seconds": 0.05}), settings,
+            AnnotatorSettings(group=f"poison-{suffix}"),
             bus=bus, kube=counting, view=InformerView(Kube(kube.api), Scope()),
         )  # fmt: skip
         async with running(service), Reader(bus, settings.topics.deadletter, DeadLetter) as dead:

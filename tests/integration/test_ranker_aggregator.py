@@ -71,12 +71,12 @@ class Kafka:
 
     def aggregator(self, deadline_s: float = 30.0, engine: str = "faust") -> AggregatorService:
         config = AggregatorSettings(
-            deadline_s=deadline_s,
-            tick_s=0.1,
+            deadline_seconds=deadline_s,
+            tick_seconds=0.1,
             engine=engine,  # type: ignore[arg-type]
             app_id=f"test-{self.run}-aggregator",
             data_dir=self.data_dir,
-            commit_interval_s=0.2,
+            commit_interval_seconds=0.2,
         )
         return aggregator.bootstrap(SETTINGS, self.settings, config=config, bus=self.bus)
 
@@ -106,7 +106,7 @@ async def kafka(kafka_bootstrap: str, tmp_path: Path) -> AsyncIterator[Kafka]:
 
 def consumed(service: AggregatorService, topic: str, outcome: str = "ok") -> float:
     labels = {"topic": topic, "outcome": outcome}
-    return service.metrics.registry.get_sample_value("podcost_messages_consumed_total", labels) or 0
+    return service.metrics.get_sample_value("podcost_messages_consumed_total", labels) or 0
 
 
 async def test_a_snapshot_goes_through_kafka_rankers_and_the_faust_aggregator_to_the_costs(
@@ -300,5 +300,5 @@ async def test_a_workload_gone_leaves_the_faust_tables_and_their_changelog_and_r
     assert decision.changed_at == changed_at
     for ranker_service in rankers:
         labels = {"topic": kafka.topics.workloads, "outcome": "ok"}
-        registry = ranker_service.metrics.registry
+        registry = ranker_service.metrics
         assert registry.get_sample_value("podcost_messages_consumed_total", labels) == 2

@@ -28,8 +28,8 @@ def test_the_annotator_command_offers_dry_run() -> None:
             "PODCOST_ANNOTATOR_LOW_WATER (10) must be below PODCOST_ANNOTATOR_HIGH_WATER (10)",
         ),
         (
-            {"PODCOST_ANNOTATOR_BACKOFF_INITIAL": "5", "PODCOST_ANNOTATOR_BACKOFF_MAX": "1"},
-            "PODCOST_ANNOTATOR_BACKOFF_MAX",
+            {"PODCOST_RETRY_INITIAL_SECONDS": "5", "PODCOST_RETRY_MAX_SECONDS": "1"},
+            "PODCOST_RETRY_MAX_SECONDS (1.0) must be at least PODCOST_RETRY_INITIAL_SECONDS (5.0)",
         ),
         ({"PODCOST_HTTP_PORT": "70000"}, "PODCOST_HTTP_PORT"),
         ({"PODCOST_TOPIC_COSTS": "no spaces"}, "PODCOST_TOPIC_COSTS"),

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from podcost.annotator.pacing import Flow, Outage, TokenBucket, WaterMarks, backoff_delay
+from podcost.annotator.pacing import Flow, Outage, TokenBucket, WaterMarks
 
 
 def start_times(bucket: TokenBucket, arrivals: list[float]) -> list[float]:
@@ -88,32 +88,6 @@ def test_water_marks_pause_at_the_high_mark_and_resume_only_at_the_low_one() -> 
 def test_water_marks_need_the_low_mark_below_the_high_one(high: int, low: int) -> None:
     with pytest.raises(ValueError, match="low < high"):
         WaterMarks(high=high, low=low)
-
-
-BACKOFF = [
-    # attempt, retry_after, expected delay (initial 0.2, maximum 10)
-    (1, None, 0.2),
-    (2, None, 0.4),
-    (3, None, 0.8),
-    (7, None, 10.0),
-    (50, None, 10.0),
-    (1, 3.0, 3.0),
-    (1, 0.0, 0.2),
-    (8, 30.0, 30.0),
-]
-
-
-@pytest.mark.parametrize(("attempt", "retry_after", "expected"), BACKOFF)
-def test_backoff_doubles_up_to_the_maximum_and_retry_after_wins_when_longer(
-    attempt: int, retry_after: float | None, expected: float
-) -> None:
-    delay = backoff_delay(attempt, initial=0.2, maximum=10.0, retry_after=retry_after)
-    assert delay == pytest.approx(expected)
-
-
-def test_backoff_counts_attempts_from_one() -> None:
-    with pytest.raises(ValueError, match="from 1"):
-        backoff_delay(0, initial=0.2, maximum=10.0)
 
 
 def test_an_outage_counts_from_its_first_failure_until_the_next_answer() -> None:

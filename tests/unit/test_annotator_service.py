@@ -196,7 +196,7 @@ class Harness:
         self.service, self.bus, self.pods, self.clock = service, bus, pods, clock
 
     def patches(self, result: str) -> float:
-        registry = self.service.metrics.registry
+        registry = self.service.metrics
         return registry.get_sample_value("podcost_patches_total", {"result": result}) or 0.0
 
     def committed(self) -> int:
@@ -229,17 +229,18 @@ async def start() -> AsyncIterator[Start]:
         **config: Any,
     ) -> Harness:
         bus, clock = bus or MemoryBus(), FakeClock()
-        options = {"backoff_initial": 1.0, "backoff_max": 8.0, **config}
+        retry = {"retry_initial_seconds": 1.0, "retry_max_seconds": 8.0}
         service = bootstrap(
-            ServiceSettings(http_port=0, dry_run=dry_run),
+            ServiceSettings(http_port=0, dry_run=dry_run, **retry),
             BUS,
-            AnnotatorSettings(**options),
+            AnnotatorSettings(**config),
             bus=bus,
             kube=pods,
             clock=clock,
             tracer_provider=provider,
             view=pods.view,
             catch_up=catch_up,
+            rng=lambda: 1.0,  # every retry waits its whole ceiling: exact on the fake clock
         )
         tasks.append(asyncio.create_task(service.run(), name="annotator-under-test"))
         if catch_up is None:
@@ -334,7 +335,7 @@ async def test_readiness_reports_an_api_server_outage_past_unready_after_and_rec
     a = pods.add("a")
     down = KubeError("reading pod shop/a: ClientConnectorError: refused", retriable=True)
     pods.fail("read", *(down for _ in range(4)))
-    run = await start(pods, max_in_flight=1, unready_after=5.0)
+    run = await start(pods, max_in_flight=1, unready_after_seconds=5.0)
     await run.publish(Desire("a", a, 1))
     await until(lambda: run.patches("unavailable") == 1, "the first failure")
     assert run.service.ready()  # a blip is retried, not reported
@@ -371,7 +372,7 @@ async def test_an_older_decision_after_a_newer_one_is_skipped_as_stale_even_mid_
     await until(lambda: run.committed() == 3, "all three records committed")
     assert (pods.cost("a"), pods.cost("b")) == ("20", "21")
     assert pods.patched() == ["a", "a", "b"]  # v2's, its retry; nothing for v1 or the duplicate
-    consumed = run.service.metrics.registry.get_sample_value
+    consumed = run.service.metrics.get_sample_value
     assert [
         consumed(
             "podcost_messages_consumed_total",
@@ -431,7 +432,7 @@ async def test_after_a_start_only_the_newest_decision_of_the_uncommitted_tail_is
     await until(lambda: run.committed() == 3, "the three records committed")
     assert (pods.cost("a"), pods.cost("b")) == ("20", "22")
     assert pods.patched() == ["b"]  # v3's one change; nothing of v1 or v2
-    consumed = run.service.metrics.registry.get_sample_value
+    consumed = run.service.metrics.get_sample_value
     assert [
         consumed(
             "podcost_messages_consumed_total",
@@ -530,7 +531,7 @@ async def test_the_token_bucket_paces_requests_at_the_configured_rate_on_the_fak
     times = [round(at, 6) for _, _, at in pods.timeline]
     assert times == [0.0] * 4 + [round(0.1 * n, 6) for n in range(1, 17)]
     assert all(pods.cost(name) == "1" for name in uids)
-    waited = run.service.metrics.registry.get_sample_value("podcost_rate_limit_wait_seconds_total")
+    waited = run.service.metrics.get_sample_value("podcost_rate_limit_wait_seconds_total")
     assert waited is not None
     assert waited > 0
 
@@ -668,7 +669,7 @@ async def test_event_to_annotation_is_measured_from_the_change_the_watcher_saw(
     await publish_costs(harness.bus, TOPICS.costs_for("local"), older)
     await until(lambda: harness.patches("ok") == 2, "both pods written")
 
-    registry = harness.service.metrics.registry
+    registry = harness.service.metrics
     observed = registry.get_sample_value("podcost_event_to_annotation_seconds_count")
     total = registry.get_sample_value("podcost_event_to_annotation_seconds_sum") or 0.0
     assert observed == 1
@@ -709,7 +710,7 @@ async def test_the_most_urgent_decision_is_written_first_then_pod_by_pod_in_dele
 
 
 def refusals(run: Harness, reason: str) -> float:
-    registry = run.service.metrics.registry
+    registry = run.service.metrics
     return registry.get_sample_value("podcost_refusals_total", {"reason": reason}) or 0.0
 
 
@@ -763,7 +764,7 @@ async def test_a_pod_whose_new_replicaset_the_view_has_not_seen_waits_for_it_wit
     start: Start,
 ) -> None:
     pods = FakePods()
-    run = await start(pods, view_grace=5.0)
+    run = await start(pods, view_grace_seconds=5.0)
     fresh = pods.add("fresh", replicaset="web-2")
     await run.publish(Desire("fresh", fresh, 7))
     await run.clock.advance(1.0)
@@ -779,7 +780,7 @@ async def test_a_pod_whose_replicaset_the_view_never_shows_is_refused_after_the_
     start: Start,
 ) -> None:
     pods = FakePods()
-    run = await start(pods, view_grace=2.0)
+    run = await start(pods, view_grace_seconds=2.0)
     stray = pods.add("stray", replicaset="nowhere")
     await run.publish(Desire("stray", stray, 7))
     await run.clock.advance(1.9)
@@ -829,7 +830,7 @@ async def test_a_new_pod_of_a_new_replicaset_is_read_once_and_written_when_the_v
     start: Start,
 ) -> None:
     pods = FakePods()
-    run = await start(pods, view_grace=5.0)
+    run = await start(pods, view_grace_seconds=5.0)
     fresh = pods.add("fresh", replicaset="web-3", in_view=False)
     await run.publish(Desire("fresh", fresh, 7))
     await run.clock.advance(1.0)

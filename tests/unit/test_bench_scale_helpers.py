@@ -74,8 +74,8 @@ def test_layout_rounds_up_to_whole_deployments_and_nodes() -> None:
 
 def test_log_interval_reads_the_log_timestamps() -> None:
     text = (
-        "2026-11-24 02:18:07,357 INFO podcost.run podcost running 13 services\n"
-        "2026-11-24 02:18:10,225 INFO podcost.watcher watcher synced: 600 pods, 20 nodes\n"
+        "2026-11-24T02:18:07.357Z INFO podcost.run podcost running 13 services\n"
+        "2026-11-24T02:18:10.225Z INFO podcost.watcher watcher synced: 600 pods, 20 nodes\n"
     )
     assert log_interval(text, "podcost running", "watcher synced") == pytest.approx(2.868)
     assert log_interval(text, "podcost running", "absent") is None

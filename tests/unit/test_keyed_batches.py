@@ -263,7 +263,7 @@ def spans() -> Iterator[tuple[TracerProvider, InMemorySpanExporter]]:
 
 def combiner(bus: MemoryBus, provider: TracerProvider) -> AggregatorService:
     return aggregator.bootstrap(
-        SETTINGS, BUS, config=AggregatorSettings(deadline_s=60), bus=bus,
+        SETTINGS, BUS, config=AggregatorSettings(deadline_seconds=60), bus=bus,
         clock=FakeClock(START), tracer_provider=provider,
     )  # fmt: skip
 

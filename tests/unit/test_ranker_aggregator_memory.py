@@ -102,7 +102,7 @@ class World:
 
     def aggregator(self, deadline_s: float = 5.0) -> AggregatorService:
         return aggregator.bootstrap(
-            SETTINGS, BUS, config=AggregatorSettings(deadline_s=deadline_s), bus=self.bus,
+            SETTINGS, BUS, config=AggregatorSettings(deadline_seconds=deadline_s), bus=self.bus,
             clock=self.clock, registry=self.registry, tracer_provider=self.provider,
         )  # fmt: skip
 
@@ -134,7 +134,7 @@ def world() -> Iterator[World]:
 
 
 def counted(service: RankerService | AggregatorService, name: str, **labels: str) -> float:
-    return service.metrics.registry.get_sample_value(name, labels) or 0.0
+    return service.metrics.get_sample_value(name, labels) or 0.0
 
 
 async def test_a_snapshot_goes_through_every_enabled_ranker_to_the_costs_rank_would_give(

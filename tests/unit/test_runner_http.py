@@ -1,26 +1,32 @@
 """Every service's HTTP face, served by the runner: ``/healthz`` answers while the process lives,
-``/readyz`` follows the services' readiness, ``/metrics`` exports every service's metrics."""
+``/readyz`` follows the services' readiness, ``/metrics`` exports every service's metrics, each
+family once."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import platform
 import socket
 import urllib.error
 import urllib.request
 
-from podcost.runtime.metrics import Metrics
+from tests.support.exposition import problems
+
+from podcost.runtime.metrics import Families, Metrics
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
+from podcost.runtime.version import build, package_version
 from podcost_bus import MemoryBus
 
 
 class Idle:
     """A service that does nothing until cancelled, ready when told."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, families: Families) -> None:
         self.name = name
-        self.metrics = Metrics(name)
+        self.metrics = Metrics(name, families)
         self.is_ready = False
 
     async def run(self) -> None:
@@ -56,7 +62,8 @@ async def _until_serving(base: str) -> None:
 
 async def test_the_runner_serves_health_readiness_and_every_services_metrics() -> None:
     port = _free_port()
-    services = [Idle("ranker-age"), Idle("aggregator")]
+    shared = Families()
+    services = [Idle("ranker-age", shared), Idle("aggregator", shared)]
     services[0].metrics.snapshots_ranked.labels("age").inc(3)
     stop = asyncio.Event()
     settings = ServiceSettings(http_host="127.0.0.1", http_port=port)
@@ -64,7 +71,12 @@ async def test_the_runner_serves_health_readiness_and_every_services_metrics() -
     base = f"http://127.0.0.1:{port}"
     try:
         await _until_serving(base)
-        assert await asyncio.to_thread(_get, f"{base}/healthz") == (200, '{"status":"ok"}')
+        status, health = await asyncio.to_thread(_get, f"{base}/healthz")
+        identity = build()
+        assert (status, json.loads(health)) == (200, {
+            "status": "ok", "version": package_version(), "revision": identity.revision,
+            "python": platform.python_version(), "instance": identity.instance,
+        })  # fmt: skip
         assert (await asyncio.to_thread(_get, f"{base}/readyz"))[0] == 503
         services[0].is_ready = True
         assert (await asyncio.to_thread(_get, f"{base}/readyz"))[0] == 503
@@ -72,8 +84,10 @@ async def test_the_runner_serves_health_readiness_and_every_services_metrics() -
         assert await asyncio.to_thread(_get, f"{base}/readyz") == (200, '{"status":"ready"}')
         status, metrics = await asyncio.to_thread(_get, f"{base}/metrics")
         assert status == 200
-        assert 'podcost_snapshots_ranked_total{strategy="age"} 3.0' in metrics
-        assert "podcost_patches_total" in metrics or "podcost_patches" in metrics
+        line = 'podcost_snapshots_ranked_total{component="ranker-age",strategy="age"} 3.0'
+        assert line in metrics
+        assert problems(metrics) == []
+        assert "podcost_build_info{" in metrics
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)

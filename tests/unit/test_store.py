@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from podcost_kube.client import KubeError
-from podcost_kube.informer import Backoff, ResourceExpired, decode_event
+from podcost_kube.informer import ResourceExpired, decode_event
 from podcost_kube.store import Change, ChangeType, ObjectKey, Store
 
 
@@ -207,27 +207,6 @@ def test_a_bad_watch_line_raises_an_error_that_says_what_happens_next(
     with pytest.raises(KubeError) as raised:
         decode_event(text)
     assert raised.value.retriable is retriable
-
-
-# --- backoff ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("failures", "delay"), [(1, 0.5), (2, 1.0), (3, 2.0), (6, 16.0), (7, 30.0), (50, 30.0)]
-)
-def test_the_backoff_doubles_up_to_its_maximum(failures: int, delay: float) -> None:
-    assert Backoff(jitter=0).delay(failures) == delay
-
-
-def test_the_jitter_stays_within_its_bounds() -> None:
-    backoff = Backoff(initial=1, jitter=0.2)
-    assert (backoff.delay(1, lambda: 0.0), backoff.delay(1, lambda: 1.0)) == (0.8, 1.2)
-
-
-def test_the_backoff_gives_up_after_max_failures_unless_told_never_to() -> None:
-    assert not Backoff(max_failures=3).exhausted(2)
-    assert Backoff(max_failures=3).exhausted(3)
-    assert not Backoff(max_failures=None).exhausted(10_000)
 
 
 def test_a_throttled_answer_says_how_long_to_wait() -> None:

@@ -131,9 +131,7 @@ def test_an_invalid_cost_is_reported_once_per_value_however_often_its_pod_is_con
 
     def counted() -> float:
         labels = {"source": "controller.kubernetes.io/pod-deletion-cost"}
-        sample = watcher.metrics.registry.get_sample_value(
-            "podcost_invalid_annotations_total", labels
-        )
+        sample = watcher.metrics.get_sample_value("podcost_invalid_annotations_total", labels)
         return sample or 0.0
 
     with caplog.at_level(logging.WARNING, logger="podcost.watcher"):

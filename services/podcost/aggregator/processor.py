@@ -42,7 +42,7 @@ from pydantic_core import PydanticSerializationError, to_json
 
 from podcost.runtime.clock import Clock
 from podcost.runtime.metrics import Metrics
-from podcost.runtime.retry import DEFAULT_BACKOFF, Backoff, retry_transient
+from podcost.runtime.retry import DEFAULT_BACKOFF, retry_transient
 from podcost.runtime.telemetry import (
     ATTR_COMPLETE,
     ATTR_COST,
@@ -101,6 +101,7 @@ from podcost_core.aggregate import (
     load_latest,
     load_parts,
 )
+from podcost_core.backoff import Backoff
 from podcost_core.model import Snapshot, Unread
 from podcost_core.policy import PolicyError
 

@@ -28,7 +28,7 @@ from podcost.aggregator.processor import AggregationProcessor
 from podcost.aggregator.settings import AggregatorSettings
 from podcost.runtime.clock import Clock, WallClock
 from podcost.runtime.heap import HeapKeeper, settle_heap
-from podcost.runtime.metrics import Metrics
+from podcost.runtime.metrics import Families, Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import tracer
 from podcost_bus import (
@@ -135,11 +135,13 @@ def bootstrap(
     registry: Registry | None = None,
     tracer_provider: TracerProvider | None = None,
     whole_snapshots: bool = False,
+    families: Families | None = None,
 ) -> AggregatorService:
     """The aggregator (composition root of ``podcost aggregator``, embedded mode and the tests).
 
     ``whole_snapshots``: decode snapshots whole, not without what no decision reads (embedded
-    mode, where the rankers and the aggregator share one decode of each record).
+    mode, where the rankers and the aggregator share one decode of each record). ``families``:
+    the process's metric families (default: a registry of its own).
 
     A bad policy file is a ``PolicyError`` naming the culprit; a broken installed plugin a
     ``PluginError``. The aggregator needs every plugin strategy a workload may enable installed
@@ -155,9 +157,11 @@ def bootstrap(
     bus = bus if bus is not None else open_bus(_own_bus_settings(bus_settings))
     clock = clock if clock is not None else WallClock()
     topics = bus_settings.topics
-    metrics = Metrics("aggregator")
+    metrics = Metrics("aggregator", families)
     aggregator = Aggregator(
-        AggregationConfig(deadline_s=config.deadline_s, overwrite_foreign=config.overwrite_foreign),
+        AggregationConfig(
+            deadline_s=config.deadline_seconds, overwrite_foreign=config.overwrite_foreign
+        ),
         PolicyResolver(default, registry=registry),
     )
     processor = AggregationProcessor(
@@ -170,6 +174,7 @@ def bootstrap(
         clock=clock,
         partition_of=key_partitioner(bus, bus_settings),
         unread=None if whole_snapshots else DECISION_UNREAD,
+        backoff=settings.backoff(),
     )
     sources = (topics.workloads, topics.ranks)
     transport: Transport
@@ -188,15 +193,15 @@ def bootstrap(
             app_id=config.app_id,
             topics=sources,
             data_dir=config.faust_data_dir(),
-            tick_s=config.tick_s,
-            commit_interval_s=config.commit_interval_s,
+            tick_s=config.tick_seconds,
+            commit_interval_s=config.commit_interval_seconds,
             standby_replicas=config.standby_replicas,
-            stall_s=config.stall_s,
-            start_timeout_s=config.start_timeout_s,
+            stall_s=config.stall_seconds,
+            start_timeout_s=config.start_timeout_seconds,
         )
     else:
         transport = KeyedConsumerLoop(
-            bus, sources, config.app_id, processor, tick_s=config.tick_s, sleep=clock.sleep
+            bus, sources, config.app_id, processor, tick_s=config.tick_seconds, sleep=clock.sleep
         )
     return AggregatorService(
         processor=processor,

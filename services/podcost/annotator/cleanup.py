@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -26,9 +27,11 @@ from enum import StrEnum
 from functools import partial
 from typing import Any, Protocol, TypeVar, cast
 
-from podcost.annotator.pacing import Clock, LoopClock, TokenBucket, backoff_delay
+from podcost.annotator.pacing import Clock, LoopClock, TokenBucket
 from podcost.annotator.plan import Retry, gives_up
 from podcost.annotator.settings import AnnotatorSettings
+from podcost.runtime.retry import DEFAULT_BACKOFF
+from podcost_core.backoff import Backoff, Random
 from podcost_core.convert import ObjectMetaJSON, own_cost
 from podcost_kube.client import CostChanged, KubeError, PodGone
 
@@ -93,10 +96,18 @@ def _own(pod: Mapping[str, Any]) -> bool:
 
 class _Cleaner:
     def __init__(
-        self, kube: CleanupAPI, config: AnnotatorSettings, clock: Clock, dry_run: bool
+        self,
+        kube: CleanupAPI,
+        config: AnnotatorSettings,
+        clock: Clock,
+        dry_run: bool,
+        backoff: Backoff,
+        rng: Random,
     ) -> None:
         self.kube = kube
         self.config = config
+        self.backoff = backoff
+        self.rng = rng
         self.clock = clock
         self.dry_run = dry_run
         self.bucket = TokenBucket(config.qps, config.burst, now=clock.now())
@@ -107,7 +118,7 @@ class _Cleaner:
         wait = self.bucket.reserve(self.clock.now())
         if wait > 0:
             await self.clock.sleep(wait)
-        async with self.slots, asyncio.timeout(self.config.request_timeout):
+        async with self.slots, asyncio.timeout(self.config.request_timeout_seconds):
             return await call()
 
     async def remove(self, listed: Mapping[str, Any]) -> Outcome:
@@ -151,14 +162,7 @@ class _Cleaner:
                 retry_after = error.retry_after if isinstance(error, KubeError) else None
                 if reason is Retry.THROTTLED and retry_after:
                     self.bucket.hold(self.clock.now() + retry_after)
-                await self.clock.sleep(
-                    backoff_delay(
-                        attempt,
-                        initial=self.config.backoff_initial,
-                        maximum=self.config.backoff_max,
-                        retry_after=retry_after,
-                    )
-                )
+                await self.clock.sleep(self.backoff.delay(attempt, self.rng, at_least=retry_after))
                 attempt += 1
                 if reason is Retry.CONFLICT:
                     try:
@@ -176,12 +180,15 @@ async def clean_up(
     namespace: str | None = None,
     dry_run: bool = False,
     clock: Clock | None = None,
+    backoff: Backoff = DEFAULT_BACKOFF,
+    rng: Random = random.random,
 ) -> CleanupReport:
     """Remove every deletion cost podcost's field manager alone set in ``namespace`` (one, or a
     comma-separated list as ``PODCOST_WATCHER_NAMESPACE`` takes it; ``None`` or empty: the whole
-    cluster), within ``config``'s budget; see the module docstring."""
+    cluster), within ``config``'s budget, retrying by ``backoff``; see the module docstring."""
     started = time.monotonic()
-    cleaner = _Cleaner(kube, config, clock if clock is not None else LoopClock(), dry_run)
+    clock = clock if clock is not None else LoopClock()
+    cleaner = _Cleaner(kube, config, clock, dry_run, backoff, rng)
     names: list[str | None] = [p.strip() for p in (namespace or "").split(",") if p.strip()]
     pods = []
     for name in names or [None]:

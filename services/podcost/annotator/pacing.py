@@ -1,10 +1,10 @@
 """How fast the annotator talks to the API server and reads the bus: pure arithmetic on time.
 
 ``AnnotatorService`` (``podcost.annotator.service``) asks :class:`TokenBucket` how long each
-request must wait, :class:`WaterMarks` when to pause and resume its consumer,
-:func:`backoff_delay` how long to wait before trying a request again, and :class:`Outage`
-whether the API server has been failing long enough for readiness to say so. None of them sleeps or
-reads a clock: the caller passes "now" in and does the waiting, through a :class:`Clock` that
+request must wait, :class:`WaterMarks` when to pause and resume its consumer, and
+:class:`Outage` whether the API server has been failing long enough for readiness to say so
+(how long a retry waits is ``podcost_core.backoff``). None of them sleeps or reads a clock: the
+caller passes "now" in and does the waiting, through a :class:`Clock` that
 tests replace with a fake one.
 """
 
@@ -119,18 +119,6 @@ class WaterMarks:
             self.resumes += 1
             return Flow.RESUME
         return None
-
-
-def backoff_delay(
-    attempt: int, *, initial: float, maximum: float, retry_after: float | None = None
-) -> float:
-    """Seconds to wait after failed attempt number ``attempt`` (1 = the first try failed):
-    ``initial`` doubled per attempt up to ``maximum``, and never less than what the server
-    asked for in ``Retry-After``."""
-    if attempt < 1:
-        raise ValueError(f"attempts are counted from 1, got {attempt}")
-    exponential = min(maximum, initial * 2.0 ** (attempt - 1))
-    return max(exponential, retry_after or 0.0)
 
 
 @dataclass(slots=True)

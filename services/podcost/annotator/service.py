@@ -38,7 +38,7 @@ been killed before it committed, and writing the tail in order would rewind thos
 until the newer decision is read again.
 
 Readiness (``ready``, served on ``/readyz``): consuming; not in an API server outage (every
-request failing for ``unready_after`` seconds, logged when it begins to count and when the
+request failing for ``unready_after_seconds``, logged when it begins to count and when the
 server answers again); and, when built with ``catch_up`` (embedded mode: the watcher's first
 pass after start), caught up: every decision of that pass written, i.e. the costs are current
 again after a restart. A retriable bus error in the consume or commit loop is logged and
@@ -59,7 +59,7 @@ show (deleted before it started, or too new for it) is read, as every pod is bef
 what the read returned (its owner must still be the workload), and the PATCH itself tests the
 pod's uid: nothing is ever written blind. Owners the view does not show yet (a brand-new
 ReplicaSet) may be ones it has not seen yet: the write waits for the view, polling it, until
-``view_grace`` seconds after the decision was published, then is refused.
+``view_grace_seconds`` after the decision was published, then is refused.
 
 Releases (``ReleaseCostsMessage``, for a workload that opted out): one removal per pod,
 queued, paced and retried like a write and ordered with the workload's decisions by the same
@@ -77,6 +77,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import random
 import sys
 import time
 from collections import Counter, OrderedDict
@@ -94,7 +95,6 @@ from podcost.annotator.pacing import (
     Outage,
     TokenBucket,
     WaterMarks,
-    backoff_delay,
 )
 from podcost.annotator.plan import (
     NOT_URGENT,
@@ -122,8 +122,8 @@ from podcost.annotator.plan import (
 )
 from podcost.annotator.settings import AnnotatorSettings
 from podcost.annotator.view import ClusterView, InformerView
-from podcost.runtime.metrics import Metrics
-from podcost.runtime.retry import DEFAULT_BACKOFF, retry_transient
+from podcost.runtime.metrics import Families, Metrics
+from podcost.runtime.retry import retry_transient
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_COMPLETE,
@@ -157,6 +157,7 @@ from podcost_contracts.messages import (
     decode,
     decode_costs_record,
 )
+from podcost_core.backoff import Random
 from podcost_core.convert import ObjectMetaJSON, own_cost
 from podcost_core.model import DELETION_COST_ANNOTATION, PodUID
 from podcost_kube.client import CostChanged, Kube, KubeError, PodGone, connect
@@ -238,10 +239,14 @@ class AnnotatorService:
         catch_up: CatchUp | None = None,
         scope: Scope | None = None,
         view: ClusterView | None = None,
+        rng: Random = random.random,
     ) -> None:
         self.settings = settings
         self.bus_settings = bus_settings
         self.config = config
+        self.backoff = settings.backoff()
+        """How long every retry waits: bus calls, and writes the API server turned away."""
+        self._random = rng
         self.bus = bus
         self.metrics = metrics
         self._kube = kube
@@ -265,7 +270,7 @@ class AnnotatorService:
         """The last decision per pod and what became of it, for ``GET /explain/...``."""
         self.guard = VersionGuard()
         """The newest decision accepted per workload (stale and duplicate ones are skipped)."""
-        self.outage = Outage(config.unready_after)
+        self.outage = Outage(config.unready_after_seconds)
         """Whether the API server has been failing long enough to be reported."""
         self._catch_up = catch_up
         self._caught_up = catch_up is None
@@ -331,7 +336,7 @@ class AnnotatorService:
         if self.view is None:
             if not isinstance(kube, Kube):
                 raise TypeError("an annotator over a pod API that is not Kube needs a view")
-            self.view = InformerView(kube, self.scope)
+            self.view = InformerView(kube, self.scope, backoff=self.backoff)
         return self.view
 
     # --- the loops ------------------------------------------------------------------------
@@ -401,7 +406,7 @@ class AnnotatorService:
                 # The broker is away: what was polled is accepted (``_accept`` retries its own
                 # bus calls), so polling again after a pause loses nothing.
                 failures += 1
-                delay = DEFAULT_BACKOFF.delay(failures)
+                delay = self.backoff.delay(failures, self._random)
                 log.warning("consuming %s failed (%d in a row), again in %.1fs: %s", topic,
                             failures, delay, error)  # fmt: skip
                 await self._clock.sleep(delay)
@@ -465,6 +470,8 @@ class AnnotatorService:
                     functools.partial(consumer.commit, records),
                     what=f"committing {self.group}'s offsets",
                     sleep=self._clock.sleep,
+                    backoff=self.backoff,
+                    rng=self._random,
                 )
                 self.committed.update(committed)
 
@@ -481,6 +488,8 @@ class AnnotatorService:
             ),
             what=f"dead-lettering {record.topic}@{record.partition}:{record.offset}",
             sleep=self._clock.sleep,
+            backoff=self.backoff,
+            rng=self._random,
         )
         if message is None:
             self.metrics.consumed.labels(record.topic, "dead_letter").inc()
@@ -740,12 +749,7 @@ class AnnotatorService:
                     )
                     return Result.ERROR
                 retry_after = error.retry_after if isinstance(error, KubeError) else None
-                delay = backoff_delay(
-                    attempt,
-                    initial=self.config.backoff_initial,
-                    maximum=self.config.backoff_max,
-                    retry_after=retry_after,
-                )
+                delay = self.backoff.delay(attempt, self._random, at_least=retry_after)
                 if reason is Retry.THROTTLED and retry_after and self._bucket is not None:
                     self._bucket.hold(self._clock.now() + retry_after)
                 self.metrics.patches.labels(reason.value).inc()
@@ -809,7 +813,7 @@ class AnnotatorService:
 
     async def _attempt(self, kube: PodAPI, want: Want[Ticket[_Batch]]) -> Result:
         """One write, verified (see the module docstring); waits while the view may still show
-        the pod's owners, within ``view_grace``. A release's removal is ``_remove``."""
+        the pod's owners, within ``view_grace_seconds``. A release's removal is ``_remove``."""
         if want.remove:
             return await self._remove(kube, want)
         message = want.origin.item.message
@@ -830,9 +834,9 @@ class AnnotatorService:
         since: float,
     ) -> Result | None:  # fmt: skip
         """``refused``, counted and logged; ``None`` (look again) while the view may still
-        catch up: until ``view_grace`` after the decision was published and after this write
+        catch up: until ``view_grace_seconds`` after the decision was published and after this write
         began waiting."""
-        grace = self.config.view_grace
+        grace = self.config.view_grace_seconds
         if (
             refused.reason.may_catch_up
             and self._wall() < message.emitted_at + grace
@@ -964,7 +968,7 @@ class AnnotatorService:
             self.metrics.rate_limit_waits.inc(wait)
             await self._clock.sleep(wait)
         try:
-            async with asyncio.timeout(self.config.request_timeout):
+            async with asyncio.timeout(self.config.request_timeout_seconds):
                 answer = await call()
         except (KubeError, TimeoutError) as error:
             if _unanswered(error):
@@ -1023,6 +1027,8 @@ def bootstrap(
     catch_up: CatchUp | None = None,
     scope: Scope | None = None,
     view: ClusterView | None = None,
+    families: Families | None = None,
+    rng: Random = random.random,
 ) -> AnnotatorService:
     """The annotator, wired: ``bus`` (default: the one ``bus_settings`` ask for, not started;
     ``serve`` starts it), ``kube`` (default: connect with ``$KUBECONFIG`` or in-cluster when
@@ -1030,7 +1036,9 @@ def bootstrap(
     global one); ``catch_up``: what must be written before it is ready (default: nothing);
     ``scope``: the namespace and opt-in rules it writes for (default: the watcher's defaults,
     every namespace, workloads that opt in themselves); ``view``: its view of the cluster
-    (default: an ``InformerView`` over ``kube``, which must then be the ``Kube`` adapter)."""
+    (default: an ``InformerView`` over ``kube``, which must then be the ``Kube`` adapter);
+    ``families``: the process's metric families (default: a registry of its own); ``rng``: the
+    random source of the retries' jitter (a test's own makes their waits exact)."""
     if view is None and kube is not None and not isinstance(kube, Kube):
         raise ValueError("an annotator over a pod API that is not the Kube adapter needs a view")
     return AnnotatorService(
@@ -1040,11 +1048,12 @@ def bootstrap(
         bus=bus if bus is not None else open_bus(bus_settings),
         kube=kube,
         clock=clock if clock is not None else LoopClock(),
-        metrics=Metrics("annotator"),
+        metrics=Metrics("annotator", families),
         otel=tracer(tracer_provider),
         catch_up=catch_up,
         scope=scope,
         view=view,
+        rng=rng,
     )
 
 

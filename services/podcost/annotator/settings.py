@@ -17,29 +17,35 @@ Variables (defaults in brackets), all prefixed ``PODCOST_ANNOTATOR_``:
   (409, a refused compare-and-swap) before it is counted as an error and the annotator moves
   on [5]. 429, 5xx, timeouts and refused connections are retried for as long as they last: a
   write is never given up because the API server is down.
-- ``BACKOFF_INITIAL`` / ``BACKOFF_MAX``: seconds before the first retry, doubled per retry up
-  to the maximum; a longer ``Retry-After`` from the server wins [0.2 / 10]
-- ``UNREADY_AFTER``: seconds the API server may fail every request (5xx, timeouts, no answer)
-  before ``/readyz`` reports the annotator not ready; ready again at the first answer [10]
-- ``REQUEST_TIMEOUT``: seconds one API request may take before it counts as failed [10]
+- ``UNREADY_AFTER_SECONDS``: seconds the API server may fail every request (5xx, timeouts, no
+  answer) before ``/readyz`` reports the annotator not ready; ready again at the first answer [10]
+- ``REQUEST_TIMEOUT_SECONDS``: seconds one API request may take before it counts as failed [10]
 - ``OVERWRITE_FOREIGN``: also overwrite costs another field manager set (a person, another
   tool) [false: leave them alone]
-- ``VIEW_GRACE``: seconds, counted from when a decision was published, that its write may wait
-  for the annotator's own view of the cluster to show the owners (ReplicaSet, Deployment) of
-  the pod it names (the view may not have seen a brand-new ReplicaSet yet); then the write is
-  refused [5]. A decision whose pod, workload or opt-in the view contradicts is refused at once.
+- ``VIEW_GRACE_SECONDS``: seconds, counted from when a decision was published, that its write
+  may wait for the annotator's own view of the cluster to show the owners (ReplicaSet,
+  Deployment) of the pod it names (the view may not have seen a brand-new ReplicaSet yet); then
+  the write is refused [5]. A decision whose pod, workload or opt-in the view contradicts is
+  refused at once.
 - ``POLL_RECORDS``: most records taken from the bus at once; the queue can pass the high-water
   mark by at most one such batch [100]
 - ``GROUP``: the prefix of the consumer group; a cluster's annotators join
   ``<GROUP>.<PODCOST_CLUSTER>`` and share its costs topic's partitions [podcost-annotator]
+
+How long a retried write waits is the process's one retry policy, ``PODCOST_RETRY_*``
+(``podcost.runtime.settings``). Renamed, still read with a warning: ``BACKOFF_INITIAL`` and
+``BACKOFF_MAX`` (now ``PODCOST_RETRY_INITIAL_SECONDS`` / ``PODCOST_RETRY_MAX_SECONDS``),
+``UNREADY_AFTER``, ``REQUEST_TIMEOUT``, ``VIEW_GRACE`` (now ``*_SECONDS``).
 """
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Any, Self
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from podcost.runtime.settings import renamed, warn_renamed
 
 ENV_PREFIX = "PODCOST_ANNOTATOR_"
 DEFAULT_GROUP = "podcost-annotator"
@@ -48,7 +54,9 @@ DEFAULT_GROUP = "podcost-annotator"
 class AnnotatorSettings(BaseSettings):
     """How hard the annotator may push the API server (see the module docstring)."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="ignore", populate_by_name=True
+    )
 
     qps: float = Field(
         default=20.0, gt=0, le=10_000, description="API requests per second, on average."
@@ -68,26 +76,42 @@ class AnnotatorSettings(BaseSettings):
     max_attempts: int = Field(
         default=5, ge=1, le=100, description="Tries of one write that keeps conflicting."
     )
-    backoff_initial: float = Field(
-        default=0.2, gt=0, le=60, description="Seconds before the first retry."
+    unready_after_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="Seconds the API server may fail every request (5xx, timeouts, no answer) "
+        "before /readyz reports the annotator not ready; ready again at the first answer.",
+        validation_alias=renamed(
+            f"{ENV_PREFIX}UNREADY_AFTER_SECONDS",
+            f"{ENV_PREFIX}UNREADY_AFTER",
+            field="unready_after_seconds",
+        ),
     )
-    backoff_max: float = Field(
-        default=10.0, gt=0, le=600, description="Longest wait between retries (Retry-After wins)."
-    )
-    unready_after: float = Field(
-        default=10.0, gt=0, le=3600, description="Seconds of API server outage before not ready."
-    )
-    request_timeout: float = Field(
-        default=10.0, gt=0, le=600, description="Seconds one API request may take."
+    request_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="Seconds one API request may take before it counts as failed.",
+        validation_alias=renamed(
+            f"{ENV_PREFIX}REQUEST_TIMEOUT_SECONDS",
+            f"{ENV_PREFIX}REQUEST_TIMEOUT",
+            field="request_timeout_seconds",
+        ),
     )
     overwrite_foreign: bool = Field(
         default=False, description="Also overwrite deletion costs another field manager set."
     )
-    view_grace: float = Field(
+    view_grace_seconds: float = Field(
         default=5.0,
         ge=0,
         le=600,
-        description="Seconds a decision may wait for the view to show its pod's owners.",
+        description="Seconds, counted from when a decision was published, that its write may "
+        "wait for the annotator's own view of the cluster to show the owners of the pod it "
+        "names; then the write is refused.",
+        validation_alias=renamed(
+            f"{ENV_PREFIX}VIEW_GRACE_SECONDS", f"{ENV_PREFIX}VIEW_GRACE", field="view_grace_seconds"
+        ),
     )
     poll_records: int = Field(
         default=100, ge=1, le=10_000, description="Most records taken from the bus at once."
@@ -112,9 +136,10 @@ class AnnotatorSettings(BaseSettings):
                 f"{ENV_PREFIX}LOW_WATER ({self.low_water}) must be below "
                 f"{ENV_PREFIX}HIGH_WATER ({self.high_water})"
             )
-        if self.backoff_max < self.backoff_initial:
-            raise ValueError(
-                f"{ENV_PREFIX}BACKOFF_MAX ({self.backoff_max}) must be at least "
-                f"{ENV_PREFIX}BACKOFF_INITIAL ({self.backoff_initial})"
-            )
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _warn_renamed(cls, data: Any) -> Any:
+        warn_renamed(cls)
+        return data

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from podcost.annotator.plan import Scope
+from podcost_core.backoff import Backoff
 from podcost_kube.client import Kube
 from podcost_kube.informer import (
     DEPLOYMENT,
@@ -127,7 +128,15 @@ class SharedView(ClusterView):
 class InformerView(ClusterView):
     """A :class:`ClusterView` an informer keeps current, over ``kube``."""
 
-    def __init__(self, kube: Kube, scope: Scope, *, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        kube: Kube,
+        scope: Scope,
+        *,
+        wall: Callable[[], float] = time.time,
+        backoff: Backoff = SERVICE_BACKOFF,
+    ) -> None:
+        self.backoff = backoff
         super().__init__(scope, wall=wall)
         self.kube = kube
         self.synced_at = None
@@ -140,7 +149,7 @@ class InformerView(ClusterView):
             namespaces=self.scope.namespaces,
             store=self.store,
             handlers=(self.observe,),
-            backoff=SERVICE_BACKOFF,
+            backoff=self.backoff,
         )
         async with informer:
             await informer.wait_synced()

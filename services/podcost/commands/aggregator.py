@@ -34,7 +34,7 @@ def aggregator_command() -> None:
     settings = load_settings("aggregator", ServiceSettings)
     bus_settings = load_settings("aggregator", BusSettings)
     config = load_settings("aggregator", AggregatorSettings)
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, service="podcost-aggregator")
     setup_tracing("podcost-aggregator")
     heap_dumps_on_signal()
     try:

@@ -54,7 +54,7 @@ def annotator_command(
         scope = Scope(watch.namespaces(), watch.opt_in_rules(settings))
     except (PolicyError, ValueError) as error:
         fail(COMMAND, str(error))
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, service="podcost-annotator")
     setup_tracing("podcost-annotator")
     heap_dumps_on_signal()
     if not bus_settings.bootstrap_servers:

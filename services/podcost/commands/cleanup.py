@@ -27,9 +27,13 @@ from podcost_kube.client import KubeError, connect
 COMMAND = "cleanup"
 
 
-async def _clean(config: AnnotatorSettings, namespace: str | None, dry_run: bool) -> CleanupReport:
+async def _clean(
+    settings: ServiceSettings, config: AnnotatorSettings, namespace: str | None
+) -> CleanupReport:
     async with connect() as kube:
-        return await clean_up(kube, config, namespace=namespace, dry_run=dry_run)
+        return await clean_up(
+            kube, config, namespace=namespace, dry_run=settings.dry_run, backoff=settings.backoff()
+        )
 
 
 def cleanup_command(
@@ -49,9 +53,9 @@ def cleanup_command(
     podcost's), within the annotator's write budget."""
     settings = load_settings(COMMAND, ServiceSettings, **({"dry_run": True} if dry_run else {}))
     config = load_settings(COMMAND, AnnotatorSettings)
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, service="podcost-cleanup")
     try:
-        report = asyncio.run(_clean(config, namespace, settings.dry_run))
+        report = asyncio.run(_clean(settings, config, namespace))
     except KubeError as error:
         fail(COMMAND, str(error), EXIT_FAILED)
     typer.echo(json.dumps(report.to_json()))

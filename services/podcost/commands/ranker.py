@@ -43,7 +43,7 @@ def ranker_command(
     settings = load_settings("ranker", ServiceSettings)
     bus_settings = load_settings("ranker", BusSettings)
     config = load_settings("ranker", RankerSettings)
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, service=f"podcost-ranker-{strategy}")
     setup_tracing(f"podcost-ranker-{strategy}")
     heap_dumps_on_signal()
     try:

@@ -75,7 +75,7 @@ def run_command(
         "run", BusSettings, **({"bootstrap_servers": kafka} if kafka else {})
     )
     watcher_settings = load_settings("run", WatcherSettings)
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, service="podcost")
     setup_tracing("podcost")
     freeze_imports()
     heap_dumps_on_signal()

@@ -45,7 +45,7 @@ def watcher_command() -> None:
     bus_settings = load_settings("watcher", BusSettings)
     watcher_settings = load_settings("watcher", WatcherSettings)
     require_cluster("watcher", settings, bus_settings)
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, service="podcost-watcher")
     setup_tracing("podcost-watcher")
     heap_dumps_on_signal()
     if not bus_settings.bootstrap_servers:

@@ -40,8 +40,8 @@ from opentelemetry.util.types import AttributeValue
 
 from podcost.ranker.settings import RankerSettings
 from podcost.runtime.clock import Clock, WallClock
-from podcost.runtime.metrics import Metrics
-from podcost.runtime.retry import DEFAULT_BACKOFF, Backoff, retry_transient
+from podcost.runtime.metrics import Families, Metrics
+from podcost.runtime.retry import DEFAULT_BACKOFF, retry_transient
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_PODS,
@@ -80,6 +80,7 @@ from podcost_contracts.messages import (
 )
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import PolicyResolver, score_problem
+from podcost_core.backoff import Backoff
 from podcost_core.policy import DEFAULT_POLICY, BoundStrategy, PolicyError, load_policy_file
 from podcost_core.strategies.base import Strategy
 from podcost_core.strategies.registry import Registry, default_registry
@@ -398,11 +399,13 @@ def bootstrap(
     registry: Registry | None = None,
     tracer_provider: TracerProvider | None = None,
     whole_snapshots: bool = False,
+    families: Families | None = None,
 ) -> RankerService:
     """The ranker of ``strategy`` (composition root of ``podcost ranker`` and the tests).
 
     ``whole_snapshots``: decode snapshots whole, not without what the strategy never reads
     (embedded mode, where the rankers and the aggregator share one decode of each record).
+    ``families``: the process's metric families (default: a registry of its own).
 
     Start-up errors name their culprit: ``UnknownStrategyError`` (an unknown name, with the known
     ones), ``PluginError`` (a broken installed plugin) and ``PolicyError`` (a bad policy file,
@@ -427,10 +430,11 @@ def bootstrap(
         policies=PolicyResolver(default, registry=registry),
         bus=bus,
         topics=bus_settings.topics,
-        metrics=Metrics(f"ranker-{strategy}"),
+        metrics=Metrics(f"ranker-{strategy}", families),
         tracer=tracer(tracer_provider),
         clock=clock if clock is not None else WallClock(),
         group=config.group_for(found.name),
         partition_of=key_partitioner(bus, bus_settings),
         whole_snapshots=whole_snapshots,
+        backoff=settings.backoff(),
     )

@@ -15,9 +15,10 @@ from collections.abc import Callable, Sequence
 from typing import Annotated, Protocol, runtime_checkable
 
 from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Response
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from podcost.runtime.metrics import Metrics, render
+from podcost.runtime.metrics import render
+from podcost.runtime.version import build
 
 
 @runtime_checkable
@@ -47,21 +48,25 @@ def bearer_check(token: str) -> Callable[[str | None], None]:
 def make_app(
     name: str,
     ready: Callable[[], bool],
-    metrics: Sequence[Metrics],
+    registries: Sequence[CollectorRegistry],
     routers: Sequence[APIRouter] = (),
     *,
     token: str | None = None,
 ) -> FastAPI:
-    """A FastAPI app for one process; ``metrics`` of every service it runs are exported, and
+    """A FastAPI app for one process; its metric ``registries`` (one per process, but for a
+    benchmark's own) are exported, ``/healthz`` names the build and this process, and
     ``routers`` (the services' own routes) served, behind ``token`` when one is given."""
     app = FastAPI(title=f"podcost {name}", docs_url=None, redoc_url=None)
     guard = [Depends(bearer_check(token))] if token is not None else []
     for router in routers:
         app.include_router(router, dependencies=guard)
 
+    identity = build()
+    health = {"status": "ok", **identity.labels(), "instance": identity.instance}
+
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        return health
 
     @app.get("/readyz")
     def readyz(response: Response) -> dict[str, str]:
@@ -72,7 +77,6 @@ def make_app(
 
     @app.get("/metrics")
     def prometheus() -> Response:
-        body = b"".join(render(m) for m in metrics)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        return Response(render(registries), media_type=CONTENT_TYPE_LATEST)
 
     return app

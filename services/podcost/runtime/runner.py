@@ -117,7 +117,7 @@ async def _serve_http(
     app = make_app(
         name,
         lambda: all(service.ready() for service in services),
-        [service.metrics for service in services],
+        [service.metrics.registry for service in services],
         [service.routes() for service in services if isinstance(service, Routed)],
         token=(
             settings.explain_token.get_secret_value()

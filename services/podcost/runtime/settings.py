@@ -23,18 +23,81 @@ the service with the variable named. Variables (defaults in brackets):
   takes over as its own (rewrites into its order, also when outside its band), besides its own
   ``podcost``; costs any other manager set (``kubectl-annotate``, a person, an unknown tool)
   are kept. Empty adopts nothing more [``manager``: the lablabs pod-deletion-cost-controller]
+- ``PODCOST_RETRY_INITIAL_SECONDS`` / ``PODCOST_RETRY_MAX_SECONDS``: the one retry policy of the
+  process (``podcost_core.backoff``): the n-th wait after a failure is drawn at random up to
+  ``initial × 2^(n-1)``, at most the maximum; a longer ``Retry-After`` from the server wins. Bus
+  publishes and polls, informer relists and the annotator's writes all retry by it [0.2 / 10]
+
+Renamed settings: a time is in seconds and its name says so (``*_SECONDS``). The old names are
+still read, with a warning naming the new one, until the next minor version (:func:`renamed`).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from podcost_contracts.topics import ClusterName
+from podcost_core.backoff import Backoff
 from podcost_core.model import DEFAULT_ADOPTED_MANAGERS, FIELD_MANAGER
+
+log = logging.getLogger("podcost.settings")
+
+#: The version after which the old names of renamed settings are no longer read.
+OLD_NAMES_UNTIL = "0.2"
+
+
+class Renamed(AliasChoices):
+    """The environment names of a renamed setting: the new one first, then the old ones, still
+    read (with a warning, :func:`warn_renamed`) until :data:`OLD_NAMES_UNTIL`; last, the field's
+    Python name, so code constructs the settings by it (the class needs ``populate_by_name``)."""
+
+    __slots__ = ()
+
+    @property
+    def new(self) -> str:
+        return str(self.choices[0])
+
+    @property
+    def old(self) -> list[str]:
+        return [str(choice) for choice in self.choices[1:-1]]
+
+
+def renamed(new: str, *old: str, field: str) -> Renamed:
+    """The ``validation_alias`` of a setting renamed from ``old`` to ``new`` (``field``: its
+    Python name)."""
+    return Renamed(new, *old, field)
+
+
+def renamed_settings(model: type[BaseSettings]) -> dict[str, str]:
+    """Every old environment name of ``model``'s renamed settings → its new name."""
+    found: dict[str, str] = {}
+    for info in model.model_fields.values():
+        alias = info.validation_alias
+        if isinstance(alias, Renamed):
+            found.update(dict.fromkeys(alias.old, alias.new))
+    return found
+
+
+def warn_renamed(model: type[BaseSettings], environ: Mapping[str, str] | None = None) -> list[str]:
+    """Log a warning for each old name of a renamed setting set in ``environ`` (default: the
+    process environment); the old names it found."""
+    present = {name.upper() for name in (os.environ if environ is None else environ)}
+    used = [old for old in renamed_settings(model) if old.upper() in present]
+    for old in used:
+        new = renamed_settings(model)[old]
+        log.warning(
+            "%s is deprecated: set %s instead (the old name is read until %s)",
+            old, new, OLD_NAMES_UNTIL, extra={"deprecated": old, "use": new},
+        )  # fmt: skip
+    return used
+
 
 #: The shortest ``PODCOST_EXPLAIN_TOKEN`` accepted: a guessable token protects nothing.
 MIN_TOKEN_LENGTH = 16
@@ -43,17 +106,92 @@ MIN_TOKEN_LENGTH = 16
 class ServiceSettings(BaseSettings):
     """Settings shared by every service (see the module docstring for the variables)."""
 
-    model_config = SettingsConfigDict(env_prefix="PODCOST_", frozen=True, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="PODCOST_", frozen=True, extra="ignore", populate_by_name=True
+    )
 
-    cluster: ClusterName = "local"
-    http_host: str = "0.0.0.0"
-    http_port: int = Field(default=8080, ge=0, le=65535)
-    explain_token: SecretStr | None = None
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_format: Literal["json", "text"] = "json"
-    dry_run: bool = False
-    policy_file: Path | None = None
-    adopt_field_managers: Annotated[tuple[str, ...], NoDecode] = DEFAULT_ADOPTED_MANAGERS
+    cluster: ClusterName = Field(
+        default="local",
+        description="The cluster name in workload keys cluster/namespace/kind/name; it also names "
+        "the cluster's costs topic <PODCOST_TOPIC_COSTS>.<cluster>, so a DNS-1123 label. The "
+        "watcher and annotator over Kafka refuse to start without it.",
+    )
+    http_host: str = Field(
+        default="0.0.0.0",
+        description="The address /healthz, /readyz, /metrics and the annotator's /explain "
+        "listen on.",
+    )
+    http_port: int = Field(
+        default=8080, ge=0, le=65535, description="The HTTP port; 0 disables the server."
+    )
+    explain_token: SecretStr | None = Field(
+        default=None,
+        description="When set, /explain answers only requests with Authorization: Bearer "
+        "<token> (401 otherwise); at least 16 characters. Health, readiness and metrics stay "
+        "open.",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="The lowest level logged."
+    )
+    log_format: Literal["json", "text"] = Field(
+        default="json", description="json (one object per line) or text."
+    )
+    dry_run: bool = Field(
+        default=False, description="Decide and log everything, write nothing to the cluster."
+    )
+    policy_file: Path | None = Field(
+        default=None,
+        description="A policy file (YAML or JSON) used as the cluster default; unset: the "
+        "built-in default policy.",
+    )
+    adopt_field_managers: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=DEFAULT_ADOPTED_MANAGERS,
+        description="Comma-separated field managers whose deletion costs podcost takes over as "
+        "its own, besides its own; costs any other manager set are kept. Empty adopts nothing "
+        "more.",
+    )
+    retry_initial_seconds: float = Field(
+        default=0.2,
+        gt=0,
+        le=60,
+        description="The longest first wait after a failure, for every retry of the process "
+        "(bus, API server, cost writes); each wait is drawn at random up to a ceiling that "
+        "doubles per failure in a row.",
+        validation_alias=renamed(
+            "PODCOST_RETRY_INITIAL_SECONDS",
+            "PODCOST_ANNOTATOR_BACKOFF_INITIAL",
+            field="retry_initial_seconds",
+        ),
+    )
+    retry_max_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="The ceiling the waits between retries grow to; a longer Retry-After from "
+        "the server wins.",
+        validation_alias=renamed(
+            "PODCOST_RETRY_MAX_SECONDS", "PODCOST_ANNOTATOR_BACKOFF_MAX", field="retry_max_seconds"
+        ),
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _warn_renamed(cls, data: Any) -> Any:
+        warn_renamed(cls)
+        return data
+
+    @model_validator(mode="after")
+    def _coherent_retry(self) -> Self:
+        if self.retry_max_seconds < self.retry_initial_seconds:
+            raise ValueError(
+                f"PODCOST_RETRY_MAX_SECONDS ({self.retry_max_seconds}) must be at least "
+                f"PODCOST_RETRY_INITIAL_SECONDS ({self.retry_initial_seconds})"
+            )
+        return self
+
+    def backoff(self) -> Backoff:
+        """The retry policy every retry of the process follows (never gives up by itself)."""
+        return Backoff(self.retry_initial_seconds, self.retry_max_seconds)
 
     @field_validator("adopt_field_managers", mode="before")
     @classmethod

@@ -14,7 +14,12 @@ import os
 from collections.abc import Mapping, Sequence
 
 from opentelemetry import context, propagate, trace
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import (
+    SERVICE_INSTANCE_ID,
+    SERVICE_NAME,
+    SERVICE_VERSION,
+    Resource,
+)
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
@@ -23,6 +28,7 @@ from opentelemetry.sdk.trace.export import (
 )
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Sampler
 
+from podcost.runtime.version import build
 from podcost_contracts.messages import trace_context
 
 TRACER = "podcost"
@@ -55,14 +61,24 @@ def setup_tracing(
     service: str, exporters: Sequence[SpanExporter] = (), *, set_global: bool = True
 ) -> TracerProvider:
     """A tracer provider for ``service``; OTLP export when the ``OTEL_*`` variables ask for it.
+    Its resource names the build and this process (``service.version``, ``service.instance.id``,
+    ``vcs.revision``); ``OTEL_RESOURCE_ATTRIBUTES`` may add more.
 
     ``exporters`` are added with a synchronous processor (tests read spans right away).
     """
     otlp = bool(os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")) or os.environ.get(
         "OTEL_TRACES_EXPORTER", ""
     ).startswith("otlp")
+    identity = build()
     provider = TracerProvider(
-        resource=Resource.create({SERVICE_NAME: service}),
+        resource=Resource.create(
+            {
+                SERVICE_NAME: service,
+                SERVICE_VERSION: identity.version,
+                SERVICE_INSTANCE_ID: identity.instance,
+                "vcs.revision": identity.revision,
+            }
+        ),
         sampler=_sampler(exporting=otlp or bool(exporters)),
     )
     for exporter in exporters:

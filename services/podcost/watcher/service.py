@@ -42,8 +42,9 @@ cache is synced it is frozen out of the garbage collector's passes (``settle_hea
 once the first pass is published and delivered (its converted pods), the allocator's free memory
 given back; that memory is given back every few seconds after (``trim_forever``).
 
-API server outages. The informer runs with ``SERVICE_BACKOFF``: it retries for as long as the
-outage lasts and relists after it, never giving up on a retriable error. While its requests
+API server outages. The informer waits by the process's retry policy (``ServiceSettings.backoff``:
+full jitter, capped): it retries for as long as the outage lasts and relists after it, never
+giving up on a retriable error. While its requests
 have been failing for ``PODCOST_WATCHER_UNREADY_AFTER_SECONDS`` the watcher is not ready (logged
 when it begins and ends).
 
@@ -78,7 +79,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from podcost.runtime.clock import Clock, WallClock
 from podcost.runtime.heap import settle_heap, trim_forever
-from podcost.runtime.metrics import Metrics
+from podcost.runtime.metrics import Families, Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_PODS,
@@ -97,6 +98,7 @@ from podcost_contracts.messages import (
     encode,
 )
 from podcost_contracts.topics import Topics
+from podcost_core.backoff import Backoff
 from podcost_core.convert import ConversionError, LabelSelectorJSON, invalid_deletion_cost
 from podcost_core.model import DELETION_COST_ANNOTATION, Pod
 from podcost_core.policy import PolicyError, load_policy_file, reads_node_load
@@ -167,17 +169,39 @@ class WatcherSettings(BaseSettings):
         env_prefix="PODCOST_WATCHER_", frozen=True, extra="ignore", populate_by_name=True
     )
 
-    namespace: str | None = None
-    namespace_selector: str | None = None
-    default_enabled: bool = False
-    debounce_seconds: float = Field(default=0.2, gt=0)
-    max_delay_seconds: float = Field(default=2.0, gt=0)
-    leader_election: bool = False
+    namespace: str | None = Field(
+        default=None,
+        description="Watch these namespaces only, ns[,ns]; each is listed and watched on its "
+        "own, so a Role in each is all the RBAC it needs. Unset: every namespace.",
+    )
+    namespace_selector: str | None = Field(
+        default=None,
+        description="Opt in every workload of the namespaces whose labels match, "
+        "key=value[,key=value].",
+    )
+    default_enabled: bool = Field(
+        default=False, description="Opt in the workloads that say nothing about podcost."
+    )
+    debounce_seconds: float = Field(
+        default=0.2, gt=0, description="Seconds of quiet that end a burst of changes."
+    )
+    max_delay_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        description="The most seconds a changed workload waits to be published under constant "
+        "churn.",
+    )
+    leader_election: bool = Field(
+        default=False,
+        description="Run as one of several replicas, publishing only while holding the Lease; "
+        "needs RBAC on leases (coordination.k8s.io) in the Lease's namespace.",
+    )
     lease_name: str = Field(
         default="podcost-watcher",
         min_length=1,
         max_length=253,
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="The Lease; replicas that watch different namespaces must use different ones.",
     )
     lease_namespace: str = Field(
         default="default",
@@ -185,6 +209,8 @@ class WatcherSettings(BaseSettings):
         validation_alias=AliasChoices(
             "PODCOST_WATCHER_LEASE_NAMESPACE", "POD_NAMESPACE", "lease_namespace"
         ),
+        description="The Lease's namespace; else POD_NAMESPACE (the downward API's "
+        "metadata.namespace), so the Lease lives next to the watcher's Deployment.",
     )
     leader_identity: str | None = Field(
         default=None,
@@ -192,11 +218,32 @@ class WatcherSettings(BaseSettings):
         validation_alias=AliasChoices(
             "PODCOST_WATCHER_LEADER_IDENTITY", "POD_NAME", "leader_identity"
         ),
+        description="This replica's name in the Lease, unique per replica; else POD_NAME, "
+        "else hostname_pid.",
     )
-    lease_duration_seconds: float = Field(default=10.0, gt=0)
-    renew_deadline_seconds: float = Field(default=7.0, gt=0)
-    retry_period_seconds: float = Field(default=1.0, gt=0)
-    unready_after_seconds: float = Field(default=10.0, gt=0)
+    lease_duration_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds the others wait for a leader that stopped renewing before they "
+        "take over (whole seconds, rounded up).",
+    )
+    renew_deadline_seconds: float = Field(
+        default=7.0,
+        gt=0,
+        description="Seconds a leader may fail to renew before it stops publishing; less than "
+        "the lease duration.",
+    )
+    retry_period_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        description="Seconds between the leader's renewals and the others' tries.",
+    )
+    unready_after_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds the API server may fail every list and watch before the watcher "
+        "reports not ready (it goes on retrying).",
+    )
 
     @model_validator(mode="after")
     def _election_timing(self) -> Self:
@@ -266,6 +313,8 @@ class WatcherService:
     tracer: Tracer
     clock: Clock
     adopt: frozenset[str] = frozenset()
+    backoff: Backoff = SERVICE_BACKOFF
+    """How the informers wait before relisting after a failure (the process's retry policy)."""
     """Field managers whose deletion costs count as podcost's own (``ServiceSettings.adopted``)."""
     name: str = "watcher"
 
@@ -394,7 +443,7 @@ class WatcherService:
             namespaces=self.settings.namespaces(),
             store=self.store,
             handlers=(self._on_change, *self.observers),
-            backoff=SERVICE_BACKOFF,
+            backoff=self.backoff,
         )
         # Only what it writes: on a broker with ACLs it may not even see the ranks topic.
         await self.bus.ensure_topics([self.topics.workloads, self.topics.deadletter])
@@ -664,10 +713,12 @@ def bootstrap(
     bus: Bus | None = None,
     clock: Clock | None = None,
     tracer_provider: TracerProvider | None = None,
+    families: Families | None = None,
 ) -> WatcherService:
     """The watcher (composition root of ``podcost watcher``, embedded mode and the tests).
 
-    A bad policy file or namespace selector raises at once, naming the setting.
+    A bad policy file or namespace selector raises at once, naming the setting. ``families``:
+    the process's metric families (default: a registry of its own).
     """
     watcher_settings = watcher_settings or WatcherSettings()
     try:
@@ -681,8 +732,9 @@ def bootstrap(
         rules=rules,
         cluster=settings.cluster,
         settings=watcher_settings,
-        metrics=Metrics("watcher"),
+        metrics=Metrics("watcher", families),
         tracer=tracer(tracer_provider),
         clock=clock if clock is not None else WallClock(),
         adopt=settings.adopted,
+        backoff=settings.backoff(),
     )

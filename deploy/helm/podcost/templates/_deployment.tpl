@@ -406,7 +406,7 @@ replica's identity come from POD_NAMESPACE and POD_NAME). */}}
 {{- $a := .Values.aggregator -}}
 - name: PODCOST_AGGREGATOR_ENGINE
   value: {{ $a.engine | quote }}
-- name: PODCOST_AGGREGATOR_DEADLINE_S
+- name: PODCOST_AGGREGATOR_DEADLINE_SECONDS
   value: {{ $a.deadlineSeconds | quote }}
 - name: PODCOST_AGGREGATOR_STANDBY_REPLICAS
   value: {{ $a.standbyReplicas | int | quote }}
