@@ -107,6 +107,8 @@ class MemoryBus(Lifecycle):
         self._changed = asyncio.Event()
         self.waits = 0
         """Sends that waited for a reader to commit (see the module docstring)."""
+        self.on_wait: Callable[[str], None] | None = None
+        """Told the topic of each send that waits (a metric's counter)."""
         self.dropped = 0
         """Records dropped that a group without members had not committed."""
 
@@ -214,6 +216,8 @@ class MemoryBus(Lifecycle):
             if not waited:
                 waited = True
                 self.waits += 1
+                if self.on_wait is not None:
+                    self.on_wait(topic)
             await self._changed.wait()  # a commit, a member leaving, a rebalance
         return self._append(tp, key_bytes, value, headers)
 

@@ -310,6 +310,8 @@ async def test_a_send_past_retention_records_a_reader_has_not_committed_waits_fo
     # As an annotator paused at its high-water mark: the records it has not committed are kept,
     # and the producer waits (embedded mode dropped the oldest of them, silently).
     bus = MemoryBus(partitions=1, retention=5)
+    told: list[str] = []
+    bus.on_wait = told.append  # the embedded pipeline counts them in a metric
     async with bus.consumer([TOPIC], group="annotator") as consumer:
         await publish_numbered(bus, 5)
         sixth = asyncio.create_task(bus.publish(TOPIC, KEYS[0], b"5"))
@@ -323,6 +325,7 @@ async def test_a_send_past_retention_records_a_reader_has_not_committed_waits_fo
         read = first + await drain(consumer)
         assert [record.offset for record in read] == list(range(6))
         assert bus.waits == 1
+        assert told == [TOPIC]
         assert bus.dropped == 0
 
 

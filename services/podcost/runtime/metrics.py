@@ -70,6 +70,12 @@ class Metrics:
         self.rate_limit_waits = Counter(
             "podcost_rate_limit_wait_seconds", "Time writes waited for the QPS budget.", registry=r
         )
+        self.bus_send_waits = Counter(
+            "podcost_bus_send_waits", "Embedded mode: sends that waited because the slowest "
+            "reader of their partition had not committed the in-process bus's retention of "
+            "records yet (backpressure instead of losing records), by topic.", ["topic"],
+            registry=r,
+        )  # fmt: skip
         self.queue_depth = Gauge(
             "podcost_queue_depth", "Pod writes queued in the annotator.", registry=r
         )
