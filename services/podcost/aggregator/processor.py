@@ -775,6 +775,6 @@ def _read_latest(raw: bytes) -> Latest:
     validator = snapshot_validator(DECISION_UNREAD)
     # A DecodeError is a ValueError too.
     message = decode(WorkloadSnapshotMessage, value, headers, validator=validator)
-    return Latest(
-        message.snapshot, header.emitted_at, header.arrived_at, header.trace, header.changed_at
-    )
+    # Bounded as a record's trace context is: a part stored before the bound may carry more.
+    trace = trace_context({name: text.encode() for name, text in header.trace.items()})
+    return Latest(message.snapshot, header.emitted_at, header.arrived_at, trace, header.changed_at)
