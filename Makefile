@@ -10,6 +10,8 @@ RUN := $(UV) run --frozen --quiet
 # A test that hangs fails after this many seconds with its asyncio tasks' stacks
 # (tests/support/hang.py) instead of holding the run until CI's own limit.
 TEST_TIMEOUT ?= 900
+# The per-test bound of make test-long, for a long test that names none of its own.
+LONG_TEST_TIMEOUT ?= 1800
 
 .DEFAULT_GOAL := help
 .PHONY: help setup tools lint typecheck contracts check unit integration e2e test test-long \
@@ -50,7 +52,7 @@ test: check tools  ## everything CI runs: static checks, then all test tiers
 	$(RUN) pytest --timeout=$(TEST_TIMEOUT) tests examples/podcost-strategy-example/tests
 
 test-long: tools  ## the long runs (300 differential scenarios, 30 s API outage) and the fuzz tests at >= 100,000 cases; fails if none
-	PODCOST_LONG=1 $(RUN) pytest tests -m "long or fuzz"
+	PODCOST_LONG=1 $(RUN) pytest --timeout=$(LONG_TEST_TIMEOUT) tests -m "long or fuzz"
 
 bench: setup  ## benchmarks that print numbers (not tests)
 	$(RUN) python tests/bench/bench_core.py

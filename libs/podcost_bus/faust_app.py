@@ -143,7 +143,14 @@ from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
 
 from podcost_bus.kafka import key_partition, partition_by_key
-from podcost_bus.keyed import DROP, Batch, KeyedProcessor, process_batch, tick_batch
+from podcost_bus.keyed import (
+    DROP,
+    MAX_STATE_RECORD_BYTES,
+    Batch,
+    KeyedProcessor,
+    process_batch,
+    tick_batch,
+)
 from podcost_bus.protocol import Record, TopicPartition
 from podcost_bus.settings import BusSettings
 from podcost_core.progress import Progress, progress_verdict
@@ -443,6 +450,11 @@ class FaustKeyedApp(Generic[S]):
             # The bus's batch size rather than faust's 16 KB: a batch's changelog records go in
             # a few produce requests instead of one per 16 KB of each partition.
             producer_max_batch_size=settings.max_batch_bytes,
+            # Kafka's default rather than faust's 1,000,000, under which a snapshot part (a
+            # record's value of up to a million bytes, and its header) did not fit: the refused
+            # state write stopped the app, and it stopped again on the same records after every
+            # restart. What a processor stores stays below this.
+            producer_max_request_size=MAX_STATE_RECORD_BYTES,
             topic_partitions=settings.partitions,
             topic_replication_factor=settings.replication_factor,
             table_standby_replicas=standby_replicas,

@@ -47,6 +47,12 @@ log = logging.getLogger(__name__)
 S = TypeVar("S")
 
 
+#: The largest state part a transport stores as one record (a faust table's changelog record):
+#: Kafka's default producer ``max.request.size``, within the broker's default record limit
+#: (``message.max.bytes``, 1,048,588 a batch). A processor keeps its parts below it.
+MAX_STATE_RECORD_BYTES: Final = 1_048_576
+
+
 class Drop(Enum):
     """The type of :data:`DROP`."""
 

@@ -10,15 +10,20 @@ message fails here too, not first in production.
 Memory stays bounded: a record is dropped once every group reading its topic has committed past
 it and it is older than ``keep_committed_s`` (the grace lets a group that joins a little later,
 such as a ranker started after the others, still read it; the drop happens on the next send or
-commit to its partition, or when a member's poll of it waits in vain), and a partition never
-keeps more than ``retention`` records (a member that falls further behind skips to the oldest
-one kept, as a Kafka consumer does when retention overtakes it).
+commit to its partition, or when a member's poll of it waits in vain). A partition keeps at most
+``retention`` records that a group with members has not committed: a send beyond waits until
+one of them is committed (backpressure: the producer slows to the pace of its slowest reader,
+say an annotator paused at its high-water mark, rather than its records being lost), and
+``waits`` counts those sends. Records only a group without members has not committed (it may
+never come back) are dropped past ``retention`` as Kafka's retention would, counted in
+``dropped`` and logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -35,6 +40,8 @@ from podcost_bus.protocol import (
     TopicPartition,
 )
 from podcost_contracts.topics import check_topic_name
+
+logger = logging.getLogger(__name__)
 
 #: A default Kafka producer's ``max.request.size``: the largest record it sends.
 KAFKA_MAX_REQUEST_BYTES: Final = 1_048_576
@@ -98,6 +105,12 @@ class MemoryBus(Lifecycle):
         # Replaced on every change: a waiter holds the old one, which gets set (a broadcast
         # that, unlike a Condition, can be fired from synchronous code such as ``resume``).
         self._changed = asyncio.Event()
+        self.waits = 0
+        """Sends that waited for a reader to commit (see the module docstring)."""
+        self.on_wait: Callable[[str], None] | None = None
+        """Told the topic of each send that waits (a metric's counter)."""
+        self.dropped = 0
+        """Records dropped that a group without members had not committed."""
 
     # --- Bus ----------------------------------------------------------------------------------
 
@@ -123,7 +136,7 @@ class MemoryBus(Lifecycle):
         value: bytes,
         headers: Mapping[str, bytes] | None = None,
     ) -> Awaitable[Delivery]:
-        delivery = self._append(topic, key, value, headers or {})
+        delivery = await self._append_with_room(topic, key, value, headers or {})
         done: asyncio.Future[Delivery] = asyncio.get_running_loop().create_future()
         done.set_result(delivery)
         return done
@@ -135,7 +148,7 @@ class MemoryBus(Lifecycle):
         value: bytes,
         headers: Mapping[str, bytes] | None = None,
     ) -> Delivery:
-        return self._append(topic, key, value, headers or {})
+        return await self._append_with_room(topic, key, value, headers or {})
 
     def consumer(
         self,
@@ -179,9 +192,10 @@ class MemoryBus(Lifecycle):
             logs = self._logs[topic] = [_PartitionLog() for _ in range(self._partitions)]
         return logs
 
-    def _append(
+    async def _append_with_room(
         self, topic: str, key: str | bytes | None, value: bytes, headers: Mapping[str, bytes]
     ) -> Delivery:
+        """Append the record once its partition has room for it (see the module docstring)."""
         key_bytes = key.encode() if isinstance(key, str) else key
         size = len(key_bytes or b"") + len(value) + sum(len(n) + len(v) for n, v in headers.items())
         if size > self._max_record_bytes:
@@ -196,7 +210,39 @@ class MemoryBus(Lifecycle):
             if key_bytes is not None
             else next(self._unkeyed) % len(logs)
         )
-        log = logs[partition]
+        tp = TopicPartition(topic, partition)
+        waited = False
+        while self._uncommitted(tp) >= self._retention:
+            if not waited:
+                waited = True
+                self.waits += 1
+                if self.on_wait is not None:
+                    self.on_wait(topic)
+            await self._changed.wait()  # a commit, a member leaving, a rebalance
+        return self._append(tp, key_bytes, value, headers)
+
+    def _uncommitted(self, tp: TopicPartition) -> int:
+        """The records of ``tp`` that a group with members has not committed."""
+        floor = min(
+            (
+                group.committed.get(tp, 0)
+                for group in self._groups.values()
+                if group.members and tp.topic in group.topics
+            ),
+            default=None,
+        )
+        log = self._partition(tp)
+        return 0 if floor is None else log.end - max(floor, log.base)
+
+    def _append(
+        self,
+        tp: TopicPartition,
+        key_bytes: bytes | None,
+        value: bytes,
+        headers: Mapping[str, bytes],
+    ) -> Delivery:
+        topic, partition = tp.topic, tp.partition
+        log = self._partition(tp)
         log.records.append(
             Record(
                 topic=topic,
@@ -209,10 +255,27 @@ class MemoryBus(Lifecycle):
             )
         )
         if len(log.records) > self._retention:
-            log.drop_before(log.end - self._retention)
-        self._trim(TopicPartition(topic, partition))
+            self._retire(tp, log.end - self._retention)
+        self._trim(tp)
         self._notify()
         return Delivery(topic, partition, log.end - 1)
+
+    def _retire(self, tp: TopicPartition, cut: int) -> None:
+        """Drop the records of ``tp`` before ``cut`` that every group with members has
+        committed; those only a group without members still lacks are counted and logged."""
+        groups = [group for group in self._groups.values() if tp.topic in group.topics]
+        live = [group.committed.get(tp, 0) for group in groups if group.members]
+        cut = min(cut, *live) if live else cut
+        log = self._partition(tp)
+        away = min((group.committed.get(tp, 0) for group in groups), default=cut)
+        lost = max(0, cut - max(away, log.base))
+        if lost:
+            self.dropped += lost
+            logger.warning(
+                "%s[%d]: dropped %d records a consumer group without members had not committed "
+                "(more than %d kept)", tp.topic, tp.partition, lost, self._retention,
+            )  # fmt: skip
+        log.drop_before(cut)
 
     def _notify(self) -> None:
         self._changed.set()
@@ -246,6 +309,7 @@ class MemoryBus(Lifecycle):
         self._groups[group_name].committed.update(offsets)
         for tp in offsets:
             self._trim(tp)
+        self._notify()  # a send may be waiting for room
 
     def _trim(self, tp: TopicPartition) -> None:
         """Drop the records of ``tp`` that every group reading it has committed, once old."""

@@ -605,20 +605,50 @@ def dump_parts(
     new: WorkloadState,
     *,
     write_latest: Callable[[Latest], bytes] = dump_latest,
+    max_progress_bytes: int | None = None,
+    on_trimmed: Callable[[str], None] | None = None,
 ) -> dict[str, bytes]:
     """The parts of ``new`` that differ from ``old`` (all of them when ``old`` is ``None``).
 
     ``write_latest`` stores the snapshot part: a caller that holds the snapshot as it was received
     can store that rather than have it serialised again (and pass the matching loader to
-    :func:`load_parts`)."""
+    :func:`load_parts`). A progress part larger than ``max_progress_bytes`` is stored without
+    what it can best do without (:func:`_bounded_progress`; ``on_trimmed`` is told what)."""
     parts: dict[str, bytes] = {}
     if new.latest is not None and (old is None or old.latest is not new.latest):
         parts[SNAPSHOT_PART] = write_latest(new.latest)
         if _implied(old, new.latest, new.progress):
             return parts
     if old is None or old.progress is not new.progress or SNAPSHOT_PART in parts:
-        parts[PROGRESS_PART] = _pack(_PROGRESS.dump_json(_stored(new)))
+        parts[PROGRESS_PART] = _bounded_progress(_stored(new), max_progress_bytes, on_trimmed)
     return parts
+
+
+def _bounded_progress(
+    stored: _StoredProgress, limit: int | None, on_trimmed: Callable[[str], None] | None
+) -> bytes:
+    """The progress part, at most ``limit`` bytes: the answers for later versions are left out
+    first (a 10,000-pod workload's seven answers keyed by uid are 2.3 MB of JSON), then the
+    answers that do not score the snapshot's pods, then the aligned ones. A state stored so
+    lacks those answers once it is read back (after a restart or a rebalance): its decision
+    waits for the deadline and says what was missing, where a part the transport cannot store
+    would stop it on every restart."""
+    packed = _pack(_PROGRESS.dump_json(stored))
+    steps: list[tuple[str, Callable[[_StoredProgress], _StoredProgress]]] = [
+        ("the answers for later versions", lambda kept: replace(kept, early=tuple(
+            Waiting(waiting.version, waiting.since) for waiting in kept.early))),
+        ("the answers that do not score the snapshot's pods",
+         lambda kept: replace(kept, answers={})),
+        ("every answer", lambda kept: replace(kept, aligned={})),
+    ]  # fmt: skip
+    for what, leave_out in steps:
+        if limit is None or len(packed) <= limit:
+            break
+        stored = leave_out(stored)
+        packed = _pack(_PROGRESS.dump_json(stored))
+        if on_trimmed is not None:
+            on_trimmed(what)
+    return packed
 
 
 def _implied(old: WorkloadState | None, latest: Latest, progress: Progress) -> bool:

@@ -32,7 +32,7 @@ from podcost.runtime.runner import Service
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherService, WatcherSettings
 from podcost.watcher.service import bootstrap as bootstrap_watcher
-from podcost_bus import Bus, BusSettings, open_bus
+from podcost_bus import Bus, BusSettings, MemoryBus, open_bus
 from podcost_core.strategies.registry import Registry, default_registry
 from podcost_kube.client import Kube
 
@@ -88,6 +88,10 @@ def bootstrap(
     scope = Scope(watcher.settings.namespaces(), watcher.rules)
     view = SharedView(scope, store=watcher.store, synced=watcher.synced)
     watcher.observers.append(view.observe)
+    if isinstance(bus, MemoryBus):
+        # The process's own bus: its backpressure is counted once, with the watcher's metrics.
+        waits = watcher.metrics.bus_send_waits
+        bus.on_wait = lambda topic: waits.labels(topic).inc()
     return Pipeline(
         bus=bus,
         watcher=watcher,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -523,6 +524,26 @@ def test_a_state_is_stored_in_two_parts_and_read_back_equal() -> None:
     changed = dump_parts(state, later.state)
     assert set(changed) == {PROGRESS_PART}  # the snapshot is written once per version
     assert load_parts(KEY, {**parts, **changed}) == later.state
+
+
+def test_a_progress_part_over_its_limit_leaves_out_the_early_answers_first() -> None:
+    # Seven strategies' early answers for a 10,000-pod version: more than one Kafka record.
+    rng = random.Random(3)
+    uids = [PodUID(f"{rng.getrandbits(128):032x}") for _ in range(10_000)]
+    aggregator = Aggregator()
+    state = started(aggregator, version=2)
+    for index in range(7):
+        early = {uid: rng.random() for uid in uids}
+        state = aggregator.on_ranks(state, strategy=f"s{index}", version=3, scores=early,
+                                    now=1).state  # fmt: skip
+    assert len(dump_parts(None, state)[PROGRESS_PART]) > 1_048_576
+    told: list[str] = []
+    parts = dump_parts(None, state, max_progress_bytes=1_000_000, on_trimmed=told.append)
+    assert len(parts[PROGRESS_PART]) <= 1_000_000
+    assert told == ["the answers for later versions"]
+    loaded = load_parts(KEY, parts)
+    assert loaded.latest == state.latest
+    assert [(w.version, dict(w.answers)) for w in loaded.progress.early] == [(3, {})]
 
 
 def test_answers_stored_for_another_snapshot_than_the_stored_one_are_dropped() -> None:

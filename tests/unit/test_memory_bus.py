@@ -304,12 +304,41 @@ async def test_a_group_joining_shortly_after_others_committed_still_reads_everyt
         assert values(await drain(late)) == published
 
 
-async def test_a_partition_keeps_at_most_retention_records_and_a_laggard_skips_ahead() -> None:
+async def test_a_send_past_retention_records_a_reader_has_not_committed_waits_for_its_commit() -> (
+    None
+):
+    # As an annotator paused at its high-water mark: the records it has not committed are kept,
+    # and the producer waits (embedded mode dropped the oldest of them, silently).
     bus = MemoryBus(partitions=1, retention=5)
-    async with bus.consumer([TOPIC], group="laggard") as consumer:
-        await publish_numbered(bus, 12)
-        assert [record.offset for record in bus.records(TOPIC)] == list(range(7, 12))
-        assert [record.offset for record in await drain(consumer)] == list(range(7, 12))
+    told: list[str] = []
+    bus.on_wait = told.append  # the embedded pipeline counts them in a metric
+    async with bus.consumer([TOPIC], group="annotator") as consumer:
+        await publish_numbered(bus, 5)
+        sixth = asyncio.create_task(bus.publish(TOPIC, KEYS[0], b"5"))
+        await asyncio.sleep(0)  # one turn of the loop: the send runs until it waits
+        assert bus.waits == 1
+        assert not sixth.done()
+        first = await consumer.poll(max_wait=0, max_records=2)
+        await consumer.commit(first)
+        delivered = await sixth
+        assert delivered.offset == 5
+        read = first + await drain(consumer)
+        assert [record.offset for record in read] == list(range(6))
+        assert bus.waits == 1
+        assert told == [TOPIC]
+        assert bus.dropped == 0
+
+
+async def test_records_only_a_group_without_members_lacks_are_dropped_past_retention_counted() -> (
+    None
+):
+    bus = MemoryBus(partitions=1, retention=5)
+    async with bus.consumer([TOPIC], group="gone"):
+        pass
+    await publish_numbered(bus, 12)
+    assert [record.offset for record in bus.records(TOPIC)] == list(range(7, 12))
+    assert bus.dropped == 7
+    assert bus.waits == 0
 
 
 async def test_send_queues_in_order_and_its_awaitable_says_where_the_record_landed() -> None:

@@ -58,7 +58,7 @@ from podcost.runtime.telemetry import (
     inject,
 )
 from podcost_bus import Bus, BusError, Delivery, Record
-from podcost_bus.keyed import DROP, Drop
+from podcost_bus.keyed import DROP, MAX_STATE_RECORD_BYTES, Drop
 from podcost_bus.messaging import dead_letter_of
 from podcost_contracts.messages import (
     CONTENT_ENCODING,
@@ -359,6 +359,15 @@ class AggregationProcessor:
         except DecodeError as error:
             self._dead_letter(record, error.reason, error)
             return []
+        if isinstance(message, WorkloadSnapshotMessage) and (
+            len(record.value) > MAX_STORED_SNAPSHOT_VALUE_BYTES
+        ):
+            reason = (
+                f"the snapshot's record is {len(record.value)} bytes, more than the "
+                f"{MAX_STORED_SNAPSHOT_VALUE_BYTES} the aggregator's stored state can hold"
+            )
+            self._dead_letter(record, reason, None)
+            return []
         return [(record.key, _Step(record, message))]  # counted consumed once processed
 
     def _split_batch(
@@ -472,7 +481,14 @@ class AggregationProcessor:
         return self.aggregator.waiting(state)
 
     def dump(self, old: WorkloadState | None, new: WorkloadState) -> Mapping[str, bytes]:
-        return dump_parts(old, new, write_latest=self._write_latest)
+        def trimmed(what: str) -> None:
+            log.warning("%s: its stored progress leaves out %s (larger than one state record)",
+                        new.key, what)  # fmt: skip
+
+        return dump_parts(
+            old, new, write_latest=self._write_latest,
+            max_progress_bytes=MAX_STORED_PROGRESS_BYTES, on_trimmed=trimmed,
+        )  # fmt: skip
 
     def _write_latest(self, latest: Latest) -> bytes:
         received = self._storable.pop(latest.snapshot.workload.key, None)
@@ -721,6 +737,17 @@ class _RecordHeader:
     """The record headers its value is read with (schema, content encoding)."""
 
 
+#: The largest snapshot record value the aggregator takes: its stored part (the value, a header
+#: of at most about 2 KB: two trace headers of at most 512 bytes, the schema and encoding
+#: headers, three times) under a key of at most 1,015 bytes must fit in one state record
+#: (``MAX_STATE_RECORD_BYTES``). A watcher's snapshot (at most ``MAX_MESSAGE_BYTES``) always
+#: does; a larger record is dead-lettered rather than stop the aggregator at its state write.
+MAX_STORED_SNAPSHOT_VALUE_BYTES: Final = MAX_STATE_RECORD_BYTES - 8 * 1024
+
+#: The largest progress part stored (``podcost_core.aggregate.dump_parts``): one state record
+#: less room for the key and the record's framing.
+MAX_STORED_PROGRESS_BYTES: Final = MAX_STATE_RECORD_BYTES - 8 * 1024
+
 #: Starts a snapshot part stored as its record; core parts start with ``{`` or the gzip magic.
 _RECORD_PART: Final = b"podcost-record/1\n"
 _RECORD_HEADER: TypeAdapter[_RecordHeader] = TypeAdapter(_RecordHeader)
@@ -749,6 +776,6 @@ def _read_latest(raw: bytes) -> Latest:
     validator = snapshot_validator(DECISION_UNREAD)
     # A DecodeError is a ValueError too.
     message = decode(WorkloadSnapshotMessage, value, headers, validator=validator)
-    return Latest(
-        message.snapshot, header.emitted_at, header.arrived_at, header.trace, header.changed_at
-    )
+    # Bounded as a record's trace context is: a part stored before the bound may carry more.
+    trace = trace_context({name: text.encode() for name, text in header.trace.items()})
+    return Latest(message.snapshot, header.emitted_at, header.arrived_at, trace, header.changed_at)

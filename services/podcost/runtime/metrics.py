@@ -119,6 +119,12 @@ class Families:
             "podcost_rate_limit_wait_seconds", "Time writes waited for the QPS budget.",
             [c], registry=r,
         )  # fmt: skip
+        self.bus_send_waits = Counter(
+            "podcost_bus_send_waits", "Embedded mode: sends that waited because the slowest "
+            "reader of their partition had not committed the in-process bus's retention of "
+            "records yet (backpressure instead of losing records), by topic.", [c, "topic"],
+            registry=r,
+        )  # fmt: skip
         self.queue_depth = Gauge(
             "podcost_queue_depth", "Pod writes queued in the annotator.", [c], registry=r
         )
@@ -203,6 +209,7 @@ class Metrics:
         self.patches = Labelled(f.patches, component)
         self.refusals = Labelled(f.refusals, component)
         self.rate_limit_waits = SingleCounter(f.rate_limit_waits, component)
+        self.bus_send_waits = Labelled(f.bus_send_waits, component)
         self.queue_depth = SingleGauge(f.queue_depth, component)
         self.event_to_annotation = SingleHistogram(f.event_to_annotation, component)
 
