@@ -86,6 +86,7 @@ from podcost_contracts.messages import (
     snapshot_validator,
     trace_context,
 )
+from podcost_contracts.stamps import DEFAULT_CLOCK_SKEW, future_stamp
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import (
     DECISION_UNREAD,
@@ -272,6 +273,8 @@ class _Outgoing:
     """The decision's span, ended once the costs are acknowledged or refused."""
     reason: str = ""
     """A dead letter's reason."""
+    outcome: str = "dead_letter"
+    """A dead letter's ``outcome`` in ``podcost_messages_consumed``."""
     release: ReleaseCostsMessage | None = None
     """A release of a workload no longer ranked (a costs record that is no decision)."""
     error: BusError | None = None
@@ -307,8 +310,11 @@ class AggregationProcessor:
         backoff: Backoff = DEFAULT_BACKOFF,
         partition_of: Callable[[bytes], int] | None = None,
         unread: Unread | None = DECISION_UNREAD,
+        clock_skew: float = DEFAULT_CLOCK_SKEW,
     ) -> None:
         self.aggregator = aggregator
+        self.clock_skew = clock_skew
+        """How far (seconds) a record's stamp may lie ahead of ``clock`` (``future_stamp``)."""
         self.unread = unread
         """What of a snapshot is not decoded (``None``: decode it whole)."""
         self.partition_of = partition_of
@@ -357,6 +363,12 @@ class AggregationProcessor:
                 message = ranks
         except DecodeError as error:
             self._dead_letter(record, error.reason, error)
+            return []
+        future = future_stamp(message, now=self.clock.now(), allowance=self.clock_skew)
+        if future is not None:
+            # Its workload's state is ordered by emitted_at and stored: admitted, it would make
+            # every genuine snapshot stale, across restarts.
+            self._dead_letter(record, future, None, outcome="future")
             return []
         return [(record.key, _Step(record, message))]  # counted consumed once processed
 
@@ -561,10 +573,15 @@ class AggregationProcessor:
             return
         self._queue.append(item)
 
-    def _dead_letter(self, record: Record, reason: str, error: BaseException | None) -> None:
+    def _dead_letter(
+        self, record: Record, reason: str, error: BaseException | None, *,
+        outcome: str = "dead_letter",
+    ) -> None:  # fmt: skip
         letter = dead_letter_of(record, reason, error, group=self.group, failed_at=self.clock.now())
         encoded = encode(letter, trace=trace_context(record.headers))
-        self._queue.append(_Outgoing(self.topics.deadletter, encoded, record, reason=reason))
+        self._queue.append(
+            _Outgoing(self.topics.deadletter, encoded, record, reason=reason, outcome=outcome)
+        )
 
     # --- publishing ---------------------------------------------------------------------------
 
@@ -663,7 +680,7 @@ class AggregationProcessor:
                 record.topic, record.partition, record.offset, record.key, item.topic,
                 item.reason,
             )  # fmt: skip
-            self.metrics.consumed.labels(record.topic, "dead_letter").inc()
+            self.metrics.consumed.labels(record.topic, item.outcome).inc()
             self.metrics.produced.labels(item.topic).inc()
 
     def _refused(self, item: _Outgoing, error: EncodeError | BusError) -> None:

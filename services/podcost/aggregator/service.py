@@ -170,6 +170,7 @@ def bootstrap(
         clock=clock,
         partition_of=key_partitioner(bus, bus_settings),
         unread=None if whole_snapshots else DECISION_UNREAD,
+        clock_skew=settings.clock_skew,
     )
     sources = (topics.workloads, topics.ranks)
     transport: Transport

@@ -149,14 +149,16 @@ from podcost_bus import (
     TopicPartition,
     open_bus,
 )
-from podcost_bus.messaging import decode_or_dead_letter
+from podcost_bus.messaging import dead_letter, decode_or_dead_letter
 from podcost_contracts.messages import (
     DecodeError,
     DesiredCostsMessage,
+    PodCost,
     ReleaseCostsMessage,
     decode,
     decode_costs_record,
 )
+from podcost_contracts.stamps import future_stamp
 from podcost_core.convert import ObjectMetaJSON, own_cost
 from podcost_core.model import DELETION_COST_ANNOTATION, PodUID
 from podcost_kube.client import CostChanged, Kube, KubeError, PodGone, connect
@@ -413,7 +415,10 @@ class AnnotatorService:
         the high-water mark), with the decisions they carry: after a start, the tail past the
         committed offsets, read in full so that a pod's cost is written only from the newest
         decision of its workload there that names it (``plan.superseded``)."""
-        read, tail = list(records), [_tail_decision(record) for record in records]
+        tail_decision = functools.partial(
+            _tail_decision, now=self._wall(), allowance=self.settings.clock_skew
+        )
+        read, tail = list(records), [tail_decision(record) for record in records]
 
         def writes() -> int:  # at most what the high-water mark lets wait
             return sum(len(decision.pods) for decision in tail if decision is not None)
@@ -423,7 +428,7 @@ class AnnotatorService:
             if not more:
                 break
             read.extend(more)
-            tail.extend(_tail_decision(record) for record in more)
+            tail.extend(tail_decision(record) for record in more)
         return read, tail
 
     async def _write_loop(self, kube: PodAPI) -> None:
@@ -483,6 +488,8 @@ class AnnotatorService:
                 record, message if isinstance(message, DesiredCostsMessage) else None
             )
             return
+        if await self._from_the_future(record, message):
+            return
         if isinstance(message, ReleaseCostsMessage):
             self._release(record, message)
             return
@@ -491,6 +498,12 @@ class AnnotatorService:
         if dropped and not stale:
             kept = tuple(pod for pod in message.costs if pod.uid not in dropped)
             message = message.model_copy(update={"costs": kept})
+        # Verified before it is ordered: a decision none of whose pods the view backs is
+        # refused whole and never admitted, so it cannot make the genuine ones stale.
+        refusals = [self._refused_now(pod, message) for pod in message.costs]
+        if message.costs and all(refusals):
+            self._refuse_whole(record, message, refusals)
+            return
         freshness = Freshness.STALE if stale else self.guard.admit(message.key, decided)
         if freshness is not Freshness.NEW:
             self.metrics.consumed.labels(record.topic, freshness.value).inc()
@@ -545,7 +558,7 @@ class AnnotatorService:
             )
             want = Want(uid, namespace, name, pod.cost, pod.previous, ticket,
                         first_wrong=message.first_wrong, position=position)  # fmt: skip
-            refused = self._refused_now(want, message)
+            refused = refusals[position]
             if refused is not None:
                 # Never queued: a forged decision cannot supersede a genuine one for that pod.
                 self._settle(want, self._count_refusal(want, message, refused))
@@ -556,17 +569,52 @@ class AnnotatorService:
             if offer.ready:
                 self._announce(pod.uid)
 
-    def _refused_now(
-        self, want: Want[Ticket[_Batch]], message: DesiredCostsMessage
-    ) -> Refused | None:
-        """What the view, once synced, refuses for good about ``want`` now (a pod it does not
+    def _refuse_whole(
+        self, record: Record, message: DesiredCostsMessage, refusals: list[Refused | None]
+    ) -> None:
+        """Settle a decision the view refuses for every pod it names, as refused, without
+        admitting it to the version guard (``podcost_messages_consumed{outcome="refused"}``)."""
+        self.metrics.consumed.labels(record.topic, "refused").inc()
+        batch = _Batch(record, None, None)
+        ticket = self._ledger.open(record.tp, record.offset, len(message.costs), batch)
+        for position, (pod, refused) in enumerate(zip(message.costs, refusals, strict=True)):
+            assert refused is not None
+            want = Want(PodUID(pod.uid), pod.namespace, pod.name, pod.cost, pod.previous, ticket,
+                        position=position)  # fmt: skip
+            self._settle(want, self._count_refusal(want, message, refused))
+
+    async def _from_the_future(
+        self, record: Record, message: DesiredCostsMessage | ReleaseCostsMessage
+    ) -> bool:
+        """Whether ``message`` is stamped later than this annotator's clock allows
+        (``PODCOST_CLOCK_SKEW``); if so it is dead-lettered with the reason, counted and
+        committed, never admitted: the version guard orders a workload's decisions by their
+        stamps, so one from the future would make every genuine one after it stale."""
+        reason = future_stamp(message, now=self._wall(), allowance=self.settings.clock_skew)
+        if reason is None:
+            return False
+        topics = self.bus_settings.topics
+        letter = functools.partial(
+            dead_letter, self.bus, record, reason, topic=topics.deadletter, group=self.group
+        )
+        await retry_transient(
+            letter,
+            what=f"dead-lettering {record.topic}@{record.partition}:{record.offset}",
+            sleep=self._clock.sleep,
+        )
+        self.metrics.consumed.labels(record.topic, "future").inc()
+        self._nothing_to_write(record, None)
+        return True
+
+    def _refused_now(self, pod: PodCost, message: DesiredCostsMessage) -> Refused | None:
+        """What the view, once synced, refuses for good about ``pod`` now (a pod it does not
         show, or whose owners it does not, is left to the write, which may wait or read)."""
         view = self.view
         if view is None or not view.synced():
             return None
-        known = view.pod(want.namespace, want.name)
+        known = view.pod(pod.namespace, pod.name)
         refused = verify(
-            message.workload, want.namespace, want.name, want.uid, known, view.store, self.scope
+            message.workload, pod.namespace, pod.name, pod.uid, known, view.store, self.scope
         )
         if refused is None or refused.reason.may_catch_up or refused.reason is Refusal.UNKNOWN_POD:
             return None
@@ -1033,12 +1081,15 @@ def bootstrap(
     )
 
 
-def _tail_decision(record: Record) -> TailDecision | None:
+def _tail_decision(record: Record, *, now: float, allowance: float) -> TailDecision | None:
     """The workload, order and pods of the decision a record carries (``None`` if it does not
-    decode: ``_accept`` dead-letters it)."""
+    decode, or is stamped in the future: ``_accept`` dead-letters it, and it supersedes
+    nothing)."""
     try:
         message = decode(DesiredCostsMessage, record.value, record.headers, key=record.key)
     except DecodeError:
+        return None
+    if future_stamp(message, now=now, allowance=allowance) is not None:
         return None
     decided = Decided(message.version, message.changed_at, message.complete)
     return TailDecision(message.key, decided, frozenset(pod.uid for pod in message.costs))

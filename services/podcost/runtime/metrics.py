@@ -21,8 +21,10 @@ class Metrics:
         r = self.registry
         self.consumed = Counter(
             "podcost_messages_consumed",
-            "Records consumed, by topic and outcome (ok, dead_letter; the annotator also "
-            "other_cluster, stale: older than a decision it accepted, duplicate).",
+            "Records consumed, by topic and outcome (ok, dead_letter, future: stamped later "
+            "than the reader's clock allows, dead-lettered; the annotator also other_cluster, "
+            "refused: no pod it names backed by its view, stale: older than a decision it "
+            "accepted, duplicate).",
             ["topic", "outcome"], registry=r,
         )  # fmt: skip
         self.produced = Counter(

@@ -23,6 +23,9 @@ the service with the variable named. Variables (defaults in brackets):
   takes over as its own (rewrites into its order, also when outside its band), besides its own
   ``podcost``; costs any other manager set (``kubectl-annotate``, a person, an unknown tool)
   are kept. Empty adopts nothing more [``manager``: the lablabs pod-deletion-cost-controller]
+- ``PODCOST_CLOCK_SKEW``: seconds a record's time stamp (``emitted_at``, ``changed_at``) may
+  lie ahead of this service's clock; a record stamped later is dead-lettered and counted
+  (``podcost_messages_consumed{outcome="future"}``), never ordered before genuine ones [300]
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from podcost_contracts.stamps import DEFAULT_CLOCK_SKEW
 from podcost_contracts.topics import ClusterName
 from podcost_core.model import DEFAULT_ADOPTED_MANAGERS, FIELD_MANAGER
 
@@ -54,6 +58,7 @@ class ServiceSettings(BaseSettings):
     dry_run: bool = False
     policy_file: Path | None = None
     adopt_field_managers: Annotated[tuple[str, ...], NoDecode] = DEFAULT_ADOPTED_MANAGERS
+    clock_skew: float = Field(default=DEFAULT_CLOCK_SKEW, ge=0, le=86_400)
 
     @field_validator("adopt_field_managers", mode="before")
     @classmethod
