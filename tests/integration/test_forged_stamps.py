@@ -68,6 +68,11 @@ async def test_a_decision_stamped_in_the_future_is_dead_lettered_and_the_genuine
         forged_costs = [Desire(pod.name, pod.uid, 100 + i) for i, pod in enumerate(pods)]
         forged = desired(namespace, "web", forged_costs, version=99, changed_at=FAR_FUTURE)
         stamped_late = desired(namespace, "web", [], version=98, emitted_at=FAR_FUTURE)
+        # Within the allowance, but naming no pod the view backs (uids they do not have): refused
+        # whole before the version guard orders it, so it cannot make the genuine one stale.
+        unbacked_costs = [Desire(pod.name, f"{pod.uid}-x", 50 + i) for i, pod in enumerate(pods)]
+        unbacked = desired(namespace, "web", unbacked_costs, version=97,
+                           changed_at=time.time() + 60)  # fmt: skip
         genuine_costs = [Desire(pod.name, pod.uid, 5 + i) for i, pod in enumerate(pods)]
         genuine = desired(namespace, "web", genuine_costs)
         topic = settings.topics.costs_for("local")
@@ -77,17 +82,20 @@ async def test_a_decision_stamped_in_the_future_is_dead_lettered_and_the_genuine
             bus=bus, kube=counting, view=InformerView(Kube(kube.api), Scope()),
         )  # fmt: skip
         async with running(service), Reader(bus, settings.topics.deadletter, DeadLetter) as dead:
-            for message in (forged, stamped_late, genuine):
+            for message in (forged, stamped_late, unbacked, genuine):
                 await publish_costs(bus, topic, message)
             letters = await dead.take(2, timeout=60)
             await eventually(
-                lambda: sum(service.committed.values()) == 3, "every record committed", timeout=60
+                lambda: sum(service.committed.values()) == 4, "every record committed", timeout=60
             )
             await dead.nothing_more(0.5)
-            future = service.metrics.registry.get_sample_value(
-                "podcost_messages_consumed_total", {"topic": topic, "outcome": "future"}
-            )
-        assert future == 2
+            consumed = {
+                outcome: service.metrics.registry.get_sample_value(
+                    "podcost_messages_consumed_total", {"topic": topic, "outcome": outcome}
+                )
+                for outcome in ("future", "refused", "ok")
+            }
+        assert consumed == {"future": 2, "refused": 1, "ok": 1}
         assert all(letter.reason.startswith("stamped in the future") for letter in letters)
         assert sorted(letter.offset for letter in letters) == [0, 1]
         assert counting.patches == {f"{namespace}/{pod.name}": 1 for pod in pods}
