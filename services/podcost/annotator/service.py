@@ -69,6 +69,13 @@ cost someone set stays.
 
 Offsets are committed only after the writes (at least once): a restart re-reads what was not
 committed, and re-reading finds the costs already written, so nothing is written twice.
+
+Rebalances (another annotator of the cluster joins or leaves): every record is tracked under
+the assignment its partition was owned under when it was read (``Consumer.epoch``). Once that
+assignment is gone its queued writes are purged (``Result.REVOKED``), a write under way makes
+no further request, its offset is never committed here, and the partition's new owner reads it
+again; so an older cost never lands after the newer one the new owner writes (a PATCH already
+sent tests the value it read, so one racing the new owner's write is refused).
 """
 
 from __future__ import annotations
@@ -218,6 +225,13 @@ class _Batch:
     """The release whose removals these are (``message`` is then ``None``)."""
     trace_id: str | None = None
     """The trace of ``message`` (its record's ``traceparent``): one string for all its pods."""
+    epoch: int | None = None
+    """The assignment its partition was owned under when it was read (``Consumer.epoch``): its
+    writes are made, and its offset committed, only while that assignment holds."""
+
+
+class _Revoked(Exception):
+    """A write's record was read under an assignment this annotator no longer holds."""
 
 
 class AnnotatorService:
@@ -263,6 +277,8 @@ class AnnotatorService:
         self._arrivals = itertools.count()
         self._progress = asyncio.Event()
         self._consumer: Consumer | None = None
+        self._read_under: dict[TopicPartition, int | None] = {}
+        """Per owned partition, the assignment the last records polled were read under."""
         self.decisions = DecisionLog()
         """The last decision per pod and what became of it, for ``GET /explain/...``."""
         self.guard = VersionGuard()
@@ -388,6 +404,8 @@ class AnnotatorService:
                     replay = False
                     records, tail = await self._read_ahead(consumer, records)
                     dropped = superseded(tail)
+                self._purge_revoked()
+                self._read_under = {tp: consumer.epoch(tp) for tp in consumer.assignment()}
                 for index, record in enumerate(records):
                     await self._accept(record, dropped=dropped.get(index, frozenset()))
                 self._observe_depth()
@@ -437,7 +455,11 @@ class AnnotatorService:
             want = self._writes.take(uid)
             if want is None:  # settled while waiting its turn (superseded by an unchanged cost)
                 continue
-            result = await self._write(kube, want)
+            if self._owned(want.origin.item):
+                result = await self._write(kube, want)
+            else:
+                result = Result.REVOKED
+                self._purge_revoked()
             again = self._writes.finish(want.uid)
             self._settle(want, result)
             if again:
@@ -448,7 +470,7 @@ class AnnotatorService:
         while True:
             await self._progress.wait()
             self._progress.clear()
-            done = self._ledger.committable()
+            done = [batch for batch in self._ledger.committable() if self._owned(batch)]
             if done:
                 records = [batch.record for batch in done]
                 committed = await retry_transient(
@@ -545,7 +567,7 @@ class AnnotatorService:
             decode, DesiredCostsMessage, record.value, record.headers, key=record.key
         )
         self.decisions.record(message, batch.trace_id, again)
-        ticket = self._ledger.open(record.tp, record.offset, len(message.costs), batch)
+        ticket = self._track(batch, len(message.costs))
         if not message.costs:
             self._finish(batch)
         for position, pod in enumerate(message.costs):
@@ -576,7 +598,7 @@ class AnnotatorService:
         admitting it to the version guard (``podcost_messages_consumed{outcome="refused"}``)."""
         self.metrics.consumed.labels(record.topic, "refused").inc()
         batch = _Batch(record, None, None)
-        ticket = self._ledger.open(record.tp, record.offset, len(message.costs), batch)
+        ticket = self._track(batch, len(message.costs))
         for position, (pod, refused) in enumerate(zip(message.costs, refusals, strict=True)):
             assert refused is not None
             want = Want(PodUID(pod.uid), pod.namespace, pod.name, pod.cost, pod.previous, ticket,
@@ -635,7 +657,7 @@ class AnnotatorService:
                  message.key, message.reason, len(message.pods))  # fmt: skip
         batch = _Batch(record, None, None, release=message)
         self._open.add(batch)
-        ticket = self._ledger.open(record.tp, record.offset, len(message.pods), batch)
+        ticket = self._track(batch, len(message.pods))
         if not message.pods:
             self._finish(batch)
         for pod in message.pods:
@@ -645,6 +667,42 @@ class AnnotatorService:
                 self._settle(settled.want, settled.result)
             if offer.ready:
                 self._announce(pod.uid)
+
+    def _track(self, batch: _Batch, writes: int) -> Ticket[_Batch]:
+        """Open ``batch``'s record in the ledger under the assignment it was read under: each
+        assignment of a partition has its own line of records to commit."""
+        record = batch.record
+        batch.epoch = self._read_under.get(record.tp)
+        return self._ledger.open((record.tp, batch.epoch), record.offset, writes, batch)
+
+    def _owned(self, batch: _Batch) -> bool:
+        """Whether this annotator still owns ``batch``'s partition under the assignment it was
+        read under: only then are its writes made and its offset committed."""
+        consumer = self._consumer
+        return (
+            consumer is not None
+            and batch.epoch is not None
+            and consumer.epoch(batch.record.tp) == batch.epoch
+        )
+
+    def _purge_revoked(self) -> None:
+        """After a rebalance took partitions away: forget their records (never committed here;
+        their new owner reads them again) and settle their queued writes as revoked, so that
+        no older cost lands after the one the new owner writes."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        for key in self._ledger.partitions():
+            tp, epoch = cast(tuple[TopicPartition, int | None], key)
+            if consumer.epoch(tp) != epoch:
+                self._ledger.forget(key)
+        purged = self._writes.purge(lambda want: self._owned(want.origin.item))
+        for want in purged:
+            self._settle(want, Result.REVOKED)
+        if purged:
+            log.info("a rebalance took partitions away: %d queued writes of theirs purged, "
+                     "left to their new owner", len(purged))  # fmt: skip
+            self._observe_depth()
 
     def _announce(self, uid: PodUID) -> None:
         """Hand ``uid``'s queued write to the writers, in the line of its decision's urgency."""
@@ -658,7 +716,7 @@ class AnnotatorService:
 
     def _nothing_to_write(self, record: Record, message: DesiredCostsMessage | None) -> None:
         batch = _Batch(record, message, None)
-        self._ledger.open(record.tp, record.offset, 0, batch)
+        self._track(batch, 0)
         self._progress.set()
 
     def _settle(self, want: Want[Ticket[_Batch]], result: Result) -> None:
@@ -690,7 +748,7 @@ class AnnotatorService:
             batch.span.set_attribute(ATTR_WRITES, batch.results[Result.OK])
             batch.span.end()
         message = batch.message
-        if message is not None:
+        if message is not None and self._owned(batch):
             key = message.key
             self._done[key] = max(self._done.get(key, message.version), message.version)
             self._check_caught_up()
@@ -751,6 +809,8 @@ class AnnotatorService:
         while True:
             try:
                 return await self._attempt(kube, want)
+            except _Revoked:
+                return Result.REVOKED
             except PodGone:
                 log.info(
                     "pod %s is gone: its cost %d is not written",
@@ -818,7 +878,8 @@ class AnnotatorService:
                            "reason": refused.reason.value},
                 )  # fmt: skip
                 return Result.REFUSED
-        seen = await self._request(lambda: kube.read_pod(want.namespace, want.name))
+        fence = want.origin.item
+        seen = await self._request(lambda: kube.read_pod(want.namespace, want.name), fence)
         meta = seen.get("metadata") or {}
         if meta.get("uid") != want.uid or meta.get("deletionTimestamp") is not None:
             return Result.GONE
@@ -834,7 +895,8 @@ class AnnotatorService:
                      extra={"pod": pod, "result": Result.DRY_RUN.value})  # fmt: skip
             return Result.DRY_RUN
         await self._request(
-            lambda: kube.remove_deletion_cost_if_unchanged(want.namespace, want.name, seen=seen)
+            lambda: kube.remove_deletion_cost_if_unchanged(want.namespace, want.name, seen=seen),
+            fence,
         )
         log.info("removed pod %s's cost %s: its workload is no longer ranked", pod, value,
                  extra={"pod": pod, "result": Result.OK.value})  # fmt: skip
@@ -908,7 +970,8 @@ class AnnotatorService:
             return self._refusal(want, message, refused, since)
         # Backed by the view, or a pod the view does not show (gone before it started, or too
         # new for it): the read says which, and what it returns is verified again below.
-        seen = await self._request(lambda: kube.read_pod(want.namespace, want.name))
+        fence = want.origin.item
+        seen = await self._request(lambda: kube.read_pod(want.namespace, want.name), fence)
         state = pod_state(seen, self.settings.adopted)
         verdict = decide(
             want.cost, want.uid, state, overwrite_foreign=self.config.overwrite_foreign
@@ -955,7 +1018,8 @@ class AnnotatorService:
         await self._request(
             lambda: kube.patch_deletion_cost_if_unchanged(
                 want.namespace, want.name, want.cost, seen=seen
-            )
+            ),
+            fence,
         )
         if message.changed_at is not None:
             # From the change the watcher saw, not from this message's own hop.
@@ -989,13 +1053,16 @@ class AnnotatorService:
             extra={**extra, "result": Result.DRY_RUN.value},
         )
 
-    async def _request(self, call: Callable[[], Awaitable[R]]) -> R:
-        """One API request within the QPS budget and the request timeout."""
+    async def _request(self, call: Callable[[], Awaitable[R]], fence: _Batch | None = None) -> R:
+        """One API request within the QPS budget and the request timeout; made only while the
+        assignment ``fence``'s record was read under holds (else ``_Revoked``)."""
         assert self._bucket is not None, "requests are made only while running"
         wait = self._bucket.reserve(self._clock.now())
         if wait > 0:
             self.metrics.rate_limit_waits.inc(wait)
             await self._clock.sleep(wait)
+        if fence is not None and not self._owned(fence):
+            raise _Revoked()
         try:
             async with asyncio.timeout(self.config.request_timeout):
                 answer = await call()

@@ -61,8 +61,8 @@ class Metrics:
         )  # fmt: skip
         self.patches = Counter(
             "podcost_patches", "Annotation writes, by result: how each ended (ok, unchanged, "
-            "superseded, gone, skipped_foreign, dry_run, refused, error) and each request tried "
-            "again (conflict, throttled, unavailable).", ["result"], registry=r,
+            "superseded, gone, skipped_foreign, dry_run, refused, revoked, error) and each request "
+            "tried again (conflict, throttled, unavailable).", ["result"], registry=r,
         )  # fmt: skip
         self.refusals = Counter(
             "podcost_refusals", "Cost writes the annotator refused because its own view of the "
