@@ -176,8 +176,9 @@ class Refusal(StrEnum):
     OUT_OF_SCOPE = "out_of_scope"
     """The pod or the workload is in a namespace this annotator does not serve."""
     UNKNOWN_POD = "unknown_pod"
-    """No pod of that name in the view. The annotator does not refuse for this: it reads the
-    pod (404 is ``gone``) and verifies what the read returns."""
+    """No pod of that name in the view. The annotator reads the pod (404 is ``gone``) and
+    verifies what the read returns, up to its budget of such reads per record; past it, this
+    is the refusal."""
     UID_MISMATCH = "uid_mismatch"
     """The pod of that name has another uid."""
     UNKNOWN_OWNER = "unknown_owner"

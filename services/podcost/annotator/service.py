@@ -225,6 +225,8 @@ class _Batch:
     """The release whose removals these are (``message`` is then ``None``)."""
     trace_id: str | None = None
     """The trace of ``message`` (its record's ``traceparent``): one string for all its pods."""
+    unknown_reads: int = 0
+    """Pods the view did not show that were read to verify them (``unknown_pod_budget``)."""
     epoch: int | None = None
     """The assignment its partition was owned under when it was read (``Consumer.epoch``): its
     writes are made, and its offset committed, only while that assignment holds."""
@@ -438,8 +440,9 @@ class AnnotatorService:
         )
         read, tail = list(records), [tail_decision(record) for record in records]
 
-        def writes() -> int:  # at most what the high-water mark lets wait
-            return sum(len(decision.pods) for decision in tail if decision is not None)
+        def writes() -> int:  # at most what the high-water mark lets wait; a record naming no
+            # pod (or undecodable) counts as one, so the tail held in memory is bounded too
+            return sum(1 if decision is None else max(1, len(decision.pods)) for decision in tail)
 
         while writes() < self.marks.high and sum((await consumer.lag()).values()) > 0:
             more = await consumer.poll(max_wait=POLL_WAIT_S)
@@ -968,6 +971,8 @@ class AnnotatorService:
         )
         if refused is not None and refused.reason is not Refusal.UNKNOWN_POD:
             return self._refusal(want, message, refused, since)
+        if refused is not None and not self._spend_unknown_read(want.origin.item):
+            return self._count_refusal(want, message, refused)
         # Backed by the view, or a pod the view does not show (gone before it started, or too
         # new for it): the read says which, and what it returns is verified again below.
         fence = want.origin.item
@@ -1032,6 +1037,14 @@ class AnnotatorService:
             extra={**extra, "result": Result.OK.value},
         )
         return Result.OK
+
+    def _spend_unknown_read(self, batch: _Batch) -> bool:
+        """Whether ``batch``'s record may have one more pod the view does not show read from
+        the API server (``unknown_pod_budget``); counts it if so."""
+        if batch.unknown_reads >= self.config.unknown_pod_budget:
+            return False
+        batch.unknown_reads += 1
+        return True
 
     def _tell_dry_run(
         self, uid: PodUID, pod: str, cost: int, now: str | None, extra: dict[str, object]

@@ -28,6 +28,10 @@ Variables (defaults in brackets), all prefixed ``PODCOST_ANNOTATOR_``:
   for the annotator's own view of the cluster to show the owners (ReplicaSet, Deployment) of
   the pod it names (the view may not have seen a brand-new ReplicaSet yet); then the write is
   refused [5]. A decision whose pod, workload or opt-in the view contradicts is refused at once.
+- ``UNKNOWN_POD_BUDGET``: pods of one record the annotator's view does not show (too new for
+  it, or invented) that it reads from the API server to verify; the rest of that record's
+  unknown pods are refused without a request (``podcost_refusals{reason="unknown_pod"}``), so
+  a forged record cannot spend the QPS budget on pods that do not exist [100]
 - ``POLL_RECORDS``: most records taken from the bus at once; the queue can pass the high-water
   mark by at most one such batch [100]
 - ``GROUP``: the prefix of the consumer group; a cluster's annotators join
@@ -88,6 +92,13 @@ class AnnotatorSettings(BaseSettings):
         ge=0,
         le=600,
         description="Seconds a decision may wait for the view to show its pod's owners.",
+    )
+    unknown_pod_budget: int = Field(
+        default=100,
+        ge=0,
+        le=100_000,
+        description="Pods unknown to the view that one record may have read before the rest "
+        "of them are refused.",
     )
     poll_records: int = Field(
         default=100, ge=1, le=10_000, description="Most records taken from the bus at once."
