@@ -195,9 +195,10 @@ class Refusal(StrEnum):
 
     @property
     def may_catch_up(self) -> bool:
-        """Whether the view may just not have seen the pod's owners yet: worth another look
-        for a little while, where every other refusal is final."""
-        return self is Refusal.UNKNOWN_OWNER
+        """Whether the view may just not have seen yet what the watcher saw (the pod's owners,
+        or the workload's opt-in): worth another look for a little while, where every other
+        refusal is final."""
+        return self in (Refusal.UNKNOWN_OWNER, Refusal.NOT_OPTED_IN)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,8 +58,11 @@ show (deleted before it started, or too new for it) is read, as every pod is bef
 404 is ``gone``, and a pod found is verified like any other. Every pod read is verified again on
 what the read returned (its owner must still be the workload), and the PATCH itself tests the
 pod's uid: nothing is ever written blind. Owners the view does not show yet (a brand-new
-ReplicaSet) may be ones it has not seen yet: the write waits for the view, polling it, until
-``view_grace`` seconds after the decision was published, then is refused.
+ReplicaSet) may be ones it has not seen yet, and a workload it shows not opted in may have
+opted in since (the watcher saw it first): the write waits for the view, polling it, until
+``view_grace`` seconds after the decision was published (or consumed, if earlier), then is
+refused. A record naming more pods the view does not show than ``unknown_pod_budget`` has the
+rest refused (``unknown_pod``) without the read each would cost.
 
 Releases (``ReleaseCostsMessage``, for a workload that opted out): one removal per pod,
 queued, paced and retried like a write and ordered with the workload's decisions by the same
@@ -225,6 +228,9 @@ class _Batch:
     """The release whose removals these are (``message`` is then ``None``)."""
     trace_id: str | None = None
     """The trace of ``message`` (its record's ``traceparent``): one string for all its pods."""
+    accepted_at: float = 0.0
+    """When (POSIX seconds) it was consumed: a refusal that may change waits for the view at
+    most ``view_grace`` from then (or from its ``emitted_at``, if earlier)."""
     unknown_reads: int = 0
     """Pods the view did not show that were read to verify them (``unknown_pod_budget``)."""
     epoch: int | None = None
@@ -564,7 +570,8 @@ class AnnotatorService:
                 ATTR_MISSING: list(message.missing),
             },
         )
-        batch = _Batch(record, message, span, trace_id=trace_id_of(record.headers))
+        batch = _Batch(record, message, span, trace_id=trace_id_of(record.headers),
+                       accepted_at=self._wall())  # fmt: skip
         self._open.add(batch)
         again = functools.partial(
             decode, DesiredCostsMessage, record.value, record.headers, key=record.key
@@ -931,9 +938,12 @@ class AnnotatorService:
         catch up: until ``view_grace`` after the decision was published and after this write
         began waiting."""
         grace = self.config.view_grace
+        # From when it was published, or consumed if that is earlier (a stamp may lie ahead):
+        # one record's writes all stop waiting then, however many pods it names.
+        began = min(message.emitted_at, want.origin.item.accepted_at or message.emitted_at)
         if (
             refused.reason.may_catch_up
-            and self._wall() < message.emitted_at + grace
+            and self._wall() < began + grace
             and self._clock.now() - since < grace
         ):
             return None

@@ -24,10 +24,12 @@ Variables (defaults in brackets), all prefixed ``PODCOST_ANNOTATOR_``:
 - ``REQUEST_TIMEOUT``: seconds one API request may take before it counts as failed [10]
 - ``OVERWRITE_FOREIGN``: also overwrite costs another field manager set (a person, another
   tool) [false: leave them alone]
-- ``VIEW_GRACE``: seconds, counted from when a decision was published, that its write may wait
-  for the annotator's own view of the cluster to show the owners (ReplicaSet, Deployment) of
-  the pod it names (the view may not have seen a brand-new ReplicaSet yet); then the write is
-  refused [5]. A decision whose pod, workload or opt-in the view contradicts is refused at once.
+- ``VIEW_GRACE``: seconds, counted from when a decision was published (or consumed, if
+  earlier), that its write may wait for the annotator's own view of the cluster to show what
+  the watcher saw: the owners (ReplicaSet, Deployment) of the pod it names, or the workload's
+  opt-in (the view may not have seen a brand-new ReplicaSet or a fresh opt-in yet); then the
+  write is refused [5]. A decision whose pod or workload the view contradicts is refused at
+  once.
 - ``UNKNOWN_POD_BUDGET``: pods of one record the annotator's view does not show (too new for
   it, or invented) that it reads from the API server to verify; the rest of that record's
   unknown pods are refused without a request (``podcost_refusals{reason="unknown_pod"}``), so
