@@ -494,7 +494,7 @@ class AggregationProcessor:
     def load(self, key: bytes | None, parts: Mapping[str, bytes | None]) -> WorkloadState:
         text = (key or b"").decode("utf-8", "replace")
         try:
-            return load_parts(
+            state = load_parts(
                 text,
                 parts,
                 read_latest=_read_latest,
@@ -512,6 +512,20 @@ class AggregationProcessor:
             # rebuilds it) rather than stop every workload's aggregation.
             log.error("%s; starting it afresh", error)
             return WorkloadState(text)
+        return self._forget_future(state)
+
+    def _forget_future(self, state: WorkloadState) -> WorkloadState:
+        """``state``, or a fresh one if its snapshot is stamped later than the clock allows:
+        stored before such records were refused, it would keep every genuine snapshot stale."""
+        latest = state.latest
+        future = None if latest is None else future_stamp(
+            latest, now=self.clock.now(), allowance=self.clock_skew
+        )  # fmt: skip
+        if future is None:
+            return state
+        log.warning("%s: the stored snapshot is %s; forgotten, the next snapshot rebuilds it",
+                    state.key, future)  # fmt: skip
+        return WorkloadState(state.key)
 
     def _consumed_ok(self, topic: str) -> Any:
         counter = self._ok.get(topic)
