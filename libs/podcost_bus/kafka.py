@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import random
 from collections import deque
@@ -373,6 +374,9 @@ class KafkaConsumer(PollingConsumer):
         """Offset past the last record delivered, per owned partition."""
         self._committed: dict[TopicPartition, int] = {}
         self._paused = False
+        self._epochs: dict[TopicPartition, int] = {}
+        """Per owned partition, the assignment it was given under (``epoch``)."""
+        self._assignments = itertools.count(1)
 
     @property
     def group(self) -> str:
@@ -417,6 +421,7 @@ class KafkaConsumer(PollingConsumer):
         self._buffer.clear()
         self._delivered.clear()
         self._committed.clear()
+        self._epochs.clear()
         if consumer is not None:
             await consumer.stop()  # leaves the group; commits nothing (auto-commit is off)
 
@@ -494,6 +499,9 @@ class KafkaConsumer(PollingConsumer):
             TopicPartition(tp.topic, tp.partition) for tp in self._consumer.assignment()
         )
 
+    def epoch(self, tp: TopicPartition) -> int | None:
+        return self._epochs.get(tp) if tp in self.assignment() else None
+
     async def lag(self) -> dict[TopicPartition, int]:
         consumer = self._consumer
         owned = [KafkaTopicPartition(tp.topic, tp.partition) for tp in self.assignment()]
@@ -550,7 +558,10 @@ class KafkaConsumer(PollingConsumer):
         for tp in revoked:
             self._delivered.pop(tp, None)
             self._committed.pop(tp, None)
+            self._epochs.pop(tp, None)
 
     def _assigned(self, assigned: list[Any]) -> None:
+        for raw in assigned:
+            self._epochs[TopicPartition(raw.topic, raw.partition)] = next(self._assignments)
         if self._paused and assigned and self._consumer is not None:
             self._consumer.pause(*assigned)

@@ -356,6 +356,9 @@ class MemoryConsumer(PollingConsumer):
         self._turn = 0
         self._paused = False
         self._running = False
+        self._epochs: dict[TopicPartition, int] = {}
+        """Per owned partition, the assignment it was given under (``epoch``)."""
+        self._assignments = itertools.count(1)
 
     @property
     def group(self) -> str:
@@ -425,6 +428,9 @@ class MemoryConsumer(PollingConsumer):
     def assignment(self) -> frozenset[TopicPartition]:
         return frozenset(self._positions)
 
+    def epoch(self, tp: TopicPartition) -> int | None:
+        return self._epochs.get(tp)
+
     async def lag(self) -> dict[TopicPartition, int]:
         lags = {}
         for tp, position in self._positions.items():
@@ -440,7 +446,9 @@ class MemoryConsumer(PollingConsumer):
         for tp in set(self._positions) - partitions:
             del self._positions[tp]
             self._delivered.pop(tp, None)
+            self._epochs.pop(tp, None)
         for tp in partitions - set(self._positions):
+            self._epochs[tp] = next(self._assignments)
             log = self._bus._partition(tp)
             start = log.base if self._offset_reset == "earliest" else log.end
             self._positions[tp] = committed.get(tp, start)

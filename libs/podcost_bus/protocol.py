@@ -137,6 +137,13 @@ class Consumer(Protocol):
         """The partitions this member owns now."""
         ...
 
+    def epoch(self, tp: TopicPartition) -> int | None:
+        """The assignment under which this member owns ``tp`` now: a number that changes every
+        time the partition is given to it again; ``None`` while it does not own it. What a
+        record read under one epoch asks for may be done only while that epoch holds: after a
+        rebalance, the partition's new owner reads the uncommitted records again."""
+        ...
+
     async def lag(self) -> dict[TopicPartition, int]:
         """Per owned partition, how many records are published but not yet delivered here
         (partitions whose end is not known yet are left out)."""

@@ -474,3 +474,26 @@ def test_a_pods_cost_read_ahead_is_superseded_by_a_newer_decision_of_its_workloa
     decisions: list[TailDecision | None], dropped: dict[int, set[str]]
 ) -> None:
     assert superseded(decisions) == {index: frozenset(pods) for index, pods in dropped.items()}
+
+
+def test_purging_removes_only_the_queued_writes_refused_and_leaves_running_ones() -> None:
+    queue: WriteQueue[str] = WriteQueue()
+    for uid, origin in (("a", "lost"), ("b", "kept"), ("c", "lost")):
+        queue.offer(want(uid, 1, origin))
+    running = queue.take(PodUID("c"))
+    assert running is not None
+    purged = queue.purge(lambda queued: queued.origin != "lost")
+    assert [w.uid for w in purged] == ["a"]
+    assert queue.depth == 2  # b queued, c running (its requests are fenced, not purged)
+    assert queue.take(PodUID("a")) is None
+    assert queue.finish(PodUID("c")) is False
+
+
+def test_a_forgotten_partition_never_becomes_committable() -> None:
+    ledger: Ledger[str] = Ledger()
+    lost = ledger.open(("t", 1), 5, 1, "old assignment")
+    ledger.open(("t", 2), 5, 0, "new assignment")
+    ledger.forget(("t", 1))
+    assert ledger.settle(lost)
+    assert ledger.committable() == ["new assignment"]
+    assert ledger.partitions() == [("t", 2)]

@@ -177,8 +177,11 @@ def test_a_release_removes_costs_only_of_a_workload_the_view_says_is_no_longer_p
     assert (refused.reason if refused is not None else None) is expected
 
 
-def test_only_a_missing_owner_may_be_waited_for() -> None:
-    assert {reason for reason in Refusal if reason.may_catch_up} == {Refusal.UNKNOWN_OWNER}
+def test_only_a_missing_owner_or_a_missing_opt_in_may_be_waited_for() -> None:
+    assert {reason for reason in Refusal if reason.may_catch_up} == {
+        Refusal.UNKNOWN_OWNER,
+        Refusal.NOT_OPTED_IN,
+    }
 
 
 def test_a_refusal_names_the_workload_the_pod_belongs_to() -> None:

@@ -86,6 +86,7 @@ from podcost_contracts.messages import (
     snapshot_validator,
     trace_context,
 )
+from podcost_contracts.stamps import DEFAULT_CLOCK_SKEW, future_stamp
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import (
     DECISION_UNREAD,
@@ -273,6 +274,8 @@ class _Outgoing:
     """The decision's span, ended once the costs are acknowledged or refused."""
     reason: str = ""
     """A dead letter's reason."""
+    outcome: str = "dead_letter"
+    """A dead letter's ``outcome`` in ``podcost_messages_consumed``."""
     release: ReleaseCostsMessage | None = None
     """A release of a workload no longer ranked (a costs record that is no decision)."""
     error: BusError | None = None
@@ -308,8 +311,11 @@ class AggregationProcessor:
         backoff: Backoff = DEFAULT_BACKOFF,
         partition_of: Callable[[bytes], int] | None = None,
         unread: Unread | None = DECISION_UNREAD,
+        clock_skew: float = DEFAULT_CLOCK_SKEW,
     ) -> None:
         self.aggregator = aggregator
+        self.clock_skew = clock_skew
+        """How far (seconds) a record's stamp may lie ahead of ``clock`` (``future_stamp``)."""
         self.unread = unread
         """What of a snapshot is not decoded (``None``: decode it whole)."""
         self.partition_of = partition_of
@@ -367,6 +373,12 @@ class AggregationProcessor:
                 f"{MAX_STORED_SNAPSHOT_VALUE_BYTES} the aggregator's stored state can hold"
             )
             self._dead_letter(record, reason, None)
+            return []
+        future = future_stamp(message, now=self.clock.now(), allowance=self.clock_skew)
+        if future is not None:
+            # Its workload's state is ordered by emitted_at and stored: admitted, it would make
+            # every genuine snapshot stale, across restarts.
+            self._dead_letter(record, future, None, outcome="future")
             return []
         return [(record.key, _Step(record, message))]  # counted consumed once processed
 
@@ -499,7 +511,7 @@ class AggregationProcessor:
     def load(self, key: bytes | None, parts: Mapping[str, bytes | None]) -> WorkloadState:
         text = (key or b"").decode("utf-8", "replace")
         try:
-            return load_parts(
+            state = load_parts(
                 text,
                 parts,
                 read_latest=_read_latest,
@@ -517,6 +529,20 @@ class AggregationProcessor:
             # rebuilds it) rather than stop every workload's aggregation.
             log.error("%s; starting it afresh", error)
             return WorkloadState(text)
+        return self._forget_future(state)
+
+    def _forget_future(self, state: WorkloadState) -> WorkloadState:
+        """``state``, or a fresh one if its snapshot is stamped later than the clock allows:
+        stored before such records were refused, it would keep every genuine snapshot stale."""
+        latest = state.latest
+        future = None if latest is None else future_stamp(
+            latest, now=self.clock.now(), allowance=self.clock_skew
+        )  # fmt: skip
+        if future is None:
+            return state
+        log.warning("%s: the stored snapshot is %s; forgotten, the next snapshot rebuilds it",
+                    state.key, future)  # fmt: skip
+        return WorkloadState(state.key)
 
     def _consumed_ok(self, topic: str) -> Any:
         counter = self._ok.get(topic)
@@ -578,10 +604,15 @@ class AggregationProcessor:
             return
         self._queue.append(item)
 
-    def _dead_letter(self, record: Record, reason: str, error: BaseException | None) -> None:
+    def _dead_letter(
+        self, record: Record, reason: str, error: BaseException | None, *,
+        outcome: str = "dead_letter",
+    ) -> None:  # fmt: skip
         letter = dead_letter_of(record, reason, error, group=self.group, failed_at=self.clock.now())
         encoded = encode(letter, trace=trace_context(record.headers))
-        self._queue.append(_Outgoing(self.topics.deadletter, encoded, record, reason=reason))
+        self._queue.append(
+            _Outgoing(self.topics.deadletter, encoded, record, reason=reason, outcome=outcome)
+        )
 
     # --- publishing ---------------------------------------------------------------------------
 
@@ -680,7 +711,7 @@ class AggregationProcessor:
                 record.topic, record.partition, record.offset, record.key, item.topic,
                 item.reason,
             )  # fmt: skip
-            self.metrics.consumed.labels(record.topic, "dead_letter").inc()
+            self.metrics.consumed.labels(record.topic, item.outcome).inc()
             self.metrics.produced.labels(item.topic).inc()
 
     def _refused(self, item: _Outgoing, error: EncodeError | BusError) -> None:

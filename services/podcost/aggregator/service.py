@@ -175,6 +175,7 @@ def bootstrap(
         partition_of=key_partitioner(bus, bus_settings),
         unread=None if whole_snapshots else DECISION_UNREAD,
         backoff=settings.backoff(),
+        clock_skew=settings.clock_skew_seconds,
     )
     sources = (topics.workloads, topics.ranks)
     transport: Transport

@@ -32,7 +32,7 @@ uncommitted until its own write is done, so a crash replays the newer value, nev
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Generic, TypeVar, cast
@@ -65,6 +65,10 @@ class Result(StrEnum):
     REFUSED = "refused"
     """Not backed by the annotator's own view of the cluster (:func:`verify`): no write, the
     reason counted in ``podcost_refusals``."""
+    REVOKED = "revoked"
+    """Not written here: a rebalance gave the partition of its record to another annotator,
+    which reads the record again from the last commit (the write is fenced by the assignment
+    the record was read under)."""
     ERROR = "error"
     """Given up: a permanent API error (403, 422 ...), or conflicts past the retry limit
     (logged). An unavailable or throttling API server never ends a write as an error."""
@@ -172,8 +176,9 @@ class Refusal(StrEnum):
     OUT_OF_SCOPE = "out_of_scope"
     """The pod or the workload is in a namespace this annotator does not serve."""
     UNKNOWN_POD = "unknown_pod"
-    """No pod of that name in the view. The annotator does not refuse for this: it reads the
-    pod (404 is ``gone``) and verifies what the read returns."""
+    """No pod of that name in the view. The annotator reads the pod (404 is ``gone``) and
+    verifies what the read returns, up to its budget of such reads per record; past it, this
+    is the refusal."""
     UID_MISMATCH = "uid_mismatch"
     """The pod of that name has another uid."""
     UNKNOWN_OWNER = "unknown_owner"
@@ -190,9 +195,10 @@ class Refusal(StrEnum):
 
     @property
     def may_catch_up(self) -> bool:
-        """Whether the view may just not have seen the pod's owners yet: worth another look
-        for a little while, where every other refusal is final."""
-        return self is Refusal.UNKNOWN_OWNER
+        """Whether the view may just not have seen yet what the watcher saw (the pod's owners,
+        or the workload's opt-in): worth another look for a little while, where every other
+        refusal is final."""
+        return self in (Refusal.UNKNOWN_OWNER, Refusal.NOT_OPTED_IN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -435,6 +441,17 @@ class WriteQueue(Generic[T]):
         self._drop_if_idle(uid, slot)
         return False
 
+    def purge(self, keep: Callable[[Want[T]], bool]) -> list[Want[T]]:
+        """Remove the queued (not running) writes ``keep`` says no to, and return them."""
+        purged: list[Want[T]] = []
+        for uid, slot in list(self._slots.items()):
+            if slot.queued is not None and not keep(slot.queued):
+                purged.append(slot.queued)
+                slot.queued = None
+                self._queued -= 1
+                self._drop_if_idle(uid, slot)
+        return purged
+
     def _drop_if_idle(self, uid: PodUID, slot: _Slot[T]) -> None:
         if slot.queued is None and slot.running is None:
             del self._slots[uid]
@@ -602,6 +619,15 @@ class Ledger(Generic[T]):
         ticket = Ticket(partition, offset, writes, item)
         entry.open.append(ticket)
         return ticket
+
+    def partitions(self) -> list[Hashable]:
+        """The partitions with records tracked."""
+        return list(self._partitions)
+
+    def forget(self, partition: Hashable) -> None:
+        """Stop tracking ``partition``'s records (its owner changed): none of them will ever be
+        committable here, whatever becomes of their writes."""
+        self._partitions.pop(partition, None)
 
     def settle(self, ticket: Ticket[T]) -> bool:
         """One write of ``ticket``'s record is done; ``True`` when that was its last."""

@@ -58,8 +58,11 @@ show (deleted before it started, or too new for it) is read, as every pod is bef
 404 is ``gone``, and a pod found is verified like any other. Every pod read is verified again on
 what the read returned (its owner must still be the workload), and the PATCH itself tests the
 pod's uid: nothing is ever written blind. Owners the view does not show yet (a brand-new
-ReplicaSet) may be ones it has not seen yet: the write waits for the view, polling it, until
-``view_grace_seconds`` after the decision was published, then is refused.
+ReplicaSet) may be ones it has not seen yet, and a workload it shows not opted in may have
+opted in since (the watcher saw it first): the write waits for the view, polling it, until
+``view_grace_seconds`` after the decision was published (or consumed, if earlier), then is
+refused. A record naming more pods the view does not show than ``unknown_pod_budget`` has the
+rest refused (``unknown_pod``) without the read each would cost.
 
 Releases (``ReleaseCostsMessage``, for a workload that opted out): one removal per pod,
 queued, paced and retried like a write and ordered with the workload's decisions by the same
@@ -69,6 +72,13 @@ cost someone set stays.
 
 Offsets are committed only after the writes (at least once): a restart re-reads what was not
 committed, and re-reading finds the costs already written, so nothing is written twice.
+
+Rebalances (another annotator of the cluster joins or leaves): every record is tracked under
+the assignment its partition was owned under when it was read (``Consumer.epoch``). Once that
+assignment is gone its queued writes are purged (``Result.REVOKED``), a write under way makes
+no further request, its offset is never committed here, and the partition's new owner reads it
+again; so an older cost never lands after the newer one the new owner writes (a PATCH already
+sent tests the value it read, so one racing the new owner's write is refused).
 """
 
 from __future__ import annotations
@@ -149,14 +159,16 @@ from podcost_bus import (
     TopicPartition,
     open_bus,
 )
-from podcost_bus.messaging import decode_or_dead_letter
+from podcost_bus.messaging import dead_letter, decode_or_dead_letter
 from podcost_contracts.messages import (
     DecodeError,
     DesiredCostsMessage,
+    PodCost,
     ReleaseCostsMessage,
     decode,
     decode_costs_record,
 )
+from podcost_contracts.stamps import future_stamp
 from podcost_core.backoff import Random
 from podcost_core.convert import ObjectMetaJSON, own_cost
 from podcost_core.model import DELETION_COST_ANNOTATION, PodUID
@@ -217,6 +229,18 @@ class _Batch:
     """The release whose removals these are (``message`` is then ``None``)."""
     trace_id: str | None = None
     """The trace of ``message`` (its record's ``traceparent``): one string for all its pods."""
+    accepted_at: float = 0.0
+    """When (POSIX seconds) it was consumed: a refusal that may change waits for the view at
+    most ``view_grace_seconds`` from then (or from its ``emitted_at``, if earlier)."""
+    unknown_reads: int = 0
+    """Pods the view did not show that were read to verify them (``unknown_pod_budget``)."""
+    epoch: int | None = None
+    """The assignment its partition was owned under when it was read (``Consumer.epoch``): its
+    writes are made, and its offset committed, only while that assignment holds."""
+
+
+class _Revoked(Exception):
+    """A write's record was read under an assignment this annotator no longer holds."""
 
 
 class AnnotatorService:
@@ -266,6 +290,8 @@ class AnnotatorService:
         self._arrivals = itertools.count()
         self._progress = asyncio.Event()
         self._consumer: Consumer | None = None
+        self._read_under: dict[TopicPartition, int | None] = {}
+        """Per owned partition, the assignment the last records polled were read under."""
         self.decisions = DecisionLog()
         """The last decision per pod and what became of it, for ``GET /explain/...``."""
         self.guard = VersionGuard()
@@ -391,6 +417,8 @@ class AnnotatorService:
                     replay = False
                     records, tail = await self._read_ahead(consumer, records)
                     dropped = superseded(tail)
+                self._purge_revoked()
+                self._read_under = {tp: consumer.epoch(tp) for tp in consumer.assignment()}
                 for index, record in enumerate(records):
                     await self._accept(record, dropped=dropped.get(index, frozenset()))
                 self._observe_depth()
@@ -418,10 +446,14 @@ class AnnotatorService:
         the high-water mark), with the decisions they carry: after a start, the tail past the
         committed offsets, read in full so that a pod's cost is written only from the newest
         decision of its workload there that names it (``plan.superseded``)."""
-        read, tail = list(records), [_tail_decision(record) for record in records]
+        tail_decision = functools.partial(
+            _tail_decision, now=self._wall(), allowance=self.settings.clock_skew_seconds
+        )
+        read, tail = list(records), [tail_decision(record) for record in records]
 
-        def writes() -> int:  # at most what the high-water mark lets wait
-            return sum(len(decision.pods) for decision in tail if decision is not None)
+        def writes() -> int:  # at most what the high-water mark lets wait; a record naming no
+            # pod (or undecodable) counts as one, so the tail held in memory is bounded too
+            return sum(1 if decision is None else max(1, len(decision.pods)) for decision in tail)
 
         # Retried as every other read is: records polled here are delivered, and a failure that
         # left this method would lose them (the later commits pass their offsets).
@@ -443,7 +475,7 @@ class AnnotatorService:
             if not more:
                 break
             read.extend(more)
-            tail.extend(_tail_decision(record) for record in more)
+            tail.extend(tail_decision(record) for record in more)
         return read, tail
 
     async def _write_loop(self, kube: PodAPI) -> None:
@@ -452,7 +484,11 @@ class AnnotatorService:
             want = self._writes.take(uid)
             if want is None:  # settled while waiting its turn (superseded by an unchanged cost)
                 continue
-            result = await self._write(kube, want)
+            if self._owned(want.origin.item):
+                result = await self._write(kube, want)
+            else:
+                result = Result.REVOKED
+                self._purge_revoked()
             again = self._writes.finish(want.uid)
             self._settle(want, result)
             if again:
@@ -463,7 +499,7 @@ class AnnotatorService:
         while True:
             await self._progress.wait()
             self._progress.clear()
-            done = self._ledger.committable()
+            done = [batch for batch in self._ledger.committable() if self._owned(batch)]
             if done:
                 records = [batch.record for batch in done]
                 committed = await retry_transient(
@@ -507,6 +543,8 @@ class AnnotatorService:
                 record, message if isinstance(message, DesiredCostsMessage) else None
             )
             return
+        if await self._from_the_future(record, message):
+            return
         if isinstance(message, ReleaseCostsMessage):
             self._release(record, message)
             return
@@ -515,6 +553,12 @@ class AnnotatorService:
         if dropped and not stale:
             kept = tuple(pod for pod in message.costs if pod.uid not in dropped)
             message = message.model_copy(update={"costs": kept})
+        # Verified before it is ordered: a decision none of whose pods the view backs is
+        # refused whole and never admitted, so it cannot make the genuine ones stale.
+        refusals = [self._refused_now(pod, message) for pod in message.costs]
+        if message.costs and all(refusals):
+            self._refuse_whole(record, message, refusals)
+            return
         freshness = Freshness.STALE if stale else self.guard.admit(message.key, decided)
         if freshness is not Freshness.NEW:
             self.metrics.consumed.labels(record.topic, freshness.value).inc()
@@ -550,13 +594,14 @@ class AnnotatorService:
                 ATTR_MISSING: list(message.missing),
             },
         )
-        batch = _Batch(record, message, span, trace_id=trace_id_of(record.headers))
+        batch = _Batch(record, message, span, trace_id=trace_id_of(record.headers),
+                       accepted_at=self._wall())  # fmt: skip
         self._open.add(batch)
         again = functools.partial(
             decode, DesiredCostsMessage, record.value, record.headers, key=record.key
         )
         self.decisions.record(message, batch.trace_id, again)
-        ticket = self._ledger.open(record.tp, record.offset, len(message.costs), batch)
+        ticket = self._track(batch, len(message.costs))
         if not message.costs:
             self._finish(batch)
         for position, pod in enumerate(message.costs):
@@ -569,7 +614,7 @@ class AnnotatorService:
             )
             want = Want(uid, namespace, name, pod.cost, pod.previous, ticket,
                         first_wrong=message.first_wrong, position=position)  # fmt: skip
-            refused = self._refused_now(want, message)
+            refused = refusals[position]
             if refused is not None:
                 # Never queued: a forged decision cannot supersede a genuine one for that pod.
                 self._settle(want, self._count_refusal(want, message, refused))
@@ -580,17 +625,52 @@ class AnnotatorService:
             if offer.ready:
                 self._announce(pod.uid)
 
-    def _refused_now(
-        self, want: Want[Ticket[_Batch]], message: DesiredCostsMessage
-    ) -> Refused | None:
-        """What the view, once synced, refuses for good about ``want`` now (a pod it does not
+    def _refuse_whole(
+        self, record: Record, message: DesiredCostsMessage, refusals: list[Refused | None]
+    ) -> None:
+        """Settle a decision the view refuses for every pod it names, as refused, without
+        admitting it to the version guard (``podcost_messages_consumed{outcome="refused"}``)."""
+        self.metrics.consumed.labels(record.topic, "refused").inc()
+        batch = _Batch(record, None, None)
+        ticket = self._track(batch, len(message.costs))
+        for position, (pod, refused) in enumerate(zip(message.costs, refusals, strict=True)):
+            assert refused is not None
+            want = Want(PodUID(pod.uid), pod.namespace, pod.name, pod.cost, pod.previous, ticket,
+                        position=position)  # fmt: skip
+            self._settle(want, self._count_refusal(want, message, refused))
+
+    async def _from_the_future(
+        self, record: Record, message: DesiredCostsMessage | ReleaseCostsMessage
+    ) -> bool:
+        """Whether ``message`` is stamped later than this annotator's clock allows
+        (``PODCOST_CLOCK_SKEW_SECONDS``); if so it is dead-lettered with the reason, counted and
+        committed, never admitted: the version guard orders a workload's decisions by their
+        stamps, so one from the future would make every genuine one after it stale."""
+        reason = future_stamp(message, now=self._wall(), allowance=self.settings.clock_skew_seconds)
+        if reason is None:
+            return False
+        topics = self.bus_settings.topics
+        letter = functools.partial(
+            dead_letter, self.bus, record, reason, topic=topics.deadletter, group=self.group
+        )
+        await retry_transient(
+            letter,
+            what=f"dead-lettering {record.topic}@{record.partition}:{record.offset}",
+            sleep=self._clock.sleep,
+        )
+        self.metrics.consumed.labels(record.topic, "future").inc()
+        self._nothing_to_write(record, None)
+        return True
+
+    def _refused_now(self, pod: PodCost, message: DesiredCostsMessage) -> Refused | None:
+        """What the view, once synced, refuses for good about ``pod`` now (a pod it does not
         show, or whose owners it does not, is left to the write, which may wait or read)."""
         view = self.view
         if view is None or not view.synced():
             return None
-        known = view.pod(want.namespace, want.name)
+        known = view.pod(pod.namespace, pod.name)
         refused = verify(
-            message.workload, want.namespace, want.name, want.uid, known, view.store, self.scope
+            message.workload, pod.namespace, pod.name, pod.uid, known, view.store, self.scope
         )
         if refused is None or refused.reason.may_catch_up or refused.reason is Refusal.UNKNOWN_POD:
             return None
@@ -611,7 +691,7 @@ class AnnotatorService:
                  message.key, message.reason, len(message.pods))  # fmt: skip
         batch = _Batch(record, None, None, release=message)
         self._open.add(batch)
-        ticket = self._ledger.open(record.tp, record.offset, len(message.pods), batch)
+        ticket = self._track(batch, len(message.pods))
         if not message.pods:
             self._finish(batch)
         for pod in message.pods:
@@ -621,6 +701,42 @@ class AnnotatorService:
                 self._settle(settled.want, settled.result)
             if offer.ready:
                 self._announce(pod.uid)
+
+    def _track(self, batch: _Batch, writes: int) -> Ticket[_Batch]:
+        """Open ``batch``'s record in the ledger under the assignment it was read under: each
+        assignment of a partition has its own line of records to commit."""
+        record = batch.record
+        batch.epoch = self._read_under.get(record.tp)
+        return self._ledger.open((record.tp, batch.epoch), record.offset, writes, batch)
+
+    def _owned(self, batch: _Batch) -> bool:
+        """Whether this annotator still owns ``batch``'s partition under the assignment it was
+        read under: only then are its writes made and its offset committed."""
+        consumer = self._consumer
+        return (
+            consumer is not None
+            and batch.epoch is not None
+            and consumer.epoch(batch.record.tp) == batch.epoch
+        )
+
+    def _purge_revoked(self) -> None:
+        """After a rebalance took partitions away: forget their records (never committed here;
+        their new owner reads them again) and settle their queued writes as revoked, so that
+        no older cost lands after the one the new owner writes."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        for key in self._ledger.partitions():
+            tp, epoch = cast(tuple[TopicPartition, int | None], key)
+            if consumer.epoch(tp) != epoch:
+                self._ledger.forget(key)
+        purged = self._writes.purge(lambda want: self._owned(want.origin.item))
+        for want in purged:
+            self._settle(want, Result.REVOKED)
+        if purged:
+            log.info("a rebalance took partitions away: %d queued writes of theirs purged, "
+                     "left to their new owner", len(purged))  # fmt: skip
+            self._observe_depth()
 
     def _announce(self, uid: PodUID) -> None:
         """Hand ``uid``'s queued write to the writers, in the line of its decision's urgency."""
@@ -634,7 +750,7 @@ class AnnotatorService:
 
     def _nothing_to_write(self, record: Record, message: DesiredCostsMessage | None) -> None:
         batch = _Batch(record, message, None)
-        self._ledger.open(record.tp, record.offset, 0, batch)
+        self._track(batch, 0)
         self._progress.set()
 
     def _settle(self, want: Want[Ticket[_Batch]], result: Result) -> None:
@@ -666,7 +782,7 @@ class AnnotatorService:
             batch.span.set_attribute(ATTR_WRITES, batch.results[Result.OK])
             batch.span.end()
         message = batch.message
-        if message is not None:
+        if message is not None and self._owned(batch):
             key = message.key
             self._done[key] = max(self._done.get(key, message.version), message.version)
             self._check_caught_up()
@@ -727,6 +843,8 @@ class AnnotatorService:
         while True:
             try:
                 return await self._attempt(kube, want)
+            except _Revoked:
+                return Result.REVOKED
             except PodGone:
                 log.info(
                     "pod %s is gone: its cost %d is not written",
@@ -789,7 +907,8 @@ class AnnotatorService:
                            "reason": refused.reason.value},
                 )  # fmt: skip
                 return Result.REFUSED
-        seen = await self._request(lambda: kube.read_pod(want.namespace, want.name))
+        fence = want.origin.item
+        seen = await self._request(lambda: kube.read_pod(want.namespace, want.name), fence)
         meta = seen.get("metadata") or {}
         if meta.get("uid") != want.uid or meta.get("deletionTimestamp") is not None:
             return Result.GONE
@@ -805,7 +924,8 @@ class AnnotatorService:
                      extra={"pod": pod, "result": Result.DRY_RUN.value})  # fmt: skip
             return Result.DRY_RUN
         await self._request(
-            lambda: kube.remove_deletion_cost_if_unchanged(want.namespace, want.name, seen=seen)
+            lambda: kube.remove_deletion_cost_if_unchanged(want.namespace, want.name, seen=seen),
+            fence,
         )
         log.info("removed pod %s's cost %s: its workload is no longer ranked", pod, value,
                  extra={"pod": pod, "result": Result.OK.value})  # fmt: skip
@@ -837,9 +957,12 @@ class AnnotatorService:
         catch up: until ``view_grace_seconds`` after the decision was published and after this write
         began waiting."""
         grace = self.config.view_grace_seconds
+        # From when it was published, or consumed if that is earlier (a stamp may lie ahead):
+        # one record's writes all stop waiting then, however many pods it names.
+        began = min(message.emitted_at, want.origin.item.accepted_at or message.emitted_at)
         if (
             refused.reason.may_catch_up
-            and self._wall() < message.emitted_at + grace
+            and self._wall() < began + grace
             and self._clock.now() - since < grace
         ):
             return None
@@ -877,9 +1000,12 @@ class AnnotatorService:
         )
         if refused is not None and refused.reason is not Refusal.UNKNOWN_POD:
             return self._refusal(want, message, refused, since)
+        if refused is not None and not self._spend_unknown_read(want.origin.item):
+            return self._count_refusal(want, message, refused)
         # Backed by the view, or a pod the view does not show (gone before it started, or too
         # new for it): the read says which, and what it returns is verified again below.
-        seen = await self._request(lambda: kube.read_pod(want.namespace, want.name))
+        fence = want.origin.item
+        seen = await self._request(lambda: kube.read_pod(want.namespace, want.name), fence)
         state = pod_state(seen, self.settings.adopted)
         verdict = decide(
             want.cost, want.uid, state, overwrite_foreign=self.config.overwrite_foreign
@@ -926,7 +1052,8 @@ class AnnotatorService:
         await self._request(
             lambda: kube.patch_deletion_cost_if_unchanged(
                 want.namespace, want.name, want.cost, seen=seen
-            )
+            ),
+            fence,
         )
         if message.changed_at is not None:
             # From the change the watcher saw, not from this message's own hop.
@@ -939,6 +1066,14 @@ class AnnotatorService:
             extra={**extra, "result": Result.OK.value},
         )
         return Result.OK
+
+    def _spend_unknown_read(self, batch: _Batch) -> bool:
+        """Whether ``batch``'s record may have one more pod the view does not show read from
+        the API server (``unknown_pod_budget``); counts it if so."""
+        if batch.unknown_reads >= self.config.unknown_pod_budget:
+            return False
+        batch.unknown_reads += 1
+        return True
 
     def _tell_dry_run(
         self, uid: PodUID, pod: str, cost: int, now: str | None, extra: dict[str, object]
@@ -960,13 +1095,16 @@ class AnnotatorService:
             extra={**extra, "result": Result.DRY_RUN.value},
         )
 
-    async def _request(self, call: Callable[[], Awaitable[R]]) -> R:
-        """One API request within the QPS budget and the request timeout."""
+    async def _request(self, call: Callable[[], Awaitable[R]], fence: _Batch | None = None) -> R:
+        """One API request within the QPS budget and the request timeout; made only while the
+        assignment ``fence``'s record was read under holds (else ``_Revoked``)."""
         assert self._bucket is not None, "requests are made only while running"
         wait = self._bucket.reserve(self._clock.now())
         if wait > 0:
             self.metrics.rate_limit_waits.inc(wait)
             await self._clock.sleep(wait)
+        if fence is not None and not self._owned(fence):
+            raise _Revoked()
         try:
             async with asyncio.timeout(self.config.request_timeout_seconds):
                 answer = await call()
@@ -1057,12 +1195,15 @@ def bootstrap(
     )
 
 
-def _tail_decision(record: Record) -> TailDecision | None:
+def _tail_decision(record: Record, *, now: float, allowance: float) -> TailDecision | None:
     """The workload, order and pods of the decision a record carries (``None`` if it does not
-    decode: ``_accept`` dead-letters it)."""
+    decode, or is stamped in the future: ``_accept`` dead-letters it, and it supersedes
+    nothing)."""
     try:
         message = decode(DesiredCostsMessage, record.value, record.headers, key=record.key)
     except DecodeError:
+        return None
+    if future_stamp(message, now=now, allowance=allowance) is not None:
         return None
     decided = Decided(message.version, message.changed_at, message.complete)
     return TailDecision(message.key, decided, frozenset(pod.uid for pod in message.costs))

@@ -22,11 +22,16 @@ Variables (defaults in brackets), all prefixed ``PODCOST_ANNOTATOR_``:
 - ``REQUEST_TIMEOUT_SECONDS``: seconds one API request may take before it counts as failed [10]
 - ``OVERWRITE_FOREIGN``: also overwrite costs another field manager set (a person, another
   tool) [false: leave them alone]
-- ``VIEW_GRACE_SECONDS``: seconds, counted from when a decision was published, that its write
-  may wait for the annotator's own view of the cluster to show the owners (ReplicaSet,
-  Deployment) of the pod it names (the view may not have seen a brand-new ReplicaSet yet); then
-  the write is refused [5]. A decision whose pod, workload or opt-in the view contradicts is
-  refused at once.
+- ``VIEW_GRACE_SECONDS``: seconds, counted from when a decision was published (or consumed, if
+  earlier), that its write may wait for the annotator's own view of the cluster to show what
+  the watcher saw: the owners (ReplicaSet, Deployment) of the pod it names, or the workload's
+  opt-in (the view may not have seen a brand-new ReplicaSet or a fresh opt-in yet); then the
+  write is refused [5]. A decision whose pod or workload the view contradicts is refused at
+  once.
+- ``UNKNOWN_POD_BUDGET``: pods of one record the annotator's view does not show (too new for
+  it, or invented) that it reads from the API server to verify; the rest of that record's
+  unknown pods are refused without a request (``podcost_refusals{reason="unknown_pod"}``), so
+  a forged record cannot spend the QPS budget on pods that do not exist [100]
 - ``POLL_RECORDS``: most records taken from the bus at once; the queue can pass the high-water
   mark by at most one such batch [100]
 - ``GROUP``: the prefix of the consumer group; a cluster's annotators join
@@ -112,6 +117,13 @@ class AnnotatorSettings(BaseSettings):
         validation_alias=renamed(
             f"{ENV_PREFIX}VIEW_GRACE_SECONDS", f"{ENV_PREFIX}VIEW_GRACE", field="view_grace_seconds"
         ),
+    )
+    unknown_pod_budget: int = Field(
+        default=100,
+        ge=0,
+        le=100_000,
+        description="Pods unknown to the view that one record may have read before the rest "
+        "of them are refused.",
     )
     poll_records: int = Field(
         default=100, ge=1, le=10_000, description="Most records taken from the bus at once."

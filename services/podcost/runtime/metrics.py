@@ -66,8 +66,10 @@ class Families:
         self.build_info.labels(**identity.labels()).set(1)
         self.consumed = Counter(
             "podcost_messages_consumed",
-            "Records consumed, by topic and outcome (ok, dead_letter; the annotator also "
-            "other_cluster, stale: older than a decision it accepted, duplicate).",
+            "Records consumed, by topic and outcome (ok, dead_letter, future: stamped later "
+            "than the reader's clock allows, dead-lettered; the annotator also other_cluster, "
+            "refused: no pod it names backed by its view, stale: older than a decision it "
+            "accepted, duplicate).",
             [c, "topic", "outcome"], registry=r,
         )  # fmt: skip
         self.produced = Counter(
@@ -106,8 +108,8 @@ class Families:
         )  # fmt: skip
         self.patches = Counter(
             "podcost_patches", "Annotation writes, by result: how each ended (ok, unchanged, "
-            "superseded, gone, skipped_foreign, dry_run, refused, error) and each request tried "
-            "again (conflict, throttled, unavailable).", [c, "result"], registry=r,
+            "superseded, gone, skipped_foreign, dry_run, refused, revoked, error) and each request "
+            "tried again (conflict, throttled, unavailable).", [c, "result"], registry=r,
         )  # fmt: skip
         self.refusals = Counter(
             "podcost_refusals", "Cost writes the annotator refused because its own view of the "

@@ -23,6 +23,9 @@ the service with the variable named. Variables (defaults in brackets):
   takes over as its own (rewrites into its order, also when outside its band), besides its own
   ``podcost``; costs any other manager set (``kubectl-annotate``, a person, an unknown tool)
   are kept. Empty adopts nothing more [``manager``: the lablabs pod-deletion-cost-controller]
+- ``PODCOST_CLOCK_SKEW_SECONDS``: seconds a record's time stamp (``emitted_at``, ``changed_at``) may
+  lie ahead of this service's clock; a record stamped later is dead-lettered and counted
+  (``podcost_messages_consumed{outcome="future"}``), never ordered before genuine ones [300]
 - ``PODCOST_RETRY_INITIAL_SECONDS`` / ``PODCOST_RETRY_MAX_SECONDS``: the one retry policy of the
   process (``podcost_core.backoff``): the n-th wait after a failure is drawn at random up to
   ``initial × 2^(n-1)``, at most the maximum; a longer ``Retry-After`` from the server wins. Bus
@@ -43,6 +46,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from podcost_contracts.stamps import DEFAULT_CLOCK_SKEW
 from podcost_contracts.topics import ClusterName
 from podcost_core.backoff import Backoff
 from podcost_core.model import DEFAULT_ADOPTED_MANAGERS, FIELD_MANAGER
@@ -149,6 +153,14 @@ class ServiceSettings(BaseSettings):
         description="Comma-separated field managers whose deletion costs podcost takes over as "
         "its own, besides its own; costs any other manager set are kept. Empty adopts nothing "
         "more.",
+    )
+    clock_skew_seconds: float = Field(
+        default=DEFAULT_CLOCK_SKEW,
+        ge=0,
+        le=86_400,
+        description="Seconds a record's time stamp (emitted_at, changed_at) may lie ahead of "
+        "this service's clock; a record stamped later is dead-lettered and counted, never "
+        "ordered before genuine ones.",
     )
     retry_initial_seconds: float = Field(
         default=0.2,

@@ -65,6 +65,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import re
 import socket
 from collections import deque
@@ -163,6 +164,12 @@ class WatcherSettings(BaseSettings):
       in ``tests/e2e/test_watcher_failover.py``. The cost is a Lease write per second.
     - ``PODCOST_WATCHER_UNREADY_AFTER_SECONDS``: how long the API server may fail every list and
       watch before the watcher reports not ready (it goes on retrying) [10]
+    - ``PODCOST_WATCHER_RESYNC_SECONDS``: how often the leader publishes every opted-in workload
+      again although nothing changed, each period drawn within ±10 % so that a fleet's
+      watchers do not resync together; 0 never does [600]. What a write left wrong for good (an
+      error, a refusal, a cost podcost's own field manager set that the watcher ignores) is
+      decided and written again then; a pod whose cost is right costs no request (the annotator
+      compares with the cost the snapshot shows).
     """
 
     model_config = SettingsConfigDict(
@@ -243,6 +250,13 @@ class WatcherSettings(BaseSettings):
         gt=0,
         description="Seconds the API server may fail every list and watch before the watcher "
         "reports not ready (it goes on retrying).",
+    )
+    resync_seconds: float = Field(
+        default=600.0,
+        ge=0,
+        description="Seconds between republishing every opted-in workload's snapshot (with "
+        "10 % jitter; 0 turns it off), so outcomes that ended a write for good are driven "
+        "again; unchanged decisions write nothing.",
     )
 
     @model_validator(mode="after")
@@ -460,6 +474,7 @@ class WatcherService:
                 asyncio.create_task(self._fail_on_lost_delivery(), name="watcher-deliveries"),
                 asyncio.create_task(self._watch_outage(informer), name="watcher-outage"),
                 asyncio.create_task(trim_forever(), name="watcher-trim"),
+                asyncio.create_task(self._resync_forever(), name="watcher-resync"),
             ]
             if self.elector is not None:
                 # Only now: a replica that leads must have the whole cluster in its cache.
@@ -473,6 +488,25 @@ class WatcherService:
                 for task in tasks:
                     task.cancel()  # the elector steps down, then releases its Lease
                 await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _resync_forever(self) -> None:
+        """Every ``resync_seconds`` (±10 %), touch every opted-in workload (while leading)."""
+        period = self.settings.resync_seconds
+        if period <= 0:
+            await asyncio.Event().wait()  # never: the task lives as long as the others
+        while True:
+            await asyncio.sleep(period * random.uniform(0.9, 1.1))
+            if self.leading():
+                self.resync()
+
+    def resync(self) -> None:
+        """Publish every opted-in workload again, through the debouncer like any change."""
+        now = self.clock.now()
+        keys = opted_in_workloads(self.store, self.rules)
+        for key in keys:
+            self._change_seen_at.setdefault(key, now)
+            self.debouncer.touch(key)
+        log.info("resync: publishing all %d opted-in workloads again", len(keys))
 
     def _start_first_pass(self) -> None:
         """Every opted-in workload is due once now (most are already, from the initial list)."""
