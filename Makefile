@@ -37,6 +37,10 @@ contracts: setup  ## import-linter layer contracts
 
 check: lint typecheck contracts  ## every static check
 
+.PHONY: reference
+reference: setup  ## rewrite the generated reference pages (docs/reference/, the chart README)
+	$(RUN) podcost-localinfra reference
+
 unit: setup  ## the pure tier: no servers
 	$(RUN) pytest tests/unit examples/podcost-strategy-example/tests
 
