@@ -406,7 +406,7 @@ async def test_an_app_that_stops_making_progress_turns_not_ready_then_exits_stal
 async def test_an_app_whose_consumer_stops_fetching_sees_its_lag_from_the_broker_and_exits(
     kafka: Kafka,
 ) -> None:
-    # As after the broker outage of issue 12: the consumer fetches nothing any more, so the
+    # As after a broker outage that stalled the consumer: it fetches nothing any more, so the
     # highwaters it knows never move; the watchdog asks the broker for the end offsets.
     processor = Remember()
     app = kafka.app(processor, stop_timeout_s=3.0, stall_s=4.0)
