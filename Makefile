@@ -79,8 +79,9 @@ docs docs-serve: export NO_MKDOCS_2_WARNING := 1
 docs: setup  ## build the docs site strictly (a broken link or a missing page fails) into site/
 	$(RUN) mkdocs build --strict --site-dir site
 
-docs-serve: setup  ## preview the docs site at http://127.0.0.1:8000, rebuilt on every change
-	$(RUN) mkdocs serve --strict
+DOCS_ADDR ?= 127.0.0.1:8000
+docs-serve: setup  ## preview the docs site at DOCS_ADDR (127.0.0.1:8000), rebuilt on every change
+	$(RUN) mkdocs serve --strict --dev-addr $(DOCS_ADDR)
 
 demo: tools  ## the demo on an embedded default cluster
 	$(RUN) podcost demo
