@@ -82,23 +82,38 @@ def _table(head: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
 # --- CLI --------------------------------------------------------------------------------------
 
 
-def render_cli() -> str:
-    """Every ``podcost`` command with its usage, help, arguments and options, as ``--help``
-    shows them (the help records of the click command tree typer builds)."""
+def cli_commands() -> Iterator[tuple[str, Any, Any, int]]:
+    """``(command path, click command, its context, depth)`` of ``podcost`` and every command
+    under it, depth first, in the order ``--help`` lists them (the click command tree typer
+    builds; resolving a command imports its module)."""
     import typer
     from typer import _click as click
 
     from podcost.cli import app
 
+    def walk(command: Any, ctx: Any, path: str, depth: int) -> Iterator[tuple[str, Any, Any, int]]:
+        yield path, command, ctx, depth
+        if hasattr(command, "list_commands"):
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                if sub is not None and not sub.hidden:
+                    sub_ctx = click.Context(sub, info_name=name, parent=ctx)
+                    yield from walk(sub, sub_ctx, f"{path} {name}", depth + 1)
+
     root = typer.main.get_command(app)
+    yield from walk(root, click.Context(root, info_name="podcost"), "podcost", 0)
+
+
+def render_cli() -> str:
+    """Every ``podcost`` command with its usage, help, arguments and options, as ``--help``
+    shows them (the parameters' help records)."""
     out = [_header("the `podcost` command line (services/podcost/cli.py)"), "# CLI reference\n"]
     out.append(
         "Every command of `podcost` and every option, as `podcost COMMAND --help` prints them.\n"
     )
-
-    def command_section(command: Any, ctx: Any, path: str, level: int) -> None:
+    for path, command, ctx, depth in cli_commands():
         usage = " ".join([path, *command.collect_usage_pieces(ctx)])
-        out.append(f"{'#' * level} `{path}`\n")
+        out.append(f"{'#' * min(depth + 2, 3)} `{path}`\n")
         if command.help:
             out.append(inspect.cleandoc(command.help).strip() + "\n")
         out.append(f"```\n{usage}\n```\n")
@@ -114,16 +129,6 @@ def render_cli() -> str:
             out.append("\n".join(records) + "\n")
         if command.epilog:
             out.append(inspect.cleandoc(command.epilog).strip() + "\n")
-        if hasattr(command, "list_commands"):
-            for name in command.list_commands(ctx):
-                sub = command.get_command(ctx, name)
-                if sub is None or sub.hidden:
-                    continue
-                sub_ctx = click.Context(sub, info_name=name, parent=ctx)
-                command_section(sub, sub_ctx, f"{path} {name}", min(level + 1, 3))
-
-    root_ctx = click.Context(root, info_name="podcost")
-    command_section(root, root_ctx, "podcost", 2)
     return "\n".join(out)
 
 
@@ -325,7 +330,52 @@ def render_settings() -> str:
             names = ", else ".join(_code(n) for n in setting.env)
             rows.append((names, _cell(setting.type), setting.default, _cell(setting.description)))
         out.append(_table(("Variable", "Type", "Default", "Meaning"), rows))
+    out.append("## Read by one command or for debugging\n")
+    out.append(
+        "Options of `podcost` commands that also come from the environment, and variables the "
+        "code reads outside the settings classes.\n"
+    )
+    known = {name for cls in classes for setting in settings_of(cls) for name in setting.env}
+    out.append(_table(("Variable", "Read by", "Meaning"), other_variables(known)))
     return "\n".join(out)
+
+
+def _docstring_mentioning(source: str, name: str) -> str:
+    """The first paragraph of the first docstring in ``source`` that names ``name``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node) or ""
+            if f"``{name}``" in doc:
+                return " ".join(doc.split("\n\n")[0].split())
+    return ""
+
+
+def other_variables(known: set[str]) -> list[tuple[str, str, str]]:
+    """``(variable, read by, meaning)`` of each ``PODCOST_*`` variable that is not in ``known``:
+    the environment variables of command options, then the names the packages' code reads
+    directly (found in its source, described by the docstring that names them)."""
+    rows: dict[str, tuple[str, str, str]] = {}
+    for path, command, ctx, _ in cli_commands():
+        for param in command.get_params(ctx):
+            for env in [param.envvar] if isinstance(param.envvar, str) else param.envvar or []:
+                if env not in known and env not in rows:
+                    record = param.get_help_record(ctx)
+                    meaning = " ".join(record[1].split()) if record else ""
+                    where = f"`{path} {param.opts[0]}`"
+                    rows[env] = (_code(env), where, _cell(meaning))
+    for package_name in SETTINGS_PACKAGES:
+        package = importlib.import_module(package_name)
+        for folder in package.__path__:
+            for source_path in sorted(Path(folder).rglob("*.py")):
+                source = source_path.read_text(encoding="utf-8")
+                for env in sorted(set(re.findall(r"\bPODCOST_[A-Z0-9_]*[A-Z0-9]\b", source))):
+                    if env in known or env in rows:
+                        continue
+                    relative = source_path.relative_to(Path(folder).parent).with_suffix("")
+                    module = ".".join(relative.parts)
+                    meaning = _rst_to_md(_docstring_mentioning(source, env))
+                    rows[env] = (_code(env), f"`{module}`", _cell(meaning))
+    return [rows[name] for name in sorted(rows)]
 
 
 # --- metrics ----------------------------------------------------------------------------------
@@ -664,8 +714,20 @@ def stale(root: Path) -> list[Path]:
     return out
 
 
-def main(root: Path, *, check: bool) -> int:
+def find_root(start: Path) -> Path | None:
+    """The repository root: ``start`` or the nearest parent that holds the chart."""
+    for folder in (start, *start.parents):
+        if (folder / CHART / "Chart.yaml").is_file():
+            return folder
+    return None
+
+
+def main(start: Path, *, check: bool) -> int:
     """Write the pages (or, with ``check``, report the stale ones and exit 1)."""
+    root = find_root(start.resolve())
+    if root is None:
+        print(f"podcost-localinfra reference: no {CHART} in {start} or above", file=sys.stderr)
+        return 2
     if check:
         behind = stale(root)
         for path in behind:
