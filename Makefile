@@ -15,7 +15,7 @@ LONG_TEST_TIMEOUT ?= 1800
 
 .DEFAULT_GOAL := help
 .PHONY: help setup tools lint typecheck contracts check unit integration e2e test test-long \
-        bench demo kafka-up kafka-down cluster-up cluster-down clean
+        bench bench-table docs docs-serve demo kafka-up kafka-down cluster-up cluster-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -39,6 +39,10 @@ contracts: setup  ## import-linter layer contracts
 
 check: lint typecheck contracts  ## every static check
 
+.PHONY: reference
+reference: setup  ## rewrite the generated reference pages (docs/reference/, the chart README)
+	$(RUN) podcost-localinfra reference
+
 unit: setup  ## the pure tier: no servers
 	$(RUN) pytest tests/unit examples/podcost-strategy-example/tests
 
@@ -54,7 +58,9 @@ test: check tools  ## everything CI runs: static checks, then all test tiers
 test-long: tools  ## the long runs (300 differential scenarios, 30 s API outage) and the fuzz tests at >= 100,000 cases; fails if none
 	PODCOST_LONG=1 $(RUN) pytest --timeout=$(LONG_TEST_TIMEOUT) tests -m "long or fuzz"
 
-bench: setup  ## benchmarks that print numbers (not tests)
+# Each benchmark records its headline figures into docs/benchmarks/results.json (tests/bench/record.py).
+bench: export PODCOST_BENCH_RECORD := 1
+bench: setup  ## benchmarks that print numbers (not tests); records them in docs/benchmarks/results.json
 	$(RUN) python tests/bench/bench_core.py
 	$(RUN) python tests/bench/bench_labels.py
 	$(RUN) python tests/bench/bench_rank_aggregate.py
@@ -65,6 +71,19 @@ bench: setup  ## benchmarks that print numbers (not tests)
 	$(RUN) python -m tests.bench.bench_snapshot_decode
 	$(RUN) python -m tests.bench.bench_watch_path
 	$(RUN) python -m tests.bench.bench_compression
+	$(RUN) python -m tests.bench.record
+
+bench-table: setup  ## re-render docs/benchmarks/results.md from docs/benchmarks/results.json
+	$(RUN) python -m tests.bench.record
+
+# mkdocs-material prints a banner about its successor on every build; the build is unaffected.
+docs docs-serve: export NO_MKDOCS_2_WARNING := 1
+docs: setup  ## build the docs site strictly (a broken link or a missing page fails) into site/
+	$(RUN) mkdocs build --strict --site-dir site
+
+DOCS_ADDR ?= 127.0.0.1:8000
+docs-serve: setup  ## preview the docs site at DOCS_ADDR (127.0.0.1:8000), rebuilt on every change
+	$(RUN) mkdocs serve --strict --dev-addr $(DOCS_ADDR)
 
 demo: tools  ## the demo on an embedded default cluster
 	$(RUN) podcost demo

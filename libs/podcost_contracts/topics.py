@@ -12,11 +12,10 @@ Routing in a fleet: snapshots, ranks and dead letters of every cluster share one
 workload's cluster's topic; each cluster's annotators read only that topic, in a consumer group
 of that cluster (``podcost-annotator.<cluster>``), so an agent never sees, skips or commits past
 another cluster's decisions, and what it reads does not grow with the fleet. Replicas of one
-cluster's annotator share its partitions. Why a topic per cluster and not a shared topic with
-per-cluster groups (every agent would read every cluster's decisions: N times the volume) or
-partitions assigned by cluster (clusters would share partitions once there are more clusters
-than partitions, and a cluster's replicas could not split its work): see the README's fleet
-section.
+cluster's annotator share its partitions. A shared costs topic with a consumer group per cluster
+would make every agent read every cluster's decisions (N times the volume); partitions assigned
+by cluster would be shared by clusters once there are more clusters than partitions, and a
+cluster's replicas could not split its work.
 """
 
 from __future__ import annotations

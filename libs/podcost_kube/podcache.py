@@ -11,7 +11,7 @@ one of them is validated and converted again although none changed.
 :meth:`PodCache.requests` and :meth:`PodCache.node`; the watcher's informer handler calls
 :meth:`PodCache.observe` with every change, so a deleted pod's or node's entries go with it.
 
-What it keeps does not grow with the cluster (issue 14): at most :data:`POD_CACHE_SIZE`
+What it keeps does not grow with the cluster: at most :data:`POD_CACHE_SIZE`
 converted pods, the least recently used going first (a 30-pod workload's snapshot converts its
 pods again once they went: about 1 ms), and one sum per distinct set of request fields, not one
 per pod. A pod's requests are the sum of four parts of its spec (``pod_requests_inputs``), which

@@ -10,7 +10,7 @@ shared, not copied: readers must treat them as read-only.
 
 Pods are also indexed by the node they are bound to, and within their namespace by their
 controller and by their set of labels, so that a workload's snapshot finds its pods without
-reading every pod of the namespace (issue 14): the pods of a workload share one labels map, so a
+reading every pod of the namespace: the pods of a workload share one labels map, so a
 namespace has about as many label sets as ReplicaSets, and a selector runs once per label set.
 """
 
@@ -109,7 +109,7 @@ def _node_of(kind: str, obj: Mapping[str, Any]) -> str | None:
 class _SortedPods:
     """Pods of one index entry (a node's in one namespace, a ReplicaSet's, a label set's) sorted
     by name, their names alongside: 16 bytes a pod where a map by name took 28-36 (its table for
-    a node's or a ReplicaSet's 30 pods, allocated outside pymalloc; issue 14), searched by
+    a node's or a ReplicaSet's 30 pods, allocated outside pymalloc), searched by
     ``bisect`` on the names. A list (a relist) puts its pods in name order, at the end, without
     a search."""
 
@@ -417,7 +417,7 @@ class Store:
         Every change is made before the first :class:`Change` is built, and no key object is
         kept per listed object: what the store keeps of a list (its index entries, a node's or
         a ReplicaSet's maps) is then not laid out among thousands of short-lived objects, whose
-        memory the allocator could not give back while one of them lives (issue 14: 10,000
+        memory the allocator could not give back while one of them lives (10,000
         pods listed left 1.3 MB of such holes).
         """
         listed: dict[str, dict[str, RawObject]] = {}

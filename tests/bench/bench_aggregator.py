@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from tests.bench import procs
 from tests.bench.floor_processor import FloorProcessor
+from tests.bench.record import record as record_row
 from tests.bench.stages import Stages
 from tests.support.services import processes
 from tests.support.snapshots import snapshot
@@ -391,6 +392,23 @@ async def bench(
               f"CPU {spent:.2f}s, {count / spent:.0f} decisions per CPU-second")  # fmt: skip
     print(f"  this process's CPU meanwhile: {used:.2f}s ({used / (cpu[-1][0] - since[0]):.0%} of "
           f"one core), {count / used:.0f} decisions per CPU-second")  # fmt: skip
+    figures = [
+        f"{count / (busy if ready is not None else elapsed):,.0f} decisions/s"
+        + (" from its readiness to the last decision" if ready is not None else "")
+    ]
+    if ready is not None:
+        figures.append(f"{count / spent:,.0f} decisions per CPU-second")
+    if changelog:
+        figures.append(f"{changelog / count:.1f} changelog records per workload")
+    record_row(
+        "bench_aggregator",
+        f"the aggregator alone, one process over the real broker ({engine} engine"
+        f"{', a processor that only keeps the books: what the transport allows' if floor else ''}"
+        f"): a backlog of {count:,} workloads x {pods} pods with every answer of the default "
+        "policy",
+        figures,
+        variant=f"{engine}-floor" if floor else ("" if engine == "faust" else engine),
+    )  # fmt: skip
     if stages is not None:
         print("  this process's CPU per decision (from its readiness), by stage:")
         for line in stages.report(count, spent if ready is not None else used):
@@ -448,6 +466,17 @@ async def bench_replicas(
     print(procs.describe_usage(used, indent="    "))
     if cpu.machine is not None:
         print(procs.describe_machine(cpu.machine, indent="    "))
+    record_row(
+        "bench_aggregator",
+        f"the chart's aggregator Deployment of {replicas} processes over the real broker, "
+        f"{settings.partitions} partitions: a backlog of {count:,} workloads with every answer of "
+        "the default policy",
+        [
+            f"{after / (finished - ready):,.0f} decisions/s from all ready to the last decision",
+            f"{after / total:,.0f} decisions per CPU-second",
+        ],
+        variant=f"replicas-{replicas}",
+    )
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes_asyncio import config
+from tests.bench.record import record
 from tests.support.costs import CountingPods, Desire, desired, publish_costs
 from tests.support.kube import KubeTestCluster, PodView
 
@@ -130,6 +131,10 @@ async def bench(kubeconfig: str, replicas: int) -> None:
 
             budget = pods[: min(len(pods), 200)]
             seconds, patches, requests = await write_all(kube, namespace, app, budget, 1)
+            figures = [
+                f"default budget: {patches / seconds:.1f} writes/s "
+                f"({requests / seconds:.1f} requests/s: a read and a conditional patch each)"
+            ]
             print(
                 f"default budget (20 QPS, burst 40, 8 in flight): {patches} writes in "
                 f"{seconds:.2f}s = {patches / seconds:.1f} writes/s, {requests / seconds:.1f} "
@@ -144,15 +149,23 @@ async def bench(kubeconfig: str, replicas: int) -> None:
                     f"no budget, {in_flight} in flight: {patches} writes in {seconds:.2f}s = "
                     f"{patches / seconds:.0f} writes/s ({requests / seconds:.0f} requests/s)"
                 )
-            await superseded_burst(kube, namespace, app, pods)
+                figures.append(
+                    f"no budget, {in_flight} in flight: {patches / seconds:.0f} writes/s"
+                )
+            figures += await superseded_burst(kube, namespace, app, pods)
+            record(
+                "bench_annotator",
+                f"the annotator writing decided costs to {replicas} pods on the real API server",
+                figures,
+            )
         finally:
             await helpers.delete_namespace(namespace)
             await helpers.delete_nodes(nodes)
 
 
-async def superseded_burst(kube: Kube, namespace: str, app: str, pods: list[PodView]) -> None:
+async def superseded_burst(kube: Kube, namespace: str, app: str, pods: list[PodView]) -> list[str]:
     """Five versions published at once to a running annotator; only the last counts. Every pod
-    carries 3 now; the last version changes one pod in ten."""
+    carries 3 now; the last version changes one pod in ten. Returns the headline figures."""
     rng = random.Random(7)
     bus = MemoryBus()
     changed = set(rng.sample(range(len(pods)), k=len(pods) // 10))
@@ -186,6 +199,7 @@ async def superseded_burst(kube: Kube, namespace: str, app: str, pods: list[PodV
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
     latencies = sorted(at - published for at in counting.written_at.values())
+    figures = [f"PATCH requests / minimum = {counting.total / len(changed):.2f}"]
     print(
         f"5 superseding decisions for {len(pods)} pods, {len(changed)} changed in the last: "
         f"{counting.total} PATCH requests, minimum {len(changed)}, ratio "
@@ -196,6 +210,11 @@ async def superseded_burst(kube: Kube, namespace: str, app: str, pods: list[PodV
         p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
         print(f"publish → PATCH: p50 {statistics.median(latencies) * 1000:.0f} ms, "
               f"p99 {p99 * 1000:.0f} ms (no budget; {len(latencies)} PATCHes)")  # fmt: skip
+        figures.append(
+            f"publish → PATCH p50 {statistics.median(latencies) * 1000:.0f} ms, "
+            f"p99 {p99 * 1000:.0f} ms"
+        )
+    return figures
 
 
 def main() -> None:

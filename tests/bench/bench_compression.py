@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from aiokafka.codec import gzip_decode, gzip_encode, zstd_decode, zstd_encode
 from tests.bench.bench_aggregator import answers, batched, workloads
+from tests.bench.record import record
 
 from podcost_contracts.messages import Encoded, Message, WorkloadSnapshotMessage, encode
 
@@ -52,13 +53,15 @@ def mean_size(values: Sequence[bytes]) -> float:
     return sum(map(len, values)) / len(values)
 
 
-def compare(kind: str, records: Sequence[Encoded], repeat: int) -> None:
+def compare(kind: str, records: Sequence[Encoded], repeat: int) -> str:
+    """Print what each batch codec costs over ``records``; return it as one line."""
     encoded = [record.value for record in records]
     json_bytes = sum(record.json_size for record in records) / len(records)
     print(f"\n{kind}: {len(encoded)} records, {json_bytes:,.0f} B of JSON, "
           f"{mean_size(encoded):,.0f} B encoded")  # fmt: skip
     print(f"  {'batch codec over the encoded value':<40} {'encode µs':>10} {'bytes':>8} "
           f"{'decode µs':>10}")  # fmt: skip
+    summary = []
     for name, compress, inflate in (
         ("gzip (aiokafka, level 9)", gzip_encode, gzip_decode),
         ("zstd (aiokafka, level 3)", zstd_encode, zstd_decode),
@@ -66,7 +69,9 @@ def compare(kind: str, records: Sequence[Encoded], repeat: int) -> None:
         cost, out = best_us(compress, encoded, repeat)
         back, _ = best_us(inflate, out, repeat)
         print(f"  {name:<40} {cost:>10.1f} {mean_size(out):>8,.0f} {back:>10.1f}")
+        summary.append(f"{name.split()[0]} {cost:,.1f} / {back:,.1f} µs, {mean_size(out):,.0f} B")
     print(f"  {'none':<40} {0:>10.1f} {mean_size(encoded):>8,.0f} {0:>10.1f}")
+    return f"{kind} ({mean_size(encoded):,.0f} B encoded): " + "; ".join(summary)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -74,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--workloads", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
+    figures = []
     for pods in (25, 5):
         snapshots = workloads(args.workloads, pods)
         ranks = answers(snapshots)
@@ -85,7 +91,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             (f"{pods}-pod answers, one a record", ranks[: args.workloads]),
         ]  # fmt: skip
         for kind, messages in kinds:
-            compare(kind, [encode(message) for message in messages], args.repeat)
+            figures.append(compare(kind, [encode(message) for message in messages], args.repeat))
+    record(
+        "bench_compression",
+        f"CPU per record of each batch codec, encode / decode (best of {args.repeat} passes), and "
+        f"bytes, over the records podcost sends for {args.workloads} workloads",
+        figures,
+        argv=None if argv is None else ["bench_compression", *argv],
+    )
 
 
 if __name__ == "__main__":

@@ -78,6 +78,7 @@ from tests.bench.bench_pipeline import (
     read_templates,
     serve_offer,
 )
+from tests.bench.record import record
 from tests.support.kube import KubeTestCluster
 from tests.support.services import ServiceProcess, metric_key, processes
 
@@ -448,6 +449,36 @@ def table(results: Sequence[FleetResult]) -> None:
     print(rule)
 
 
+def record_results(results: Sequence[FleetResult], args: argparse.Namespace) -> None:
+    """Each fleet size's headline figures, one row per N in the results table."""
+    for result in results:
+        best = result.best
+        if best is None:
+            figures = [f"no offered rate sustained (lowest offered {args.rates[0]:,.0f} events/s)"]
+        else:
+            step = best.step
+            per_k = 1000 / max(step.events_per_s, 1.0)
+            cores = cores_by_role(step)
+            highest = "" if result.first_unbounded else ", the highest offered"
+            figures = [
+                f"{step.rate:,.0f} events/s sustained{highest} ({step.events_per_s:,.0f} taken "
+                f"in, {step.per_second(lambda s: s.decisions):,.0f} decisions/s)",
+                f"per 1,000 events/s: agents {cores.get('agents', 0) * per_k:.2f}, core "
+                f"{cores.get('core', 0) * per_k:.2f}, broker {cores.get('broker', 0) * per_k:.2f} "
+                "cores",
+            ]
+            if result.first_unbounded is not None:
+                figures.append(f"{result.first_unbounded.step.rate:,.0f} events/s not sustained")
+        record(
+            "bench_fleet",
+            f"{result.clusters} simulated cluster{'s' * (result.clusters > 1)}, each with its own "
+            f"agent, over one core of processes ({args.workloads} Deployments x {args.pods} pods "
+            "each)",
+            figures,
+            variant=f"n{result.clusters}",
+        )
+
+
 def growth(results: Sequence[FleetResult]) -> None:
     """How the cost grows with N, and what saturates first, in words."""
     measured = [r for r in results if r.best is not None]
@@ -567,6 +598,7 @@ async def bench(kubeconfig: str, brokers: str, args: argparse.Namespace) -> None
             )
             table(results)
             growth(results)
+            record_results(results, args)
         finally:
             await helpers.delete_nodes(list(nodes.values()))
 

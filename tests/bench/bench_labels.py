@@ -12,9 +12,15 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.bench.record import record
 
 from podcost_core.labels import CurrentCost, Labelling, dense_costs, label_costs
 from podcost_core.model import PodUID
@@ -118,6 +124,10 @@ def run(
     return writes
 
 
+#: The scenarios whose figures go into the results table (docs/benchmarks/results.md).
+HEADLINE = {(100, 1, 0.0), (500, 1, 0.3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1000)
@@ -139,6 +149,7 @@ def main() -> None:
     print(header)
     print("-" * len(header))
     total = {"fewest": 0, "dense": 0}
+    figures = []
     for pods, nodes, replicasets, tie_share in scenarios:
         started = time.perf_counter()
         writes = run(pods, args.events, args.seed, nodes, replicasets, tie_share)
@@ -154,9 +165,22 @@ def main() -> None:
             f"{dense:>10.2f} {dense / fewest if fewest else float('inf'):>5.1f}x | "
             f"{max(writes['fewest']):>10} {max(writes['dense']):>9} | {elapsed:>5.1f}"
         )
+        if (pods, replicasets, tie_share) in HEADLINE:
+            figures.append(
+                f"{pods} pods, {replicasets} ReplicaSet, {tie_share:.0%} ties: {fewest:.2f} vs "
+                f"{dense:.2f} writes per event "
+                f"({dense / fewest if fewest else float('inf'):.0f}x)"
+            )
     print(
         f"all scenarios: fewest {total['fewest']} writes, dense {total['dense']} writes, "
         f"dense/fewest = {total['dense'] / total['fewest']:.1f}x"
+    )
+    figures.append(f"all scenarios: dense needs {total['dense'] / total['fewest']:.1f}x the writes")
+    record(
+        "bench_labels",
+        f"API writes per churn event, fewest-writes labelling vs dense renumbering, "
+        f"{args.events:,} events per scenario, seed {args.seed}",
+        figures,
     )
 
 

@@ -87,6 +87,7 @@ from typing import Any, BinaryIO, cast
 import orjson
 from kubernetes_asyncio import config
 from tests.bench import procs
+from tests.bench.record import record as record_row
 from tests.support.costs import CountingPods
 from tests.support.kube import KubeTestCluster
 from tests.support.services import ServiceProcess, chart_specs, processes
@@ -1581,6 +1582,45 @@ def column(throughput: Throughput, latency: Latency, embedded: Step | None) -> l
     ]
 
 
+def record_results(
+    results: Sequence[tuple[Mode, Throughput, Latency]], args: argparse.Namespace
+) -> None:
+    """The headline figures of parts a and b, one row each in the results table."""
+    if "a" in args.parts and results:
+        figures = []
+        for mode, throughput, _ in results:
+            best = throughput.best
+            unbounded = next((s.rate for s in throughput.steps if not s.bounded), None)
+            figures.append(
+                f"{mode.label}: "
+                + (f"{best.rate:,.0f} events/s sustained" if best else "no offered rate sustained")
+                + ("" if unbounded is None else f", {unbounded:,.0f} not")
+            )
+        record_row(
+            "bench_pipeline",
+            "the whole pipeline (watcher, a ranker per strategy, aggregator, annotator), "
+            f"{results[0][1].fleet}: pod events/s sustained with bounded consumer lag",
+            figures,
+            variant="throughput",
+        )
+    if "b" in args.parts and results:
+        figures = []
+        for mode, _, latency in results:
+            if latency.latencies:
+                figures.append(
+                    f"{mode.label}: p50 {ms(statistics.median(latency.latencies))}, "
+                    f"p99 {ms(latency.quantile(0.99))}; PATCH requests / minimum "
+                    f"{latency.patches} / {latency.minimum}"
+                )
+        record_row(
+            "bench_pipeline",
+            f"pod Ready -> the pod carries its decided cost, on the real control plane, "
+            f"{results[0][2].pods} pods; PATCH requests against the writes the decisions asked for",
+            figures,
+            variant="latency",
+        )
+
+
 def table(results: Sequence[tuple[Mode, Throughput, Latency]]) -> None:
     """The summary: a column per mode, the goal last."""
     embedded = next((t.best for mode, t, _ in results if mode.kafka is None), None)
@@ -1691,6 +1731,7 @@ async def bench(kubeconfig: str, brokers: str | None, args: argparse.Namespace) 
                     "pod events/s. Lags from each process's /metrics."
                 )
             table(results)
+            record_results(results, args)
         finally:
             stack.close()
             await helpers.delete_nodes(list(nodes.values()))

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.bench.record import record
 from tests.support.pipeline import Reader, running
 from tests.support.snapshots import CLUSTER, snapshot
 
@@ -124,6 +125,17 @@ async def bench(
         p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
         print(f"  snapshot emitted -> costs read back: p50 {p50 * 1000:.0f} ms, "
               f"p99 {p99 * 1000:.0f} ms")  # fmt: skip
+        record(
+            "bench_rank_aggregate",
+            f"{mode}: {len(strategies)} rankers and the aggregator in one process, {workloads} "
+            f"workloads x {pods} pods x {versions} versions ({pace})",
+            [
+                f"{len(latencies) / elapsed:,.0f} decisions/s, "
+                f"{len(latencies) * pods / elapsed:,.0f} pod costs/s",
+                f"snapshot -> costs p50 {p50 * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms",
+            ],
+            variant=f"kafka-{engine}" if kafka else "",
+        )
 
 
 def main() -> None:

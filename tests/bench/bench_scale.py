@@ -1,5 +1,5 @@
 """Scale benchmark on the real control plane: how large a cluster podcost and this machine's
-control plane hold, and what podcost costs there (podcost issue 14, item 1).
+control plane hold, and what podcost costs there.
 
 A script, not a test (not part of ``make test``)::
 

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from pydantic_core import SchemaValidator
 from tests.bench.bench_aggregator import workloads
+from tests.bench.record import record
 
 from podcost_contracts.messages import (
     CONTENT_ENCODING,
@@ -63,6 +64,21 @@ def main() -> None:
           f"best of {args.rounds} passes")  # fmt: skip
     for name, seconds in best.items():
         print(f"  {name:28s} {seconds * 1e6:7.0f} us  {seconds / best['whole']:.2f} of whole")
+    rankers = [seconds for name, seconds in best.items() if name.startswith("ranker ")]
+    whole = best["whole"]
+    record(
+        "bench_snapshot_decode",
+        f"one {args.pods}-pod snapshot ({size:,} B of JSON) validated whole, as the aggregator "
+        f"reads it and as each strategy's ranker reads it; best of {args.rounds} passes over "
+        f"{args.workloads} snapshots",
+        [
+            f"whole: {whole * 1e6:,.0f} µs",
+            f"as the aggregator reads it: {best['aggregator'] * 1e6:,.0f} µs "
+            f"({best['aggregator'] / whole:.2f})",
+            f"as the built-in strategies' rankers read it: {min(rankers) * 1e6:,.0f}–"
+            f"{max(rankers) * 1e6:,.0f} µs ({min(rankers) / whole:.2f}–{max(rankers) / whole:.2f})",
+        ],
+    )
 
 
 def zlib_inflate(value: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""Memory per pod of the informer's store (issue 14), without a cluster.
+"""Memory per pod of the informer's store, without a cluster.
 
 A script, not a test (``uv run python -m tests.bench.bench_store_memory [--pods N]``). It
 serialises N pods as the API server serves a Deployment's pods that kwok runs

@@ -1,4 +1,4 @@
-"""Time to find one workload's snapshot objects in the informer's store (issue 14), without a
+"""Time to find one workload's snapshot objects in the informer's store, without a
 cluster.
 
 A script, not a test (``uv run python -m tests.bench.bench_workload_objects [--pods 10000,40000]``).

@@ -1,4 +1,4 @@
-"""What grew between two heap dumps of a podcost process (issue 14's memory per pod).
+"""What grew between two heap dumps of a podcost process (where its memory per pod goes).
 
 A script (``uv run python -m tests.bench.heap_diff BEFORE AFTER [--pods N] [--by lineno]``):
 ``BEFORE`` and ``AFTER`` are the ``heap-<n>.tracemalloc`` files a process started with

@@ -8,7 +8,7 @@ caught up ("caught up" in its log) it must have sent no PATCH (``podcost_patches
 "ok"}`` of the new process) and changed no cost.
 
 The ``bystander`` variant (in ``make test``; the plain SIGTERM one is ``long``) also checks the
-running process keeps up with other workloads' pods (issue 14): once every cost is written, 15
+running process keeps up with other workloads' pods: once every cost is written, 15
 pods of a workload that is not opted in land on one of app0's two nodes in each zone.
 ``node-consolidation`` orders a workload's nodes by every active pod on them
 (``Node.requested``), so a fresh decision now swaps the two nodes of each zone: the watcher must

@@ -161,16 +161,13 @@ async def test_a_sigkilled_fleet_process_ends_where_its_undisturbed_twin_ends(
 
 
 RUN_LONG = [200, 201, 202, 203]
-#: ``podcost run --kafka``'s quick seed left one pod behind its decided cost before any kill in
-#: 1 of 4 runs (issue 12). The cause found: a decision made from a snapshot older than the
-#: annotator's own last write to the pod was taken at its word, and the write stayed (such
-#: decisions seen in the logs; fixed in the annotator's ``WriteQueue``; the failure itself did
-#: not recur in 13 runs). It still runs with the long seeds: in 5 of 13 runs ``a/embedded`` was
-#: never ready (4 at its first start, 1 after the double kill; where it was traced, the faust
-#: aggregator's start hung creating its ``__assignor-__leader`` topic, and in one run an idle
-#: faust producer had lost a changelog topic's metadata). The aggregator's progress watchdog now
-#: re-fetches that metadata and bounds the start (``PODCOST_AGGREGATOR_START_TIMEOUT_SECONDS``); the
-#: variant passed 5 of 5 runs since.
+#: The ``podcost run --kafka`` variant: one seed in ``make test``, the others with the long
+#: seeds. It covers a decision made from a snapshot older than the annotator's own last write to
+#: the pod (the annotator's ``WriteQueue`` reads the pod and writes it again instead of taking the
+#: decision at its word), and a faust aggregator whose start hangs creating its
+#: ``__assignor-__leader`` topic or whose idle producer lost a changelog topic's metadata (the
+#: aggregator's progress watchdog re-fetches that metadata and bounds the start,
+#: ``PODCOST_AGGREGATOR_START_TIMEOUT_SECONDS``).
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
 """Two annotators of one cluster share its costs topic, and a crash of one loses no write and
-rewinds no cost (issue 11).
+rewinds no cost.
 
 Two ``podcost annotator`` processes for the same cluster, started as the Helm chart's ``agent``
 mode starts them with ``annotator.replicaCount: 2`` (``tests.support.services.chart_specs``),

@@ -1,4 +1,4 @@
-"""Replicas of the core share the work, and a consumer-group rebalance loses no decision (issue 11).
+"""Replicas of the core share the work, and a consumer-group rebalance loses no decision.
 
 The core runs as real OS processes started as the Helm chart's ``core`` mode starts them
 (``tests.support.services.chart_specs``): one ``podcost ranker --strategy NAME`` per strategy of

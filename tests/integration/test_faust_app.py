@@ -439,7 +439,7 @@ async def test_a_batch_longer_than_the_stall_bound_whose_records_each_progress_i
 async def test_an_app_whose_consumer_stops_fetching_sees_its_lag_from_the_broker_and_exits(
     kafka: Kafka,
 ) -> None:
-    # As after the broker outage of issue 12: the consumer fetches nothing any more, so the
+    # As after a broker outage that stalled the consumer: it fetches nothing any more, so the
     # highwaters it knows never move; the watchdog asks the broker for the end offsets.
     processor = Remember()
     app = kafka.app(processor, stop_timeout_s=3.0, stall_s=4.0)

@@ -202,7 +202,7 @@ def test_a_pod_with_a_write_in_flight_gets_its_next_write_only_after_it() -> Non
 
 
 def test_a_cost_the_snapshot_saw_is_written_when_a_write_of_ours_since_set_another() -> None:
-    """Issue 12: a decision made from a snapshot older than our last write to the pod says the
+    """A decision made from a snapshot older than our last write to the pod says the
     pod has what it wants; it has our write instead. The watcher ignores our own writes, so no
     later snapshot would set it right: the pod must be read and written."""
     queue: WriteQueue[str] = WriteQueue()

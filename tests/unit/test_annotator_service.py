@@ -445,7 +445,7 @@ async def test_after_a_start_only_the_newest_decision_of_the_uncommitted_tail_is
 async def test_a_decision_whose_snapshot_predates_our_last_write_is_still_written(
     start: Start,
 ) -> None:
-    # Issue 12: v2 was decided from a snapshot made before v1's write landed (the watcher
+    # v2 was decided from a snapshot made before v1's write landed (the watcher
     # ignores podcost's own writes, so no newer snapshot follows it). It says the pod has the 0
     # it wants; the pod has v1's 5. Over Kafka v2 arrives after v1's write is done.
     pods = FakePods()

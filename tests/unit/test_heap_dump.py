@@ -1,4 +1,4 @@
-"""``PODCOST_HEAP_DUMP``: the debugging aid that attributes a process's memory (issue 14)."""
+"""``PODCOST_HEAP_DUMP``: the debugging aid that attributes a process's memory."""
 
 from __future__ import annotations
 

@@ -142,7 +142,7 @@ def test_the_generated_init_shape_is_read_as_lazy_names() -> None:
 
 
 def test_podcost_run_imports_none_of_what_its_first_write_does_not_need() -> None:
-    # The start of ``podcost run`` (issue 12: process start to first write): no generated model
+    # The start of ``podcost run`` (from process start to first write): no generated model
     # or API class, no Kafka client for the in-process bus, no HTTP stack before it serves.
     out = _python(
         """

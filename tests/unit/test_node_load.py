@@ -1,4 +1,4 @@
-"""Other workloads' pods landing on or leaving a workload's nodes (issue 14): which changes move
+"""Other workloads' pods landing on or leaving a workload's nodes: which changes move
 a node's load in a snapshot (``podcost_core.convert.node_share``,
 ``podcost_kube.workloads.nodes_with_moved_load``), and which policies read it
 (``podcost_core.policy.reads_node_load``). The watcher re-publishes a workload whose policy reads

@@ -111,7 +111,7 @@ def test_a_relist_of_one_namespace_leaves_the_other_namespaces_alone() -> None:
 
 def test_a_relist_writes_the_store_before_it_builds_a_change_and_keeps_no_key_per_object() -> None:
     # What a list keeps (index entries, a node's map) is then not laid out among a Change and a
-    # key per listed object, which left holes the allocator could not give back (issue 14).
+    # key per listed object, which left holes the allocator could not give back.
     def keys_and_changes() -> int:
         return sum(isinstance(o, Change | ObjectKey) for o in gc.get_objects())
 

@@ -1,7 +1,7 @@
 """The watcher's first pass over a filled cache, without a cluster (``WatcherService`` on a bus
 whose deliveries the test acknowledges): every pod of the pass is converted before the first
-snapshot goes out, and the heap is settled once the pass is delivered, not before (issue 14:
-what the cache keeps is then not strewn among what publishing leaves behind). And what the
+snapshot goes out, and the heap is settled once the pass is delivered, not before (so
+that what the cache keeps is not strewn among what publishing leaves behind). And what the
 watcher reports of the pods its cache converts."""
 
 from __future__ import annotations

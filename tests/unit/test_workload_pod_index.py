@@ -1,5 +1,5 @@
 """The store's pod indexes (by controller, by label set) and the snapshot objects found through
-them (issue 14): on random stores built by adds, updates that move pods between label sets,
+them: on random stores built by adds, updates that move pods between label sets,
 deletes and relists, ``workload_objects`` answers exactly as the scan of every pod of the
 namespace it replaced (``_workload_objects_by_scan``, kept as the reference): the same objects
 in the same order, or the same error; and the indexes equal those of a store built afresh from

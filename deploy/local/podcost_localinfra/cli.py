@@ -5,6 +5,10 @@
 under the cache (``PODCOST_RUN_DIR`` overrides it) so the matching ``-down`` finds the pids.
 Re-running ``-up`` while the servers are up prints the same last line and starts nothing.
 
+``reference`` writes the generated reference pages (``reference``): the CLI, settings, metrics,
+Helm values and message pages under ``docs/reference/`` and the chart's README; ``reference
+--check`` writes nothing and exits 1 naming each page that is out of date.
+
 ``kafka-up --secure`` starts the secure broker instead (its own run directory, ``kafka-secure``):
 SASL_SSL only, one SCRAM user per component and topic ACLs (``kafka_secure``); ``--cluster``
 names the clusters that get an annotator user. The CA file, the passwords and an admin client
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="podcost-localinfra", description=__doc__)
     parser.add_argument(
         "command",
-        choices=["build", "kafka-up", "kafka-down", "cluster-up", "cluster-down"],
+        choices=["build", "kafka-up", "kafka-down", "cluster-up", "cluster-down", "reference"],
     )
     parser.add_argument("--only", choices=build.TOOL_GROUPS, help="build: only this group of tools")
     parser.add_argument(
@@ -98,7 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         "--cluster", action="append", default=[],
         help="kafka-up --secure: a cluster whose annotator gets a user (repeatable) [local]",
     )  # fmt: skip
+    parser.add_argument(
+        "--check", action="store_true",
+        help="reference: write nothing; exit 1 naming each generated page that is out of date",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.command == "reference":
+        from . import reference  # imports the podcost packages: only for this command
+
+        return reference.main(Path.cwd(), check=args.check)
     try:
         if args.command == "build":
             build.ensure_all(args.only)

@@ -155,7 +155,7 @@ HEAP_DUMP_FRAMES: Final = 12
 
 
 def heap_dumps_on_signal(environ: Mapping[str, str] = os.environ) -> Path | None:
-    """A debugging aid for memory (issue 14), off unless ``PODCOST_HEAP_DUMP`` names a
+    """A debugging aid for memory, off unless ``PODCOST_HEAP_DUMP`` names a
     directory: then ``tracemalloc`` traces every allocation from here on (with
     ``PODCOST_HEAP_DUMP_FRAMES`` frames, 12 by default; the process runs slower and larger), and
     each SIGUSR1 collects the garbage and writes ``heap-<n>.tracemalloc`` (a

@@ -566,8 +566,8 @@ class WatcherService:
         Each ``Pod`` the cache keeps is then laid out next to the others, not among what
         publishing leaves behind for a while (a summed entry for every pod on a snapshot's
         nodes not converted yet, encoded records, the bus's deliveries): once that is freed,
-        the allocator could not give back the memory the pods were strewn over (issue 14:
-        about 0.2 KB a pod at 10,000 pods). Publishing then finds every pod converted; the
+        the allocator could not give back the memory the pods were strewn over (about
+        0.2 KB a pod at 10,000 pods). Publishing then finds every pod converted; the
         pass finds each workload's pods twice (10,000 pods: 0.3 s more CPU, once). It stops
         once the cache is full (``POD_CACHE_SIZE`` pods): the pods after would push out those
         before, to be converted again by publishing."""
@@ -596,7 +596,7 @@ class WatcherService:
     async def _settle_when_delivered(self) -> None:
         """Settle the heap (``settle_heap``: the C allocator's free memory goes back) once every
         snapshot queued on the bus is acknowledged: the bus's buffers of the first pass, up to
-        ``MAX_IN_FLIGHT`` snapshots, are freed then, after the pass is published (issue 14)."""
+        ``MAX_IN_FLIGHT`` snapshots, are freed then, after the pass is published."""
         waiting = [acked for acked in self._in_flight if not acked.done()]
         if waiting:
             await asyncio.wait(waiting)
