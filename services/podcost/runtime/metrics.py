@@ -122,9 +122,9 @@ class Families:
             [c], registry=r,
         )  # fmt: skip
         self.bus_send_waits = Counter(
-            "podcost_bus_send_waits", "Embedded mode: sends that waited because the slowest "
-            "reader of their partition had not committed the in-process bus's retention of "
-            "records yet (backpressure instead of losing records), by topic.", [c, "topic"],
+            "podcost_bus_send_waits", "Embedded mode: sends the in-process bus held back "
+            "until the slowest reader of their partition committed (backpressure instead of "
+            "losing records past the bus's retention), by topic.", [c, "topic"],
             registry=r,
         )  # fmt: skip
         self.queue_depth = Gauge(
