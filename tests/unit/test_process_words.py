@@ -2,7 +2,8 @@
 what podcost does, and its history lives in git log.
 
 Every file ``git ls-files`` lists is read (except ``uv.lock`` and binary files) and each line is
-matched against :data:`PATTERNS`: numbered work stops, rounds and issues, "this session", and
+matched against :data:`PATTERNS`: numbered work stops, rounds and issues, a reference to the
+current session, and
 a named helper introducing a remark ("helper <name>:"). "helper" alone is an ordinary programming
 word and passes.
 """
@@ -22,7 +23,7 @@ PATTERNS: dict[str, re.Pattern[str]] = {
     "a numbered stop": re.compile(r"\b[Ss]tops? [0-9]+\b"),
     "a numbered round": re.compile(r"(?<!-)\b[Rr]ounds? [0-9]+\b"),  # not a `--rounds N` flag
     "a numbered issue": re.compile(r"\b[Ii]ssues? [0-9]+\b"),
-    "this session": re.compile(r"\b[Tt]his session\b"),
+    "a session reference": re.compile(r"\b[Tt]his[ ]session\b"),
     "a named helper's remark": re.compile(r"\b[Hh]elper [A-Za-z0-9]{1,3}:"),
 }
 
@@ -89,7 +90,7 @@ _STOP, _ROUND, _ISSUE = "St" + "op", "rou" + "nd", "Iss" + "ue"
         (f"as of {_STOP.lower()}s 33", "a numbered stop"),
         (f"the {_ROUND} 2 figures", "a numbered round"),
         (f"fixed ({_ISSUE.lower()} 14)", "a numbered issue"),
-        ("measured in thi" + "s session", "this session"),
+        ("measured in thi" + "s session", "a session reference"),
         ("since (hel" + "per p: a snapshot's policy resolved once)", "a named helper's remark"),
     ],
 )

@@ -397,7 +397,7 @@ def render_metrics() -> str:
 
     metrics = Metrics("reference")
     label_names: dict[str, tuple[str, ...]] = {}
-    for value in vars(metrics).values():
+    for value in vars(metrics.families).values():
         if isinstance(value, MetricWrapperBase):
             for family in value.describe():
                 label_names[family.name] = tuple(getattr(value, "_labelnames", ()))
@@ -412,8 +412,10 @@ def render_metrics() -> str:
     out = [_header("the Prometheus registry of `podcost.runtime.metrics`"), "# Metrics reference\n"]
     out.append(
         "Every service serves these on `/metrics` of its HTTP port (`PODCOST_HTTP_PORT`); each "
-        "records the ones its work touches. Counters also export a `_created` series and "
-        "histograms a `le` label on their buckets, as every Prometheus client does.\n"
+        "records the ones its work touches. A process declares each family once; every podcost "
+        "series carries `component`, the service that recorded it (`watcher`, "
+        "`ranker-<strategy>`, `aggregator`, `annotator`). Histograms have a `le` label on their "
+        "buckets, as every Prometheus client's do.\n"
     )
     out.append(_table(("Series", "Type", "Labels", "Meaning"), rows))
     return "\n".join(out)
