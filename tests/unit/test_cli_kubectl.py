@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -110,3 +113,17 @@ def test_kubectl_finds_podcost_as_its_plugin() -> None:
     assert scripts["kubectl-podcost"] == scripts["podcost"] == "podcost.cli:main"
     assert prog_name("/usr/local/bin/kubectl-podcost") == "kubectl podcost"
     assert prog_name("/usr/local/bin/podcost") == "podcost"
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [("podcost si", ["simulate"]), ("podcost simulate -o ", ["table", "json", "yaml"])],
+)
+def test_the_shell_completes_commands_and_output_formats(words: str, expected: list[str]) -> None:
+    env = {**os.environ, "_PODCOST_COMPLETE": "complete_bash", "COMP_WORDS": words,
+           "COMP_CWORD": str(len(words.split(" ")) - 1)}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "podcost"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == expected
