@@ -514,7 +514,10 @@ class KafkaConsumer(PollingConsumer):
             lags = {}
             for kafka_tp in owned:
                 tp = TopicPartition(kafka_tp.topic, kafka_tp.partition)
-                position: int = await consumer.position(kafka_tp)
+                try:
+                    position: int = await consumer.position(kafka_tp)
+                except IllegalStateError:
+                    continue  # revoked by a rebalance meanwhile: its lag is another member's
                 buffered = sum(1 for record in self._buffer if record.tp == tp)
                 lags[tp] = max(0, ends[kafka_tp] - position) + buffered
         except KafkaError as error:

@@ -376,12 +376,15 @@ def _cost_value(cost: int | None) -> str | None:
 
 
 @asynccontextmanager
-async def connect(kubeconfig: str | None = None) -> AsyncIterator[Kube]:
-    """Connect with ``kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config`` or in-cluster config."""
+async def connect(kubeconfig: str | None = None, context: str | None = None) -> AsyncIterator[Kube]:
+    """Connect with ``kubeconfig``, ``$KUBECONFIG``, ``~/.kube/config`` or in-cluster config;
+    ``context``: the kubeconfig's context to use (default: its current one)."""
     path = kubeconfig or os.environ.get("KUBECONFIG")
     try:
         if path or _DEFAULT_KUBECONFIG.exists():
-            api = await config.new_client_from_config(config_file=path)
+            api = await config.new_client_from_config(config_file=path, context=context)
+        elif context is not None:
+            raise KubeError(f"no kubeconfig holds context {context!r}")
         else:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
             api = client.ApiClient()

@@ -23,6 +23,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
@@ -31,6 +33,7 @@ from typer.core import TyperCommand, TyperGroup
 from typer.exceptions import TyperException
 
 from podcost.commands.startup import EXIT_BAD_CONFIG, EXIT_FAILED
+from podcost.runtime.version import build, package_version
 from podcost_core.convert import ConversionError
 from podcost_core.policy import PolicyError
 from podcost_core.strategies.registry import BUILTIN, PluginError, UnknownStrategyError
@@ -38,7 +41,8 @@ from podcost_core.strategies.registry import BUILTIN, PluginError, UnknownStrate
 #: Exit code after Ctrl-C, as shells report SIGINT.
 EXIT_INTERRUPTED = 130
 
-HELP = """Steer Kubernetes scale-in with `controller.kubernetes.io/pod-deletion-cost`.
+HELP = f"""podcost {package_version()}: steer Kubernetes scale-in with
+`controller.kubernetes.io/pod-deletion-cost`.
 
 podcost watches the cluster, ranks the pods of every opted-in workload with pluggable
 strategies, combines the ranks and writes each pod's deletion cost, so that a scale-in removes
@@ -63,7 +67,11 @@ podcost simulate --snapshot dump.json --workload shop/web --replicas 6
 podcost explain shop/web-5d8f7-x2x9k
 ```
 
-Run `podcost COMMAND --help` for a command's options, settings and examples.
+Run `podcost COMMAND --help` for a command's options, settings and examples. Installed on the
+`PATH`, `kubectl-podcost` makes each command a kubectl plugin: `kubectl podcost simulate ...`.
+Shell completion: `podcost --install-completion`. Commands that print a result take
+`--output table|json|yaml` (default table); commands that read a cluster take `--kubeconfig`,
+`--context` and, where a namespace narrows them, `-n/--namespace`.
 """,
     "run": f"""**Examples**
 
@@ -222,8 +230,7 @@ def load_command(name: str) -> click.Command:
     )
     importlib.import_module(COMMANDS[name].module).register(single)
     [info] = single.registered_commands
-    if info.epilog is None and name in EPILOGS:
-        info.epilog = EPILOGS[name]
+    info.epilog = with_exit_codes(info.epilog if info.epilog is not None else EPILOGS.get(name))
     command = typer.main.get_command(single)  # one command and no callback: that command
     command.name = name
     return command
@@ -258,12 +265,31 @@ class LazyCommands(TyperGroup):
             self._listing = False
 
 
+#: What every ``--help`` ends with: the exit codes, the same for every command.
+EXIT_CODES = f"""**Exit codes**: 0 done; 1 something podcost needs failed (the API server, the
+broker, a file it reads, a write it gave up on); 2 bad input (arguments, a setting, a policy or
+dump file); 130 interrupted. (podcost {package_version()})"""
+
+
+def with_exit_codes(epilog: str | None) -> str:
+    """``epilog`` followed by :data:`EXIT_CODES`."""
+    return f"{(epilog or '').rstrip()}\n\n{EXIT_CODES}\n".lstrip()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        identity = build()
+        typer.echo(f"podcost {identity.version} (revision {identity.revision}, "
+                   f"Python {identity.python})")  # fmt: skip
+        raise typer.Exit(0)
+
+
 app = typer.Typer(
     name="podcost",
     help=HELP,
-    epilog=EPILOGS[""],
+    epilog=with_exit_codes(EPILOGS[""]),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
     cls=LazyCommands,
@@ -271,7 +297,17 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="Print the version, the revision it was built from and the Python, and exit.",
+        ),
+    ] = False,
+) -> None:
     # A callback keeps typer in group mode: with a single command it would otherwise run that
     # command bare, and ``podcost simulate ...`` would stop working.
     pass
@@ -318,13 +354,19 @@ def _command_of(args: Sequence[str]) -> str:
     return f"podcost {first}" if first in names else "podcost"
 
 
+def prog_name(argv0: str) -> str:
+    """How the command is called in usage lines: ``kubectl podcost`` when kubectl runs it as
+    its plugin (the ``kubectl-podcost`` entry point), else ``podcost``."""
+    return "kubectl podcost" if Path(argv0).name.startswith("kubectl-") else "podcost"
+
+
 def run_cli(args: Sequence[str] | None = None) -> int:
     """Run the command line on ``args`` (default: ``sys.argv[1:]``); the exit code."""
     argv = list(sys.argv[1:] if args is None else args)
     if not argv:
         argv = ["--help"]  # what no_args_is_help does, without click's exit code 2
     try:
-        result = app(args=argv, prog_name="podcost", standalone_mode=False)
+        result = app(args=argv, prog_name=prog_name(sys.argv[0]), standalone_mode=False)
     except TyperException as error:  # bad arguments: a usage error names its command
         context = getattr(error, "ctx", None)
         where = str(getattr(context, "command_path", "")) or _command_of(argv)
@@ -349,5 +391,6 @@ def run_cli(args: Sequence[str] | None = None) -> int:
 
 
 def main() -> None:
-    """Run the command line and exit with its code (the ``podcost`` entry point)."""
+    """Run the command line and exit with its code (the ``podcost`` and ``kubectl-podcost``
+    entry points)."""
     sys.exit(run_cli())

@@ -159,16 +159,16 @@ async def test_the_cleanup_command_removes_podcosts_costs_and_says_what_it_did(
     monkeypatch.setattr(root, "handlers", list(root.handlers))
     monkeypatch.setattr(root, "level", root.level)
     dry = await asyncio.to_thread(
-        CliRunner().invoke, app, ["cleanup", "--namespace", space.namespace, "--dry-run"]
+        CliRunner().invoke, app, ["cleanup", "-n", space.namespace, "--dry-run", "-o", "json"]
     )
     assert dry.exit_code == 0, dry.stderr
-    assert json.loads(dry.stdout.splitlines()[-1])["dry_run"] == 2
+    assert json.loads(dry.stdout)["dry_run"] == 2
     assert [value for value, _ in (await _costs(kube, space)).values()].count("1") == 2
     result = await asyncio.to_thread(
-        CliRunner().invoke, app, ["cleanup", "--namespace", space.namespace]
+        CliRunner().invoke, app, ["cleanup", "--namespace", space.namespace, "--output", "json"]
     )
     assert result.exit_code == 0, result.stderr
-    counts = json.loads(result.stdout.splitlines()[-1])
+    counts = json.loads(result.stdout)
     assert (counts["podcost_costs"], counts["removed"], counts["error"]) == (2, 2, 0)
     after = await _costs(kube, space)
     assert sorted(value for value, _ in after.values() if value is not None) == ["3"]

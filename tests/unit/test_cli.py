@@ -17,8 +17,8 @@ DUMP = str(DATA / "shop-dump.json")
 runner = CliRunner()
 
 
-def run(*args: str) -> tuple[int, str, str]:
-    result = runner.invoke(app, ["simulate", "--snapshot", DUMP, *args])
+def run(*args: str, output: str = "json") -> tuple[int, str, str]:
+    result = runner.invoke(app, ["simulate", "--snapshot", DUMP, "--output", output, *args])
     return result.exit_code, result.stdout, result.stderr
 
 
@@ -58,13 +58,16 @@ def test_several_dump_files_are_read_together(tmp_path: Path) -> None:
     pods.write_text(json.dumps({"kind": "List", "items": [i for i in items if i["kind"] == "Pod"]}))
     rest.write_text(json.dumps({"kind": "List", "items": [i for i in items if i["kind"] != "Pod"]}))
     args = ["simulate", "--snapshot", str(pods), "--snapshot", str(rest)]
-    result = runner.invoke(app, [*args, "--workload", "shop/web", "--replicas", "4", "--baseline"])
+    result = runner.invoke(app, [*args, "--workload", "shop/web", "--replicas", "4", "--baseline",
+                                 "-o", "json"])  # fmt: skip
     assert result.exit_code == 0
     assert json.loads(result.stdout)["victims"] == ["web-5d8f7-fffff", "web-5d8f7-ddddd"]
 
 
-def test_simulate_draws_a_table() -> None:
-    code, out, _ = run("--workload", "shop/web", "--replicas", "4", "--output", "table")
+def test_simulate_draws_a_table_by_default() -> None:
+    result = runner.invoke(app, ["simulate", "--snapshot", DUMP, "--workload", "shop/web",
+                                 "--replicas", "4"])  # fmt: skip
+    code, out = result.exit_code, result.stdout
     assert code == 0
     assert "web-5d8f7-ccccc" in out
     assert "skew 2 → 1" in out or "skew 2 → 0" in out

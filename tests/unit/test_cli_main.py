@@ -20,7 +20,7 @@ from typer.core import TyperGroup
 from typer.testing import CliRunner
 
 from podcost import cli as podcost_cli
-from podcost.cli import EPILOGS, app, load_command, run_cli
+from podcost.cli import EPILOGS, EXIT_CODES, app, load_command, run_cli
 
 runner = CliRunner()
 COMMANDS = [
@@ -48,7 +48,9 @@ def test_every_help_has_a_description_option_help_and_examples(command: str) -> 
     cli = load_command(command) if command else group
     assert cli.help is not None
     assert len(cli.help.split()) >= 8, cli.help
-    assert cli.epilog == EPILOGS.get(command, cli.epilog)
+    assert cli.epilog is not None
+    assert cli.epilog.startswith(EPILOGS.get(command, cli.epilog).rstrip())
+    assert cli.epilog.rstrip().endswith(EXIT_CODES), "every help documents the exit codes"
     for param in cli.params:
         if param.param_type_name == "option" and param.name != "help":
             assert getattr(param, "help", None), f"{command} {param.name} has no help"
@@ -219,7 +221,9 @@ def test_a_failing_podcost_process_says_one_line_and_exits_never_with_a_tracebac
             "needs at least 16 characters",
             id="a short explain token",
         ),
-        pytest.param(["explain", "shop"], {}, 2, "'shop' is not NAMESPACE/POD", id="bad pod"),
+        pytest.param(
+            ["explain", "shop/web/x"], {}, 2, "'shop/web/x' is not NAMESPACE/POD", id="bad pod"
+        ),
         pytest.param(
             ["explain", "shop/web"],
             {"KUBECONFIG": "{tmp}/missing"},
@@ -279,5 +283,7 @@ def test_podcost_help_and_one_command_import_only_that_commands_module() -> None
         loaded[" ".join(args)] = done.stdout.strip().splitlines()[-1]
     assert loaded == {
         "": "['podcost.commands.startup']",
-        "simulate --help": "['podcost.commands.simulate', 'podcost.commands.startup']",
+        # The command and what every command shares: its options and start-up checks.
+        "simulate --help": "['podcost.commands.options', 'podcost.commands.simulate', "
+        "'podcost.commands.startup']",
     }

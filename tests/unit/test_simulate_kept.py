@@ -77,7 +77,7 @@ def simulate(tmp_path: Path, dump: dict[str, Any], *args: str) -> tuple[dict[str
     path = tmp_path / "dump.json"
     path.write_text(json.dumps(dump))
     argv = ["simulate", "--snapshot", str(path), "--workload", "shop/web", "--replicas", "4"]
-    result = runner.invoke(app, [*argv, *args])
+    result = runner.invoke(app, [*argv, "--output", "json", *args])
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout), result.stderr
 

@@ -19,6 +19,7 @@ import typer
 
 from podcost.annotator import AnnotatorSettings, bootstrap
 from podcost.annotator.plan import Scope
+from podcost.commands.options import ContextOption, KubeconfigOption
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings, require_cluster
 from podcost.runtime.heap import heap_dumps_on_signal
 from podcost.runtime.logs import configure_logging
@@ -28,7 +29,7 @@ from podcost.runtime.telemetry import setup_tracing
 from podcost.watcher.service import WatcherSettings
 from podcost_bus import BusError, BusSettings
 from podcost_core.policy import PolicyError
-from podcost_kube.client import KubeError
+from podcost_kube.client import KubeError, connect
 
 COMMAND = "annotator"
 
@@ -43,12 +44,25 @@ def annotator_command(
             help="Decide and log every write, write nothing (also PODCOST_DRY_RUN=true).",
         ),
     ] = False,
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace",
+            "-n",
+            help="Write in these namespaces only, ns[,ns] (PODCOST_WATCHER_NAMESPACE); "
+            "default: all.",
+        ),
+    ] = None,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
 ) -> None:
     """Apply the aggregator's desired costs to the pods, within a QPS budget."""
     settings = load_settings(COMMAND, ServiceSettings, **({"dry_run": True} if dry_run else {}))
     bus_settings = load_settings(COMMAND, BusSettings)
     config = load_settings(COMMAND, AnnotatorSettings)
-    watch = load_settings(COMMAND, WatcherSettings)
+    watch = load_settings(
+        COMMAND, WatcherSettings, **({"namespace": namespace} if namespace else {})
+    )
     require_cluster(COMMAND, settings, bus_settings)
     try:
         scope = Scope(watch.namespaces(), watch.opt_in_rules(settings))
@@ -62,11 +76,22 @@ def annotator_command(
             "PODCOST_KAFKA is not set: the annotator reads an in-process bus that nothing "
             "publishes to; run `podcost run` for embedded mode"
         )
-    service = bootstrap(settings, bus_settings, config, scope=scope)
     try:
-        asyncio.run(serve([service], settings, bus=service.bus))
+        asyncio.run(_annotate(settings, bus_settings, config, scope, (kubeconfig, context)))
     except (KubeError, BusError) as error:
         fail(COMMAND, str(error), EXIT_FAILED)
+
+
+async def _annotate(
+    settings: ServiceSettings,
+    bus_settings: BusSettings,
+    config: AnnotatorSettings,
+    scope: Scope,
+    cluster: tuple[str | None, str | None],
+) -> None:
+    async with connect(*cluster) as kube:
+        service = bootstrap(settings, bus_settings, config, kube=kube, scope=scope)
+        await serve([service], settings, bus=service.bus)
 
 
 def register(app: typer.Typer) -> None:

@@ -15,7 +15,6 @@ labelled as computed now. ``podcost.cli`` registers it; it writes nothing anywhe
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import urllib.error
@@ -23,7 +22,6 @@ import urllib.parse
 import urllib.request
 import uuid
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Annotated, Any, cast
 
 import typer
@@ -33,6 +31,13 @@ from rich.table import Table
 
 from podcost.aggregator.processor import desired_costs
 from podcost.annotator.decisions import Explanation, explanations, trace_id_of
+from podcost.commands.options import (
+    DEFAULT_OUTPUT,
+    ContextOption,
+    KubeconfigOption,
+    OutputOption,
+    emit,
+)
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
@@ -63,17 +68,13 @@ podcost explain shop/web-5d8f7-x2x9k                 # the annotator on :8080
 podcost explain shop/web-5d8f7-x2x9k --url http://podcost.podcost-system:8080
 podcost explain shop/web-5d8f7-x2x9k --kafka kafka:9092   # the costs topic
 podcost explain shop/web-5d8f7-x2x9k --output json
+podcost explain -n shop web-5d8f7-x2x9k -o yaml --context prod
 PODCOST_EXPLAIN_TOKEN=... podcost explain shop/web-5d8f7-x2x9k   # when the annotator has one
 ```
 
 Cluster access: `$KUBECONFIG`, `~/.kube/config` or the in-cluster service account. Exits 1 with
 one line when the pod, the cluster, the annotator or Kafka cannot be reached.
 """
-
-
-class OutputFormat(StrEnum):
-    TABLE = "table"
-    JSON = "json"
 
 
 class Report(BaseModel):
@@ -257,9 +258,10 @@ async def explain(
     bus_settings: BusSettings | None,
     settings: ServiceSettings,
     kubeconfig: str | None = None,
+    context: str | None = None,
 ) -> Report:
     """Everything ``podcost explain`` shows (see the module docstring)."""
-    async with connect(kubeconfig) as kube:
+    async with connect(kubeconfig, context) as kube:
         pod = dict(await kube.read_pod(namespace, name))
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid", ""))
@@ -381,7 +383,13 @@ def _render_explanation(item: Explanation, annotation: str | None, console: Cons
 
 
 def explain_command(
-    pod: Annotated[str, typer.Argument(metavar="NAMESPACE/POD", help="The pod to explain.")],
+    pod: Annotated[
+        str,
+        typer.Argument(
+            metavar="[NAMESPACE/]POD",
+            help="The pod to explain; its namespace from -n when not given here, else default.",
+        ),
+    ],
     url: Annotated[
         str,
         typer.Option(
@@ -398,13 +406,13 @@ def explain_command(
             "PODCOST_TOPIC_COSTS, PODCOST_KAFKA_*).",
         ),
     ] = None,
-    output: Annotated[
-        OutputFormat, typer.Option(help="table (for people) or json (for scripts).")
-    ] = OutputFormat.TABLE,
-    kubeconfig: Annotated[
+    output: OutputOption = DEFAULT_OUTPUT,
+    namespace: Annotated[
         str | None,
-        typer.Option(help="The kubeconfig to use; default $KUBECONFIG or ~/.kube/config."),
+        typer.Option("--namespace", "-n", help="The pod's namespace (or give NAMESPACE/POD)."),
     ] = None,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
 ) -> None:
     """Show why a pod carries its deletion cost: every strategy's score, weight and tier, its
     place in the deletion order, and the trace of the decision.
@@ -413,6 +421,8 @@ def explain_command(
     --kafka from the costs topic. When podcost has made none, it says so and shows what it
     would decide now, labelled as computed now.
     """
+    if "/" not in pod:  # kubectl's way: -n, else the default namespace
+        pod = f"{namespace or 'default'}/{pod}"
     namespace, name = _split_pod(pod)
     # The client library warns before failing ("Config not found"); the error line says it all.
     logging.getLogger("kubernetes_asyncio").setLevel(logging.ERROR)
@@ -424,17 +434,14 @@ def explain_command(
         report = asyncio.run(
             explain(
                 namespace, name, url=url, bus_settings=bus_settings, settings=settings,
-                kubeconfig=kubeconfig,
+                kubeconfig=kubeconfig, context=context,
             )
         )  # fmt: skip
     except PodGone:
         fail(COMMAND, f"pod {namespace}/{name} not found", EXIT_FAILED)
     except (KubeError, BusError, OSError, TimeoutError, ValueError) as error:
         fail(COMMAND, str(error), EXIT_FAILED)
-    if output is OutputFormat.JSON:
-        typer.echo(json.dumps(report.model_dump(mode="json"), indent=2))
-    else:
-        render(report, Console())
+    emit(report.model_dump(mode="json"), output, lambda: render(report, Console()))
 
 
 def register(app: typer.Typer) -> None:

@@ -16,6 +16,7 @@ from typing import Annotated
 
 import typer
 
+from podcost.commands.options import ContextOption, KubeconfigOption
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings
 from podcost.embedded import bootstrap
 from podcost.runtime.heap import freeze_imports, heap_dumps_on_signal
@@ -37,8 +38,9 @@ async def _run(
     bus_settings: BusSettings,
     watcher_settings: WatcherSettings,
     strategies: list[str] | None,
+    cluster: tuple[str | None, str | None] = (None, None),
 ) -> None:
-    async with connect() as kube:
+    async with connect(*cluster) as kube:
         try:
             pipeline = bootstrap(
                 settings, bus_settings, kube=kube, watcher_settings=watcher_settings,
@@ -67,6 +69,16 @@ def run_command(
         list[str] | None,
         typer.Option(help="Run rankers for these strategies only (repeatable); default: all."),
     ] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace",
+            "-n",
+            help="Watch these namespaces only, ns[,ns] (PODCOST_WATCHER_NAMESPACE); default: all.",
+        ),
+    ] = None,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
 ) -> None:
     """Run the watcher, the rankers, the aggregator and the annotator in one process."""
     overrides = {"dry_run": True} if dry_run else {}
@@ -74,13 +86,17 @@ def run_command(
     bus_settings = load_settings(
         "run", BusSettings, **({"bootstrap_servers": kafka} if kafka else {})
     )
-    watcher_settings = load_settings("run", WatcherSettings)
+    watcher_settings = load_settings(
+        "run", WatcherSettings, **({"namespace": namespace} if namespace else {})
+    )
     configure_logging(settings.log_level, settings.log_format, service="podcost")
     setup_tracing("podcost")
     freeze_imports()
     heap_dumps_on_signal()
     try:
-        asyncio.run(_run(settings, bus_settings, watcher_settings, strategy or None))
+        asyncio.run(
+            _run(settings, bus_settings, watcher_settings, strategy or None, (kubeconfig, context))
+        )
     except (BusError, KubeError) as error:
         fail("run", str(error), EXIT_FAILED)
 

@@ -1,8 +1,8 @@
 """``podcost simulate``: which pods go if a workload scales to N, with podcost or without.
 
 A thin shell over ``podcost_core.simulate``: reads the dump files and the policy, parses the
-options, prints JSON or a rich table. ``podcost.cli`` registers it. Every input error exits 2
-with one line on stderr saying what is wrong; nothing here decides anything.
+options, prints a rich table, JSON or YAML (``--output``). ``podcost.cli`` registers it. Every
+input error exits 2 with one line on stderr saying what is wrong; nothing here decides anything.
 
 Who set a cost is read off the pods' ``managedFields``, which ``kubectl get -o json`` leaves out
 unless given ``--show-managed-fields``. A cost on a pod without them cannot be told apart: it is
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from enum import StrEnum
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -24,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from podcost.commands.options import DEFAULT_OUTPUT, OutputOption, emit
 from podcost_core.combine import ScoreContractError
 from podcost_core.convert import (
     ClusterObjects,
@@ -39,11 +39,6 @@ from podcost_core.rollout import rollout_for
 from podcost_core.simulate import NO_DOMAIN, SimulationError, SimulationResult, simulate
 
 EXIT_BAD_INPUT = 2
-
-
-class OutputFormat(StrEnum):
-    JSON = "json"
-    TABLE = "table"
 
 
 def _fail(message: str) -> NoReturn:
@@ -197,7 +192,7 @@ def simulate_command(
         bool,
         typer.Option("--baseline", help="Keep the existing costs: what Kubernetes does today."),
     ] = False,
-    output: Annotated[OutputFormat, typer.Option(help="json or table.")] = OutputFormat.JSON,
+    output: OutputOption = DEFAULT_OUTPUT,
     now: Annotated[
         str | None,
         typer.Option(
@@ -257,10 +252,7 @@ def simulate_command(
         _fail(str(error))
     if not baseline:
         _warn_unknown_setters(objects, view)
-    if output is OutputFormat.JSON:
-        typer.echo(json.dumps(result.to_json(), indent=2))
-    else:
-        _print_table(result, baseline)
+    emit(result.to_json(), output, lambda: _print_table(result, baseline))
 
 
 def register(app: typer.Typer) -> None:

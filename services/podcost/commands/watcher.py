@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Annotated
 
 import typer
 
+from podcost.commands.options import ContextOption, KubeconfigOption
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings, require_cluster
 from podcost.runtime.heap import heap_dumps_on_signal
 from podcost.runtime.logs import configure_logging
@@ -28,9 +30,12 @@ log = logging.getLogger("podcost.watcher")
 
 
 async def _watch(
-    settings: ServiceSettings, bus_settings: BusSettings, watcher_settings: WatcherSettings
+    settings: ServiceSettings,
+    bus_settings: BusSettings,
+    watcher_settings: WatcherSettings,
+    cluster: tuple[str | None, str | None] = (None, None),
 ) -> None:
-    async with connect() as kube:
+    async with connect(*cluster) as kube:
         try:
             service = bootstrap(settings, bus_settings, watcher_settings, kube=kube)
         except ValueError as error:
@@ -38,12 +43,25 @@ async def _watch(
         await serve([service], settings, bus=service.bus)
 
 
-def watcher_command() -> None:
+def watcher_command(
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace",
+            "-n",
+            help="Watch these namespaces only, ns[,ns] (PODCOST_WATCHER_NAMESPACE); default: all.",
+        ),
+    ] = None,
+    kubeconfig: KubeconfigOption = None,
+    context: ContextOption = None,
+) -> None:
     """Watch pods, nodes, ReplicaSets and Deployments; publish each opted-in workload's
     snapshot whenever something that matters to it changes."""
     settings = load_settings("watcher", ServiceSettings)
     bus_settings = load_settings("watcher", BusSettings)
-    watcher_settings = load_settings("watcher", WatcherSettings)
+    watcher_settings = load_settings(
+        "watcher", WatcherSettings, **({"namespace": namespace} if namespace else {})
+    )
     require_cluster("watcher", settings, bus_settings)
     configure_logging(settings.log_level, settings.log_format, service="podcost-watcher")
     setup_tracing("podcost-watcher")
@@ -54,7 +72,7 @@ def watcher_command() -> None:
             "run `podcost run` for embedded mode"
         )
     try:
-        asyncio.run(_watch(settings, bus_settings, watcher_settings))
+        asyncio.run(_watch(settings, bus_settings, watcher_settings, (kubeconfig, context)))
     except (BusError, KubeError) as error:
         fail("watcher", str(error), EXIT_FAILED)
 
