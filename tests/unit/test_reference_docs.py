@@ -67,7 +67,8 @@ def test_the_cli_page_lists_every_command_and_option(generated: dict[Path, str])
 
 def test_the_metrics_page_lists_each_family_with_its_labels(generated: dict[Path, str]) -> None:
     page = generated[Path("docs/reference/metrics.md")]
-    assert "| `podcost_messages_consumed_total` | counter | `component`, `outcome`, `topic` |" in page
+    row = "| `podcost_messages_consumed_total` | counter | `component`, `outcome`, `topic` |"
+    assert row in page
     assert "`podcost_event_to_annotation_seconds_bucket`" in page
 
 
