@@ -62,7 +62,7 @@ def test_the_cli_page_lists_every_command_and_option(generated: dict[Path, str])
     for name in COMMANDS:
         assert f"### `podcost {name}`" in page
     for option in ("--snapshot", "--dry-run", "--strategy", "--kafka", "--namespace"):
-        assert f"`{option}" in page
+        assert f"`{option}" in page or f", {option}" in page  # `-n, --namespace <str>`
 
 
 def test_the_metrics_page_lists_each_family_with_its_labels(generated: dict[Path, str]) -> None:
