@@ -194,6 +194,8 @@ def bootstrap(
             stall_s=config.stall_s,
             start_timeout_s=config.start_timeout_s,
         )
+        stalled = transport.stalled
+        metrics.aggregator_stalled.set_function(lambda: 1.0 if stalled() else 0.0)
     else:
         transport = KeyedConsumerLoop(
             bus, sources, config.app_id, processor, tick_s=config.tick_s, sleep=clock.sleep

@@ -73,6 +73,19 @@ class Metrics:
         self.queue_depth = Gauge(
             "podcost_queue_depth", "Pod writes queued in the annotator.", registry=r
         )
+        self.informer_synced = Gauge(
+            "podcost_informer_synced", "1 once the watcher's informer cache holds its whole "
+            "cluster (listed since the start), 0 before.", registry=r,
+        )  # fmt: skip
+        self.api_server_failing = Gauge(
+            "podcost_api_server_failing_seconds", "Seconds the API server has failed every "
+            "request of the watcher's informer and Lease (0 while it answers).", registry=r,
+        )  # fmt: skip
+        self.aggregator_stalled = Gauge(
+            "podcost_aggregator_stalled", "1 while the aggregator's progress watchdog holds it "
+            "not ready: records to process and none processed for half the stall bound (it "
+            "exits at the bound, to be restarted).", registry=r,
+        )  # fmt: skip
         self.event_to_annotation = Histogram(
             "podcost_event_to_annotation_seconds",
             "From the change that caused a snapshot to the patch that wrote its cost.",

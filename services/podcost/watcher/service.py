@@ -316,6 +316,18 @@ class WatcherService:
                 on_stopped_leading=self._on_stopped_leading,
             )
         self.metrics.leading.set(0 if self.elector is not None else 1)
+        self._informer: Informers | None = None
+        # Read at each scrape: the alerts on an unsynced watcher and an unreachable API server.
+        self.metrics.informer_synced.set_function(lambda: 1.0 if self._ready else 0.0)
+        self.metrics.api_server_failing.set_function(self._failing_for)
+
+    def _failing_for(self) -> float:
+        """Seconds the API server has failed every request of the informer and the Lease."""
+        informer, elector = self._informer, self.elector
+        return max(
+            informer.failing_for() if informer is not None else 0.0,
+            elector.failing_for() if elector is not None else 0.0,
+        )
 
     def ready(self) -> bool:
         """Synced and the API server answering; a standby replica is ready too (it takes over
@@ -396,6 +408,7 @@ class WatcherService:
             handlers=(self._on_change, *self.observers),
             backoff=SERVICE_BACKOFF,
         )
+        self._informer = informer
         # Only what it writes: on a broker with ACLs it may not even see the ranks topic.
         await self.bus.ensure_topics([self.topics.workloads, self.topics.deadletter])
         async with informer:
