@@ -72,7 +72,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import SpanKind, Tracer
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -86,7 +86,9 @@ from podcost.runtime.telemetry import (
     ATTR_WORKLOAD,
     SPAN_SNAPSHOT,
     inject,
+    sending,
     tracer,
+    workload_resource,
 )
 from podcost_bus import Bus, BusSettings, Delivery, open_bus, publish_message
 from podcost_contracts.messages import (
@@ -562,8 +564,13 @@ class WatcherService:
             log.warning("cannot snapshot %s: %s", key.bus_key(self.cluster), error)
             self._passed(key, None)
             return False
-        with self.tracer.start_as_current_span(SPAN_SNAPSHOT) as span:
-            span.set_attribute(ATTR_WORKLOAD, snapshot.workload.key)
+        bus_key = snapshot.workload.key
+        with self.tracer.start_as_current_span(
+            SPAN_SNAPSHOT,
+            kind=SpanKind.PRODUCER,
+            attributes={**sending(self.topics.workloads, bus_key), **workload_resource(bus_key)},
+        ) as span:
+            span.set_attribute(ATTR_WORKLOAD, bus_key)
             span.set_attribute(ATTR_VERSION, version)
             span.set_attribute(ATTR_PODS, len(snapshot.pods))
             # Both are when the burst's first change was seen: it orders the snapshots, and
