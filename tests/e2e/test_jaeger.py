@@ -12,6 +12,9 @@ a cost, ONE trace holding the watcher's ``podcost.snapshot`` (its only root), ea
 ``podcost.strategy`` (strategy, weight), the aggregator's ``podcost.combine`` (each pod's rank and
 cost) and the annotator's ``podcost.annotate`` and ``podcost.patch`` (pod, cost), each span from
 the service that made it and with the parent that the record it consumed carried.
+The same processes serve the health gauges the chart's alert rules read
+(``podcost_informer_synced``, ``podcost_api_server_failing_seconds``,
+``podcost_aggregator_stalled``) with their healthy values.
 
 Batches: a ranks record carries many answers and the aggregator decides many workloads per batch;
 each answer and each decision carries its own snapshot's trace context in the payload, so each
@@ -166,6 +169,11 @@ async def test_a_decision_is_one_trace_in_jaeger_across_every_service_process(
 
             await kube.wait_for(costed, "a pod costed by podcost", timeout=120)
             trace = await _whole_trace(jaeger_server, workload)
+            # The health gauges the alert rules read, as the processes serve them.
+            watcher, aggregator = running[f"{CLUSTER}/watcher"], running["core/aggregator"]
+            assert await watcher.sample("podcost_informer_synced") == 1
+            assert await watcher.sample("podcost_api_server_failing_seconds") == 0
+            assert await aggregator.sample("podcost_aggregator_stalled") == 0
     finally:
         await kube.delete_namespace(namespace)
         await kube.delete_nodes(nodes)
