@@ -14,8 +14,9 @@ TEST_TIMEOUT ?= 900
 LONG_TEST_TIMEOUT ?= 1800
 
 .DEFAULT_GOAL := help
-.PHONY: help setup tools lint typecheck contracts check unit integration e2e test test-long \
-        bench bench-table docs docs-serve demo kafka-up kafka-down cluster-up cluster-down clean
+.PHONY: help setup tools observability-tools lint typecheck contracts check unit integration e2e \
+        test test-long bench bench-table docs docs-serve demo kafka-up kafka-down cluster-up \
+        cluster-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -26,6 +27,10 @@ setup:  ## install uv and the locked Python environment (.venv)
 
 tools: setup  ## build the Kafka broker, the control plane, helm and docker-compose into ~/.cache/podcost (once)
 	@$(RUN) podcost-localinfra build
+
+observability-tools: setup  ## build jaeger, prometheus and promtool into ~/.cache/podcost (once; the tests that use them)
+	@$(RUN) podcost-localinfra build --only jaeger
+	@$(RUN) podcost-localinfra build --only prometheus
 
 lint: setup  ## ruff lint and format check
 	$(RUN) ruff check .
@@ -46,13 +51,13 @@ reference: setup  ## rewrite the generated reference pages (docs/reference/, the
 unit: setup  ## the pure tier: no servers
 	$(RUN) pytest tests/unit examples/podcost-strategy-example/tests
 
-integration: tools  ## real Kafka broker and real control plane
+integration: tools observability-tools  ## real Kafka broker and real control plane
 	$(RUN) pytest --timeout=$(TEST_TIMEOUT) tests/integration
 
-e2e: tools  ## the whole pipeline against the real control plane
+e2e: tools observability-tools  ## the whole pipeline against the real control plane
 	$(RUN) pytest --timeout=$(TEST_TIMEOUT) tests/e2e
 
-test: check tools  ## everything CI runs: static checks, then all test tiers
+test: check tools observability-tools  ## everything CI runs: static checks, then all test tiers
 	$(RUN) pytest --timeout=$(TEST_TIMEOUT) tests examples/podcost-strategy-example/tests
 
 test-long: tools  ## the long runs (300 differential scenarios, 30 s API outage) and the fuzz tests at >= 100,000 cases; fails if none

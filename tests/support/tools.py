@@ -1,4 +1,5 @@
-"""The command-line tools the deploy tests run (helm, docker-compose), built by ``make tools``.
+"""The command-line tools the deploy tests run (helm, docker-compose, built by ``make tools``;
+promtool, built by ``make observability-tools``).
 
 A test that needs one calls :func:`require_tool`: the tool is built into the cache now if it is
 missing, and if it cannot be built the test is skipped with the reason — failed under
@@ -35,3 +36,8 @@ def require_helm() -> Path:
 def require_docker_compose() -> Path:
     """The real standalone docker-compose (``make tools``)."""
     return require_tool("docker-compose", build.ensure_compose_tool)
+
+
+def require_promtool() -> Path:
+    """The real promtool (``make observability-tools``)."""
+    return require_tool("promtool", lambda: build.ensure_prometheus_tools()[1])

@@ -11,11 +11,15 @@
 - docker-compose: the standalone Compose v2 CLI, built by the module in
   ``deploy/local/compose-build``, so ``docker-compose.yml`` is validated by the real
   implementation (``config`` needs no Docker engine).
+- jaeger: the all-in-one binary (OTLP receiver, in-memory storage, query API), built by the
+  module in ``deploy/local/jaeger-build``, for the tracing tests.
+- prometheus and promtool: built by the module in ``deploy/local/prometheus-build``, for the
+  alert-rule tests (``promtool test rules``) and the scraping tests.
 
 Each step is idempotent: a stamp records a hash of its inputs and the step is skipped while the
 stamp matches. A file lock serialises concurrent builds (two test runs, or make and pytest);
-helm and docker-compose have their own locks, so their tests never wait behind a long
-control-plane build.
+helm, docker-compose, jaeger and prometheus have their own locks, so their tests never wait
+behind a long control-plane build.
 Called by ``podcost_localinfra.cli`` and by the test fixtures.
 """
 
@@ -257,6 +261,41 @@ def ensure_compose_tool() -> Path:
         return ensure_compose()
 
 
+def ensure_jaeger() -> Path:
+    """jaeger in the cache's bin dir, stamped with ``paths.JAEGER_VERSION``."""
+    internal = "github.com/jaegertracing/jaeger/internal/version"
+    ldflags = f"-s -w -X {internal}.latestVersion={paths.JAEGER_VERSION}"
+    _ensure_go_module_build(
+        "jaeger", paths.LOCAL_DIR / "jaeger-build",
+        ["github.com/jaegertracing/jaeger/cmd/jaeger"], ldflags,
+    )  # fmt: skip
+    return paths.jaeger_binary()
+
+
+def ensure_jaeger_tool() -> Path:
+    """jaeger, which the tracing tests export to; returns its path."""
+    with _build_lock("jaeger-build"):
+        return ensure_jaeger()
+
+
+def ensure_prometheus() -> None:
+    """prometheus and promtool in the cache's bin dir, stamped with ``paths.PROMETHEUS_VERSION``."""
+    common = "github.com/prometheus/common/version"
+    ldflags = (
+        f"-s -w -X {common}.Version={paths.PROMETHEUS_VERSION}"
+        f" -X {common}.Branch=HEAD -X {common}.Revision={paths.PROMETHEUS_MODULE_VERSION}"
+    )
+    targets = [f"github.com/prometheus/prometheus/cmd/{cmd}" for cmd in ("prometheus", "promtool")]
+    _ensure_go_module_build("prometheus", paths.LOCAL_DIR / "prometheus-build", targets, ldflags)
+
+
+def ensure_prometheus_tools() -> tuple[Path, Path]:
+    """prometheus and promtool; returns their paths (server, tool)."""
+    with _build_lock("prometheus-build"):
+        ensure_prometheus()
+        return paths.prometheus_binary(), paths.promtool_binary()
+
+
 def ensure_cluster_tools() -> None:
     with _build_lock():
         ensure_etcd()
@@ -269,11 +308,17 @@ def ensure_kafka_tools() -> Path:
         return ensure_kafka()
 
 
-TOOL_GROUPS = ("kafka", "cluster", "helm", "compose")
+#: What ``make tools`` builds (``podcost-localinfra build``): what the demo, ``make kafka-up`` and
+#: ``make cluster-up`` need, and the chart and compose checks.
+DEFAULT_GROUPS = ("kafka", "cluster", "helm", "compose")
+#: Built only when named (``build --only jaeger``, ``make observability-tools``) or by the tests
+#: that use them: the demo and the local servers never need them.
+OBSERVABILITY_GROUPS = ("jaeger", "prometheus")
+TOOL_GROUPS = DEFAULT_GROUPS + OBSERVABILITY_GROUPS
 
 
 def ensure_all(only: str | None = None) -> None:
-    """Every tool, or only one group of ``TOOL_GROUPS``."""
+    """The ``DEFAULT_GROUPS``, or only one group of ``TOOL_GROUPS``."""
     if only in (None, "kafka"):
         ensure_kafka_tools()
     if only in (None, "cluster"):
@@ -282,3 +327,7 @@ def ensure_all(only: str | None = None) -> None:
         ensure_helm_tool()
     if only in (None, "compose"):
         ensure_compose_tool()
+    if only == "jaeger":
+        ensure_jaeger_tool()
+    if only == "prometheus":
+        ensure_prometheus_tools()

@@ -23,6 +23,13 @@ COMPOSE_VERSION = "v2.40.3"
 #: version the Go module proxy serves for the root module).
 PROMETHEUS_OPERATOR_VERSION = "v0.85.0"
 
+#: Must match the github.com/jaegertracing/jaeger requirement in deploy/local/jaeger-build/go.mod.
+JAEGER_VERSION = "v1.76.0"
+#: Must match the github.com/prometheus/prometheus requirement in
+#: deploy/local/prometheus-build/go.mod; the module's v0.316.0 is Prometheus 3.16.0.
+PROMETHEUS_MODULE_VERSION = "v0.316.0"
+PROMETHEUS_VERSION = "3.16.0"
+
 #: deploy/local in the repo: the pom and the Go modules that describe what to build.
 LOCAL_DIR = Path(__file__).resolve().parent.parent
 
@@ -52,6 +59,21 @@ def helm_binary() -> Path:
 def compose_binary() -> Path:
     """The standalone docker-compose built by ``make tools`` (``build --only compose``)."""
     return bin_dir() / "docker-compose"
+
+
+def jaeger_binary() -> Path:
+    """Jaeger's all-in-one binary (``podcost-localinfra build --only jaeger``)."""
+    return bin_dir() / "jaeger"
+
+
+def prometheus_binary() -> Path:
+    """The Prometheus server (``podcost-localinfra build --only prometheus``)."""
+    return bin_dir() / "prometheus"
+
+
+def promtool_binary() -> Path:
+    """promtool, built with the Prometheus server (``build --only prometheus``)."""
+    return bin_dir() / "promtool"
 
 
 def servicemonitor_crd_file() -> Path:

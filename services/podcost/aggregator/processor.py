@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from opentelemetry.trace import Span, Status, StatusCode, Tracer, set_span_in_context
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, set_span_in_context
 from opentelemetry.util.types import AttributeValue
 from pydantic import TypeAdapter
 from pydantic_core import PydanticSerializationError, to_json
@@ -56,6 +56,8 @@ from podcost.runtime.telemetry import (
     SPAN_COMBINE,
     extract,
     inject,
+    sending,
+    workload_resource,
 )
 from podcost_bus import Bus, BusError, Delivery, Record
 from podcost_bus.keyed import DROP, MAX_STATE_RECORD_BYTES, Drop
@@ -571,10 +573,17 @@ class AggregationProcessor:
             ATTR_MISSING: list(decision.missing),
             ATTR_PODS: len(combined.uids),
             ATTR_WRITES: len(writes),
+            # The creation context of the costs record it publishes (its PRODUCER span).
+            **sending(self._costs_topic(decision.key), decision.key),
+            **workload_resource(decision.key),
         }
         # Ended in flush, once the costs are acknowledged (or refused).
         span = self.tracer.start_span(
-            SPAN_COMBINE, context=parent, attributes=attributes, start_time=started
+            SPAN_COMBINE,
+            context=parent,
+            kind=SpanKind.PRODUCER,
+            attributes=attributes,
+            start_time=started,
         )
         if decision.rejected:
             log.warning("%s v%d: answers left out: %s", decision.key, decision.version,

@@ -200,6 +200,8 @@ def bootstrap(
             stall_s=config.stall_seconds,
             start_timeout_s=config.start_timeout_seconds,
         )
+        stalled = transport.stalled
+        metrics.aggregator_stalled.set_function(lambda: 1.0 if stalled() else 0.0)
     else:
         transport = KeyedConsumerLoop(
             bus, sources, config.app_id, processor, tick_s=config.tick_seconds, sleep=clock.sleep

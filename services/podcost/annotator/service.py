@@ -138,6 +138,8 @@ from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_COMPLETE,
     ATTR_COST,
+    ATTR_K8S_NAMESPACE,
+    ATTR_K8S_POD,
     ATTR_MISSING,
     ATTR_POD,
     ATTR_PODS,
@@ -148,7 +150,9 @@ from podcost.runtime.telemetry import (
     SPAN_ANNOTATE,
     SPAN_PATCH,
     extract,
+    processing,
     tracer,
+    workload_resource,
 )
 from podcost_bus import (
     Bus,
@@ -586,12 +590,15 @@ class AnnotatorService:
         span = self._tracer.start_span(
             SPAN_ANNOTATE,
             context=extract(record.headers),
+            kind=trace.SpanKind.CONSUMER,
             attributes={
                 ATTR_WORKLOAD: message.key,
                 ATTR_VERSION: message.version,
                 ATTR_PODS: len(message.costs),
                 ATTR_COMPLETE: message.complete,
                 ATTR_MISSING: list(message.missing),
+                **processing(record.topic, record.partition, record.offset, record.key, self.group),
+                **workload_resource(message.key),
             },
         )
         batch = _Batch(record, message, span, trace_id=trace_id_of(record.headers),
@@ -831,7 +838,13 @@ class AnnotatorService:
         with self._tracer.start_as_current_span(
             SPAN_PATCH,
             context=context,
-            attributes={ATTR_POD: f"{want.namespace}/{want.name}", ATTR_COST: want.cost},
+            kind=trace.SpanKind.CLIENT,
+            attributes={
+                ATTR_POD: f"{want.namespace}/{want.name}",
+                ATTR_COST: want.cost,
+                ATTR_K8S_NAMESPACE: want.namespace,
+                ATTR_K8S_POD: want.name,
+            },
         ) as span:
             result = await self._attempts(kube, want, span)
             span.set_attribute(ATTR_RESULT, result.value)

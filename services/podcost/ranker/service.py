@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Status, StatusCode, Tracer
+from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.util.types import AttributeValue
 
 from podcost.ranker.settings import RankerSettings
@@ -53,7 +53,9 @@ from podcost.runtime.telemetry import (
     SPAN_STRATEGY,
     extract,
     inject,
+    processing,
     tracer,
+    workload_resource,
 )
 from podcost_bus import (
     Bus,
@@ -306,10 +308,12 @@ class RankerService:
             ATTR_WEIGHT: bound.weight,
             ATTR_TIER: bound.spec.tier,
             ATTR_PODS: len(snapshot.pods),
+            **processing(record.topic, record.partition, record.offset, record.key, self.group),
+            **workload_resource(message.key),
         }
         parent = extract(record.headers)
         with self.tracer.start_as_current_span(
-            SPAN_STRATEGY, context=parent, attributes=attributes
+            SPAN_STRATEGY, context=parent, kind=SpanKind.CONSUMER, attributes=attributes
         ) as span:
             started = time.perf_counter()
             try:

@@ -18,7 +18,7 @@ strategies, reasons; never a pod or workload name).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from prometheus_client import (
@@ -130,6 +130,19 @@ class Families:
         self.queue_depth = Gauge(
             "podcost_queue_depth", "Pod writes queued in the annotator.", [c], registry=r
         )
+        self.informer_synced = Gauge(
+            "podcost_informer_synced", "1 once the watcher's informer cache holds its whole "
+            "cluster (listed since the start), 0 before.", [c], registry=r,
+        )  # fmt: skip
+        self.api_server_failing = Gauge(
+            "podcost_api_server_failing_seconds", "Seconds the API server has failed every "
+            "request of the watcher's informer and Lease (0 while it answers).", [c], registry=r,
+        )  # fmt: skip
+        self.aggregator_stalled = Gauge(
+            "podcost_aggregator_stalled", "1 while the aggregator's progress watchdog holds it "
+            "not ready: records to process and none processed for half the stall bound (it "
+            "exits at the bound, to be restarted).", [c], registry=r,
+        )  # fmt: skip
         self.event_to_annotation = Histogram(
             "podcost_event_to_annotation_seconds",
             "From the change that caused a snapshot to the patch that wrote its cost.",
@@ -183,6 +196,10 @@ class SingleGauge(Single[Gauge]):
     def set(self, value: float) -> None:
         self.child.set(value)
 
+    def set_function(self, read: Callable[[], float]) -> None:
+        """The gauge reads ``read()`` at each scrape."""
+        self.child.set_function(read)
+
 
 class SingleHistogram(Single[Histogram]):
     def observe(self, value: float) -> None:
@@ -213,6 +230,9 @@ class Metrics:
         self.rate_limit_waits = SingleCounter(f.rate_limit_waits, component)
         self.bus_send_waits = Labelled(f.bus_send_waits, component)
         self.queue_depth = SingleGauge(f.queue_depth, component)
+        self.informer_synced = SingleGauge(f.informer_synced, component)
+        self.api_server_failing = SingleGauge(f.api_server_failing, component)
+        self.aggregator_stalled = SingleGauge(f.aggregator_stalled, component)
         self.event_to_annotation = SingleHistogram(f.event_to_annotation, component)
 
     def get_sample_value(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:

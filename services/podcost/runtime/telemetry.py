@@ -27,6 +27,7 @@ from opentelemetry.sdk.trace.export import (
     SpanExporter,
 )
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Sampler
+from opentelemetry.util.types import AttributeValue
 
 from podcost.runtime.version import build
 from podcost_contracts.messages import trace_context
@@ -55,6 +56,68 @@ ATTR_WRITES = "podcost.writes"
 ATTR_COMPLETE = "podcost.complete"
 ATTR_MISSING = "podcost.missing"
 ATTR_RESULT = "podcost.result"
+
+# OpenTelemetry's semantic conventions for messaging (Kafka) and Kubernetes resources, so that
+# standard tooling reads podcost's spans. A span that publishes a record is a PRODUCER ("send");
+# a span that processes one consumed record is a CONSUMER ("process") whose parent is the
+# record's creation context; a span that writes a pod is a CLIENT of the API server.
+ATTR_MESSAGING_SYSTEM = "messaging.system"
+ATTR_DESTINATION = "messaging.destination.name"
+ATTR_OPERATION_TYPE = "messaging.operation.type"
+ATTR_OPERATION_NAME = "messaging.operation.name"
+ATTR_CONSUMER_GROUP = "messaging.consumer.group.name"
+ATTR_MESSAGE_KEY = "messaging.kafka.message.key"
+ATTR_PARTITION = "messaging.destination.partition.id"
+ATTR_OFFSET = "messaging.kafka.offset"
+ATTR_K8S_NAMESPACE = "k8s.namespace.name"
+ATTR_K8S_POD = "k8s.pod.name"
+ATTR_K8S_DEPLOYMENT = "k8s.deployment.name"
+ATTR_K8S_REPLICASET = "k8s.replicaset.name"
+MESSAGING_SYSTEM = "kafka"
+
+
+def sending(topic: str, key: str) -> dict[str, AttributeValue]:
+    """The messaging attributes of a span that publishes the record ``key`` to ``topic``."""
+    return {
+        ATTR_MESSAGING_SYSTEM: MESSAGING_SYSTEM,
+        ATTR_DESTINATION: topic,
+        ATTR_OPERATION_TYPE: "send",
+        ATTR_OPERATION_NAME: "send",
+        ATTR_MESSAGE_KEY: key,
+    }
+
+
+def processing(
+    topic: str, partition: int, offset: int, key: bytes | None, group: str
+) -> dict[str, AttributeValue]:
+    """The messaging attributes of a span that processes one record consumed by ``group``."""
+    attributes: dict[str, AttributeValue] = {
+        ATTR_MESSAGING_SYSTEM: MESSAGING_SYSTEM,
+        ATTR_DESTINATION: topic,
+        ATTR_OPERATION_TYPE: "process",
+        ATTR_OPERATION_NAME: "process",
+        ATTR_CONSUMER_GROUP: group,
+        ATTR_PARTITION: str(partition),
+        ATTR_OFFSET: offset,
+    }
+    if key is not None:
+        attributes[ATTR_MESSAGE_KEY] = key.decode(errors="replace")
+    return attributes
+
+
+def workload_resource(key: str) -> dict[str, AttributeValue]:
+    """The Kubernetes attributes of the workload a bus key (``cluster/namespace/kind/name``)
+    names: its namespace, and its Deployment or ReplicaSet name."""
+    parts = key.split("/")
+    if len(parts) != 4:
+        return {}
+    _, namespace, kind, name = parts
+    attributes: dict[str, AttributeValue] = {ATTR_K8S_NAMESPACE: namespace}
+    if kind == "Deployment":
+        attributes[ATTR_K8S_DEPLOYMENT] = name
+    elif kind == "ReplicaSet":
+        attributes[ATTR_K8S_REPLICASET] = name
+    return attributes
 
 
 def setup_tracing(

@@ -74,7 +74,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import SpanKind, Tracer
 from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -88,7 +88,9 @@ from podcost.runtime.telemetry import (
     ATTR_WORKLOAD,
     SPAN_SNAPSHOT,
     inject,
+    sending,
     tracer,
+    workload_resource,
 )
 from podcost_bus import Bus, BusSettings, Delivery, open_bus, publish_message
 from podcost_contracts.messages import (
@@ -379,6 +381,18 @@ class WatcherService:
                 on_stopped_leading=self._on_stopped_leading,
             )
         self.metrics.leading.set(0 if self.elector is not None else 1)
+        self._informer: Informers | None = None
+        # Read at each scrape: the alerts on an unsynced watcher and an unreachable API server.
+        self.metrics.informer_synced.set_function(lambda: 1.0 if self._ready else 0.0)
+        self.metrics.api_server_failing.set_function(self._failing_for)
+
+    def _failing_for(self) -> float:
+        """Seconds the API server has failed every request of the informer and the Lease."""
+        informer, elector = self._informer, self.elector
+        return max(
+            informer.failing_for() if informer is not None else 0.0,
+            elector.failing_for() if elector is not None else 0.0,
+        )
 
     def ready(self) -> bool:
         """Synced and the API server answering; a standby replica is ready too (it takes over
@@ -459,6 +473,7 @@ class WatcherService:
             handlers=(self._on_change, *self.observers),
             backoff=self.backoff,
         )
+        self._informer = informer
         # Only what it writes: on a broker with ACLs it may not even see the ranks topic.
         await self.bus.ensure_topics([self.topics.workloads, self.topics.deadletter])
         async with informer:
@@ -632,8 +647,13 @@ class WatcherService:
             log.warning("cannot snapshot %s: %s", key.bus_key(self.cluster), error)
             self._passed(key, None)
             return False
-        with self.tracer.start_as_current_span(SPAN_SNAPSHOT) as span:
-            span.set_attribute(ATTR_WORKLOAD, snapshot.workload.key)
+        bus_key = snapshot.workload.key
+        with self.tracer.start_as_current_span(
+            SPAN_SNAPSHOT,
+            kind=SpanKind.PRODUCER,
+            attributes={**sending(self.topics.workloads, bus_key), **workload_resource(bus_key)},
+        ) as span:
+            span.set_attribute(ATTR_WORKLOAD, bus_key)
             span.set_attribute(ATTR_VERSION, version)
             span.set_attribute(ATTR_PODS, len(snapshot.pods))
             # Both are when the burst's first change was seen: it orders the snapshots, and
