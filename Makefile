@@ -13,7 +13,8 @@ TEST_TIMEOUT ?= 900
 
 .DEFAULT_GOAL := help
 .PHONY: help setup tools lint typecheck contracts check unit integration e2e test test-long \
-        bench demo kafka-up kafka-down cluster-up cluster-down clean
+        bench demo image kafka-up kafka-down cluster-up cluster-down clean \
+        tools-kafka tools-cluster
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -24,6 +25,14 @@ setup:  ## install uv and the locked Python environment (.venv)
 
 tools: setup  ## build the Kafka broker, the control plane, helm and docker-compose into ~/.cache/podcost (once)
 	@$(RUN) podcost-localinfra build
+
+# What one target needs and nothing more: the demo and cluster-up need only the control plane,
+# kafka-up only the broker's jars (helm and docker-compose serve the chart and compose tests).
+tools-kafka: setup
+	@$(RUN) podcost-localinfra build --only kafka
+
+tools-cluster: setup
+	@$(RUN) podcost-localinfra build --only cluster
 
 lint: setup  ## ruff lint and format check
 	$(RUN) ruff check .
@@ -64,16 +73,16 @@ bench: setup  ## benchmarks that print numbers (not tests)
 	$(RUN) python -m tests.bench.bench_watch_path
 	$(RUN) python -m tests.bench.bench_compression
 
-demo: tools  ## the demo on an embedded default cluster
+demo: tools-cluster  ## the demo on an embedded default cluster
 	$(RUN) podcost demo
 
-kafka-up: tools  ## start a Kafka broker; last line: its bootstrap address
+kafka-up: tools-kafka  ## start a Kafka broker; last line: its bootstrap address
 	@$(RUN) podcost-localinfra kafka-up
 
 kafka-down: setup  ## stop the broker started by kafka-up
 	@$(RUN) podcost-localinfra kafka-down
 
-cluster-up: tools  ## start the control plane; last line: export KUBECONFIG=<path>
+cluster-up: tools-cluster  ## start the control plane; last line: export KUBECONFIG=<path>
 	@$(RUN) podcost-localinfra cluster-up
 
 cluster-down: setup  ## stop every process cluster-up started
