@@ -76,6 +76,9 @@ bench: setup  ## benchmarks that print numbers (not tests)
 demo: tools-cluster  ## the demo on an embedded default cluster
 	$(RUN) podcost demo
 
+image: setup  ## build the image podcost:<version> with podman (installed from Debian's packages); prints its size
+	@$(RUN) podcost-localinfra image
+
 kafka-up: tools-kafka  ## start a Kafka broker; last line: its bootstrap address
 	@$(RUN) podcost-localinfra kafka-up
 
