@@ -1,0 +1,231 @@
+"""podcost's image, built by a real engine, runs what the Helm chart deploys.
+
+The image is built by ``podcost_localinfra.image`` (``make image``: podman from Debian's
+packages, a bookworm Python 3.11 base made by mmdebstrap; layers cached, so a warm build takes
+seconds). Then every Deployment the chart renders (mode ``all`` over Kafka: watcher, annotator,
+aggregator, a ranker per strategy) runs as a container of it with exactly its rendered spec
+(``tests.support.containers``): command, args, env, user 65532, read-only root with the chart's
+``emptyDir`` volumes, capabilities dropped, and the in-cluster configuration of the chart's
+ServiceAccount (a TokenRequest token, the CA, ``KUBERNETES_SERVICE_HOST``/``_PORT``) against the
+real control plane; its probes are polled as the kubelet would, and each answers ``/healthz``,
+``/readyz`` and ``/metrics``. A container that cannot honour a chart setting fails: shown by
+breaking one setting at a time. Under ``CI=true`` an image that cannot be built fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import subprocess
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client
+from tests.conftest import IN_CI, ControlPlane
+from tests.support import containers
+from tests.support.containers import ChartContainerError, InCluster, PodContainer, RenderedPod
+from tests.support.kube import KubeTestCluster
+from tests.support.least_privilege import install
+from tests.support.services import RELEASE, parse_metrics
+from tests.support.tools import require_helm
+
+from podcost_localinfra import build
+from podcost_localinfra import image as engine
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def podcost_image() -> str:
+    """``podcost:<version>`` built from the working tree (cached layers: fast when warm)."""
+    try:
+        return engine.ensure_image().ref
+    except (build.BuildError, OSError, subprocess.SubprocessError) as error:
+        message = f"the podcost image cannot be built: {error}"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return require_helm()
+
+
+def chart_values(image_ref: str, bootstrap: str, run: str) -> dict[str, Any]:
+    repository, _, tag = image_ref.rpartition(":")
+    registry, _, repository = repository.partition("/")
+    return {
+        "image": {"registry": registry, "repository": repository, "tag": tag},
+        "kafka": {
+            "bootstrapServers": bootstrap,
+            "topics": {
+                kind: f"containers-{run}.{kind}"
+                for kind in ("workloads", "ranks", "costs", "deadletter")
+            },
+        },
+        "policy": {
+            "strategies": [
+                {"name": "topology-spread", "weight": 3},
+                {"name": "capacity-type", "weight": 1},
+            ]
+        },
+    }
+
+
+def run_podman(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["podman", *argv], env=engine.engine_env(), capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_image_runs_podcost_as_the_chart_runs_it(podcost_image: str) -> None:
+    result = run_podman(
+        "run", "--rm", "--read-only", "--read-only-tmpfs=false", "--user", "65532:65532",
+        "--tmpfs", "/tmp", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+        podcost_image, "--help",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    for command in ("watcher", "ranker", "aggregator", "annotator", "run", "simulate"):
+        assert command in result.stdout
+    labels = engine.inspect(podcost_image)["Labels"]
+    assert isinstance(labels, dict)
+    assert labels["org.opencontainers.image.version"] == engine.version()
+
+
+def test_the_image_carries_no_installer(podcost_image: str) -> None:
+    result = run_podman(
+        "run", "--rm", "--entrypoint", "/bin/sh", podcost_image, "-c",
+        "for tool in pip pip3 uv gcc cc; do command -v $tool; done; "
+        "python3 -c 'import pip' 2>/dev/null && echo pip-module; true",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == ""
+
+
+async def in_cluster(
+    kube: KubeTestCluster, control_plane: ControlPlane, namespace: str
+) -> tuple[InCluster, str]:
+    """The chart's ServiceAccount and RBAC installed in ``namespace``; a pod's view of them."""
+    account = await install(kube.api, control_plane.kubeconfig, namespace, release=RELEASE)
+    token = await account.token()
+    cluster = yaml.safe_load(control_plane.kubeconfig.read_text())["clusters"][0]["cluster"]
+    host, _, port = cluster["server"].removeprefix("https://").rpartition(":")
+    ca = await asyncio.to_thread(Path(cluster["certificate-authority"]).read_text)
+    return InCluster(token, ca, host, int(port)), account.name
+
+
+def pods_of(
+    helm: Path, podcost_image: str, bootstrap: str, namespace: str, run: str
+) -> tuple[list[RenderedPod], dict[str, dict[str, str]]]:
+    objects = containers.render(helm, chart_values(podcost_image, bootstrap, run), namespace)
+    config_maps = {o["metadata"]["name"]: o.get("data") or {} for o in objects
+                   if o["kind"] == "ConfigMap"}  # fmt: skip
+    return containers.rendered_pods(objects), config_maps
+
+
+async def test_every_deployment_the_chart_renders_runs_as_a_container_of_the_image(
+    podcost_image: str, helm: Path, kafka_bootstrap: str, kube: KubeTestCluster,
+    control_plane: ControlPlane, tmp_path: Path,
+) -> None:  # fmt: skip
+    namespace = await kube.create_namespace(f"ctr-{uuid.uuid4().hex[:6]}")
+    access, account = await in_cluster(kube, control_plane, namespace)
+    pods, config_maps = pods_of(
+        helm, podcost_image, kafka_bootstrap, namespace, uuid.uuid4().hex[:8]
+    )
+    names = sorted(pod.name for pod in pods)
+    assert names == ["aggregator", "annotator", "ranker-capacity-type",
+                     "ranker-topology-spread", "watcher"]  # fmt: skip
+    assert {pod.service_account for pod in pods} == {account}
+    running = [
+        PodContainer(pod, podcost_image, tmp_path / pod.name, config_maps=config_maps,
+                     in_cluster=access)
+        for pod in pods
+    ]  # fmt: skip
+    with containers.stopped_at_exit(running):
+        for container in running:
+            container.start()
+        await asyncio.gather(*(container.wait_ready() for container in running))
+        for container in running:
+            for path in ("/healthz", "/readyz"):
+                status, _ = container.get(path)
+                assert status == 200, f"{container.pod.name} {path}: {status}"
+            status, body = container.get("/metrics")
+            assert status == 200
+            assert any(name.startswith("podcost_") for name in parse_metrics(body))
+        # Only the pods that call the API server carry a token (automountServiceAccountToken).
+        mounted = {c.pod.name for c in running if c.pod.automount}
+        assert mounted == {"watcher", "annotator"}
+        # The watcher took its Lease with its service account's token: in-cluster access works.
+        lease = await client.CoordinationV1Api(kube.api).read_namespaced_lease(
+            f"{RELEASE}-watcher", namespace
+        )
+        assert lease.spec.holder_identity == "watcher"
+        for container in running:
+            assert container.stop() == 0, f"{container.pod.name}:\n{container.logs()}"
+
+
+def _drop_tmp(pod: RenderedPod) -> None:
+    pod.container["volumeMounts"] = [
+        m for m in pod.container["volumeMounts"] if m["mountPath"] != "/tmp"
+    ]
+
+
+def _wrong_probe_path(pod: RenderedPod) -> None:
+    pod.container["readinessProbe"]["httpGet"]["path"] = "/ready"
+
+
+def _wrong_port(pod: RenderedPod) -> None:
+    pod.container["ports"][0]["containerPort"] = 9090
+
+
+def _missing_cluster(pod: RenderedPod) -> None:
+    # Over Kafka, an agent without its cluster's name refuses to start.
+    pod.container["env"] = [e for e in pod.container["env"] if e["name"] != "PODCOST_CLUSTER"]
+
+
+def _missing_secret(pod: RenderedPod) -> None:
+    pod.container["env"].append(
+        {"name": "PODCOST_KAFKA_SASL_PASSWORD",
+         "valueFrom": {"secretKeyRef": {"name": "absent", "key": "password"}}}
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("component", "breaking", "reason"),
+    [
+        # The aggregator's data directory is under /tmp: without the emptyDir, unwritable.
+        ("aggregator", _drop_tmp, r"exited with \d+(.|\n)*Read-only file system"),
+        ("ranker-capacity-type", _wrong_probe_path, "404, the service serves no such path"),
+        ("ranker-capacity-type", _wrong_port, "the service listens on 8080"),
+        ("annotator", _missing_cluster, "exited with 2 before"),
+        ("ranker-capacity-type", _missing_secret, "absent/password, which does not exist"),
+    ],
+    ids=[
+        "unwritable-tmp",
+        "probe-on-a-wrong-path",
+        "wrong-port",
+        "missing-variable",
+        "missing-secret",
+    ],
+)
+async def test_a_chart_setting_the_container_cannot_honour_fails(
+    podcost_image: str, helm: Path, kafka_bootstrap: str, tmp_path: Path,
+    component: str, breaking: Callable[[RenderedPod], None], reason: str,
+) -> None:  # fmt: skip
+    pods, config_maps = pods_of(helm, podcost_image, kafka_bootstrap, "default", "broken")
+    pod = next(p for p in pods if p.name == component)
+    broken = RenderedPod(pod.name, pod.namespace, pod.pod, copy.deepcopy(pod.container))
+    breaking(broken)
+    container = PodContainer(broken, podcost_image, tmp_path, config_maps=config_maps)
+
+    async def run() -> None:
+        container.start()
+        await container.wait_ready(timeout=60)
+
+    with containers.stopped_at_exit([container]), pytest.raises(ChartContainerError, match=reason):
+        await run()
