@@ -29,7 +29,7 @@ from tests.conftest import IN_CI, ControlPlane
 from tests.support import containers
 from tests.support.containers import ChartContainerError, InCluster, PodContainer, RenderedPod
 from tests.support.kube import KubeTestCluster
-from tests.support.least_privilege import install
+from tests.support.least_privilege import ServiceAccount, install
 from tests.support.services import RELEASE, parse_metrics
 from tests.support.tools import require_helm
 
@@ -108,21 +108,24 @@ def test_the_image_carries_no_installer(podcost_image: str) -> None:
 
 
 async def in_cluster(
-    kube: KubeTestCluster, control_plane: ControlPlane, namespace: str
-) -> tuple[InCluster, str]:
-    """The chart's ServiceAccount and RBAC installed in ``namespace``; a pod's view of them."""
-    account = await install(kube.api, control_plane.kubeconfig, namespace, release=RELEASE)
+    kube: KubeTestCluster, control_plane: ControlPlane, namespace: str, release: str
+) -> tuple[InCluster, ServiceAccount]:
+    """The chart's ServiceAccount and RBAC of ``release`` installed in ``namespace``; a pod's
+    view of them (uninstall the account when done)."""
+    account = await install(kube.api, control_plane.kubeconfig, namespace, release=release)
     token = await account.token()
     cluster = yaml.safe_load(control_plane.kubeconfig.read_text())["clusters"][0]["cluster"]
     host, _, port = cluster["server"].removeprefix("https://").rpartition(":")
     ca = await asyncio.to_thread(Path(cluster["certificate-authority"]).read_text)
-    return InCluster(token, ca, host, int(port)), account.name
+    return InCluster(token, ca, host, int(port)), account
 
 
 def pods_of(
-    helm: Path, podcost_image: str, bootstrap: str, namespace: str, run: str
-) -> tuple[list[RenderedPod], dict[str, dict[str, str]]]:
-    objects = containers.render(helm, chart_values(podcost_image, bootstrap, run), namespace)
+    helm: Path, podcost_image: str, bootstrap: str, namespace: str, run: str,
+    release: str = RELEASE,
+) -> tuple[list[RenderedPod], dict[str, dict[str, str]]]:  # fmt: skip
+    values = chart_values(podcost_image, bootstrap, run)
+    objects = containers.render(helm, values, namespace, release)
     config_maps = {o["metadata"]["name"]: o.get("data") or {} for o in objects
                    if o["kind"] == "ConfigMap"}  # fmt: skip
     return containers.rendered_pods(objects), config_maps
@@ -132,11 +135,23 @@ async def test_every_deployment_the_chart_renders_runs_as_a_container_of_the_ima
     podcost_image: str, helm: Path, kafka_bootstrap: str, kube: KubeTestCluster,
     control_plane: ControlPlane, tmp_path: Path,
 ) -> None:  # fmt: skip
-    namespace = await kube.create_namespace(f"ctr-{uuid.uuid4().hex[:6]}")
-    access, account = await in_cluster(kube, control_plane, namespace)
-    pods, config_maps = pods_of(
-        helm, podcost_image, kafka_bootstrap, namespace, uuid.uuid4().hex[:8]
-    )
+    run = uuid.uuid4().hex[:6]
+    release = f"podcost-{run}"  # the ClusterRole's name: a release of its own
+    namespace = await kube.create_namespace(f"ctr-{run}")
+    access, account = await in_cluster(kube, control_plane, namespace, release)
+    try:
+        await _run_every_deployment(podcost_image, helm, kafka_bootstrap, kube, tmp_path,
+                                    namespace, release, access, account.name)  # fmt: skip
+    finally:
+        await account.uninstall()
+        await kube.delete_namespace(namespace)
+
+
+async def _run_every_deployment(
+    podcost_image: str, helm: Path, kafka_bootstrap: str, kube: KubeTestCluster, tmp_path: Path,
+    namespace: str, release: str, access: InCluster, account: str,
+) -> None:  # fmt: skip
+    pods, config_maps = pods_of(helm, podcost_image, kafka_bootstrap, namespace, release, release)
     names = sorted(pod.name for pod in pods)
     assert names == ["aggregator", "annotator", "ranker-capacity-type",
                      "ranker-topology-spread", "watcher"]  # fmt: skip
@@ -162,7 +177,7 @@ async def test_every_deployment_the_chart_renders_runs_as_a_container_of_the_ima
         assert mounted == {"watcher", "annotator"}
         # The watcher took its Lease with its service account's token: in-cluster access works.
         lease = await client.CoordinationV1Api(kube.api).read_namespaced_lease(
-            f"{RELEASE}-watcher", namespace
+            f"{release}-watcher", namespace
         )
         assert lease.spec.holder_identity == "watcher"
         for container in running:

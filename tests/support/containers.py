@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from podcost_localinfra import image as engine
-from tests.support.services import CHART, RELEASE, free_port
+from tests.support.services import CHART, RELEASE, ServiceSpec, free_port, parse_metrics
 
 Object = dict[str, Any]
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -157,6 +157,8 @@ class PodContainer:
     container_id: str = ""
     started_at: float = 0.0
     ready_after: float | None = None
+    _exit_code: int | None = None
+    _checked_at: float = 0.0
 
     # -- the spec, checked and turned into podman's arguments ----------------------------------
 
@@ -434,6 +436,42 @@ class PodContainer:
         self.ready_after = time.monotonic() - self.started_at
         if "livenessProbe" in spec and not await asyncio.to_thread(self._probe, "livenessProbe"):
             raise ChartContainerError(f"{self.pod.name}: ready but not live:\n{self.logs()}")
+
+    # -- what the fleet checks read of a running component (as of a ServiceProcess) ---------
+
+    @property
+    def spec(self) -> ServiceSpec:
+        """The component as a :class:`ServiceSpec` (its name and arguments)."""
+        args = (*(self.pod.container.get("command") or [])[1:], *self.pod.container.get("args", []))
+        return ServiceSpec(self.pod.name, tuple(str(a) for a in args), {})
+
+    @property
+    def returncode(self) -> int | None:
+        """None while the container runs, else its exit code (asked of podman at most every
+        few seconds: a check loop asks often, and each ``podman inspect`` is a process)."""
+        if not self.container_id:
+            return None
+        now = time.monotonic()
+        if self._exit_code is None and now - self._checked_at > 3:
+            self._checked_at = now
+            state = self.state()
+            if not state.get("Running"):
+                self._exit_code = int(state.get("ExitCode", -1))
+        return self._exit_code
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.container_id) and self.returncode is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.logs(lines)
+
+    async def metrics(self) -> dict[str, float]:
+        """``GET /metrics`` parsed."""
+        status, body = await asyncio.to_thread(self.get, "/metrics")
+        if status != 200:
+            raise AssertionError(f"{self.pod.name}: GET /metrics answered {status}")
+        return parse_metrics(body)
 
     def stop(self, grace: int = 10) -> int | None:
         """Stop (SIGTERM, then SIGKILL after ``grace`` seconds, as a pod's deletion does),
