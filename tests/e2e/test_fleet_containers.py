@@ -37,7 +37,7 @@ from podcost_core.policy import DEFAULT_POLICY
 from podcost_localinfra import build
 from podcost_localinfra import image as engine
 
-pytestmark = [pytest.mark.e2e, pytest.mark.long]
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")

@@ -185,6 +185,30 @@ def ensure_image() -> Built:
         return Built(ref, size, seconds)
 
 
+PLUGIN_EXAMPLE = "examples/podcost-strategy-example"
+
+
+def ensure_plugin_image() -> Built:
+    """The example strategy plugin's image, layered on ``podcost:<version>`` (built first)."""
+    base = ensure_image()
+    with build._build_lock("image-build"):
+        project = tomllib.loads((repo_root() / PLUGIN_EXAMPLE / "pyproject.toml").read_text())
+        ref = f"localhost/{project['project']['name']}:{project['project']['version']}"
+        argv = [
+            "podman", "build", "--network", "host", "--layers", "--tag", ref,
+            "--build-arg", f"PODCOST_IMAGE={base.ref}",
+        ]  # fmt: skip
+        bundle = _ca_bundle()
+        if bundle is not None:
+            argv += ["--secret", f"id=ca-certificates,src={bundle}"]
+        started = time.monotonic()
+        build._run("plugin-image", [*argv, str(repo_root() / PLUGIN_EXAMPLE)], cwd=repo_root(),
+                   env=engine_env())  # fmt: skip
+        seconds = time.monotonic() - started
+        size = int(podman("image", "inspect", "--format", "{{.Size}}", ref).strip())
+        return Built(ref, size, seconds)
+
+
 def inspect(ref: str) -> dict[str, object]:
     """``podman image inspect`` of ``ref``, parsed."""
     found: list[dict[str, object]] = json.loads(podman("image", "inspect", ref))
