@@ -28,9 +28,9 @@ from kubernetes_asyncio import client
 from tests.conftest import IN_CI, ControlPlane
 from tests.support import containers
 from tests.support.containers import ChartContainerError, InCluster, PodContainer, RenderedPod
-from tests.support.kube import KubeTestCluster
+from tests.support.kube import KubeTestCluster, costed_by_podcost
 from tests.support.least_privilege import ServiceAccount, install
-from tests.support.services import RELEASE, parse_metrics
+from tests.support.services import RELEASE, parse_metrics, sample
 from tests.support.tools import require_helm
 
 from podcost_localinfra import build
@@ -244,3 +244,89 @@ async def test_a_chart_setting_the_container_cannot_honour_fails(
 
     with containers.stopped_at_exit([container]), pytest.raises(ChartContainerError, match=reason):
         await run()
+
+
+@pytest.fixture(scope="module")
+def plugin_image(podcost_image: str) -> str:
+    """The example plugin's image, layered on ``podcost_image``."""
+    try:
+        return engine.ensure_plugin_image().ref
+    except (build.BuildError, OSError, subprocess.SubprocessError) as error:
+        message = f"the plugin's image cannot be built: {error}"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+
+
+async def test_the_example_plugin_runs_as_one_more_ranker_from_an_image_layered_on_podcosts(
+    podcost_image: str, plugin_image: str, helm: Path, kafka_bootstrap: str,
+    kube: KubeTestCluster, control_plane: ControlPlane, tmp_path: Path,
+) -> None:  # fmt: skip
+    run = uuid.uuid4().hex[:6]
+    release = f"podcost-{run}"
+    namespace = await kube.create_namespace(f"plugin-{run}")
+    account = await install(kube.api, control_plane.kubeconfig, namespace,
+                            {"watch.namespace": namespace}, release=release)  # fmt: skip
+    nodes = [f"plugin-{run}-{zone}" for zone in ("zone-a", "zone-b")]
+    try:
+        for node, zone in zip(nodes, ("zone-a", "zone-b"), strict=True):
+            await kube.create_node(node, zone=zone, labels={"plugin": run})
+        # Every component that reads the policy (watcher, aggregator, each ranker) checks each
+        # strategy it names against its own registry, so all run the layered image.
+        values = chart_values(plugin_image, kafka_bootstrap, release)
+        values["policy"]["strategies"].append({"name": "restarts", "weight": 2})
+        values["watch"] = {"namespace": namespace}
+        objects = containers.render(helm, values, namespace, release)
+        config_maps = {o["metadata"]["name"]: o.get("data") or {} for o in objects
+                       if o["kind"] == "ConfigMap"}  # fmt: skip
+        pods = containers.rendered_pods(objects)
+        images = {pod.name: pod.container["image"] for pod in pods}
+        assert set(images.values()) == {plugin_image}
+        assert "ranker-restarts" in images
+        text = await asyncio.to_thread(control_plane.kubeconfig.read_text)
+        cluster = yaml.safe_load(text)["clusters"][0]["cluster"]
+        host, _, port = cluster["server"].removeprefix("https://").rpartition(":")
+        ca = await asyncio.to_thread(Path(cluster["certificate-authority"]).read_text)
+        access = InCluster(await account.token(), ca, host, int(port))
+        running = [
+            PodContainer(pod, pod.container["image"], tmp_path / pod.name,
+                         config_maps=config_maps, in_cluster=access)
+            for pod in pods
+        ]  # fmt: skip
+        with containers.stopped_at_exit(running):
+            for container in running:
+                container.start()
+            await asyncio.gather(*(container.wait_ready() for container in running))
+            by_name = {c.pod.name: c for c in running}
+            await kube.create_deployment(namespace, "web", 4, opt_in=True,
+                                         node_selector={"plugin": run})  # fmt: skip
+            await kube.wait_ready(namespace, "web", 4)
+
+            seen: dict[str, float] = {}
+
+            async def costed_with_every_strategy() -> bool:
+                pods = await kube.active_pods(namespace, "web")
+                ranked = await by_name["ranker-restarts"].metrics()
+                agg = await by_name["aggregator"].metrics()
+                seen.update(
+                    costed=sum(costed_by_podcost(pod.raw) for pod in pods),
+                    ranked=sample(ranked, "podcost_snapshots_ranked_total", strategy="restarts"),
+                    complete=sample(agg, "podcost_combinations_total", completeness="complete"),
+                    deadline=sample(agg, "podcost_combinations_total", completeness="deadline"),
+                )
+                # A pod may keep the 0 a missing cost reads as, where 0 is its place.
+                return seen["costed"] > 0 and seen["ranked"] > 0 and seen["complete"] > 0
+
+            try:
+                await kube.wait_for(costed_with_every_strategy, "costs with the plugin's ranks", 90)
+            except AssertionError as error:
+                error.add_note(f"seen: {seen}")
+                for container in running:
+                    error.add_note(f"--- {container.pod.name}:\n{container.logs(15)}")
+                raise
+            for container in running:
+                assert container.stop() == 0, f"{container.pod.name}:\n{container.logs()}"
+    finally:
+        await account.uninstall()
+        await kube.delete_namespace(namespace)
+        await kube.delete_nodes(nodes)
