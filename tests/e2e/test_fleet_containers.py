@@ -10,8 +10,9 @@ checks of ``test_fleet.py`` (every pod costed by podcost, each annotator reading
 cluster's topic, no request to ``b`` for ``a``'s records, scale-in to the least zone skew), and
 every component answers ``/healthz``, ``/readyz`` and ``/metrics`` and exits 0 on SIGTERM.
 
-In ``make test-long``: about as long as the process fleet, plus a dozen containers starting on a
-loaded two-core machine (see the README).
+About a minute on this loaded two-core machine (the process fleet of ``test_fleet.py`` takes
+longer: the image's virtualenv has its bytecode compiled at build time), so it is in ``make
+test``.
 """
 
 from __future__ import annotations
