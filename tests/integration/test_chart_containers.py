@@ -30,11 +30,14 @@ from tests.support import containers
 from tests.support.containers import ChartContainerError, InCluster, PodContainer, RenderedPod
 from tests.support.kube import KubeTestCluster, costed_by_podcost
 from tests.support.least_privilege import ServiceAccount, install
+from tests.support.secure_kafka import SecureBroker
 from tests.support.services import RELEASE, parse_metrics, sample
+from tests.support.snapshots import CLUSTER
 from tests.support.tools import require_helm
 
 from podcost_localinfra import build
 from podcost_localinfra import image as engine
+from podcost_localinfra.kafka_secure import MECHANISM
 
 pytestmark = pytest.mark.integration
 
@@ -330,3 +333,82 @@ async def test_the_example_plugin_runs_as_one_more_ranker_from_an_image_layered_
         await account.uninstall()
         await kube.delete_namespace(namespace)
         await kube.delete_nodes(nodes)
+
+
+async def test_with_tls_and_a_scram_user_per_component_every_container_joins_the_secure_broker(
+    podcost_image: str, helm: Path, secure_kafka_broker: SecureBroker, kube: KubeTestCluster,
+    control_plane: ControlPlane, tmp_path: Path,
+) -> None:  # fmt: skip
+    # The broker's ACLs are about the services' default topic names and the annotator of
+    # CLUSTER: the chart's defaults, and clusterName CLUSTER.
+    broker = secure_kafka_broker
+    run = uuid.uuid4().hex[:6]
+    release = f"podcost-{run}"
+    namespace = await kube.create_namespace(f"sasl-{run}")
+    access, account = await in_cluster(kube, control_plane, namespace, release)
+    users = {"watcher": "watcher", "ranker": "ranker", "aggregator": "aggregator",
+             "annotator": f"annotator-{CLUSTER}"}  # fmt: skip
+    ca = await asyncio.to_thread(broker.ca_file.read_text)
+    secrets = {"kafka-ca": {"ca.crt": ca}} | {
+        f"kafka-{role}": {"username": user, "password": broker.passwords[user]}
+        for role, user in users.items()
+    }
+    values = {
+        "clusterName": CLUSTER,
+        "image": _image_values(podcost_image),
+        "kafka": {
+            "bootstrapServers": broker.bootstrap,
+            "securityProtocol": "SASL_SSL",
+            "tls": {"caSecret": {"name": "kafka-ca"}},
+            "sasl": {
+                "mechanism": MECHANISM,
+                "secretNames": {role: f"kafka-{role}" for role in users},
+            },
+        },
+        "policy": {"strategies": [{"name": "topology-spread"}, {"name": "age"}]},
+        "watch": {"namespace": namespace},
+    }
+    nodes = [f"sasl-{run}-{zone}" for zone in ("zone-a", "zone-b")]
+    try:
+        # A workload first: the annotator is ready once its costs topic exists, which the
+        # aggregator creates by writing the first decision.
+        for node, zone in zip(nodes, ("zone-a", "zone-b"), strict=True):
+            await kube.create_node(node, zone=zone, labels={"sasl": run})
+        await kube.create_deployment(namespace, "web", 4, opt_in=True,
+                                     node_selector={"sasl": run})  # fmt: skip
+        await kube.wait_ready(namespace, "web", 4)
+        objects = containers.render(helm, values, namespace, release)
+        config_maps = {o["metadata"]["name"]: o.get("data") or {} for o in objects
+                       if o["kind"] == "ConfigMap"}  # fmt: skip
+        pods = containers.rendered_pods(objects)
+        assert sorted(p.name for p in pods) == ["aggregator", "annotator", "ranker-age",
+                                                "ranker-topology-spread", "watcher"]  # fmt: skip
+        running = [
+            PodContainer(pod, podcost_image, tmp_path / pod.name, secrets=secrets,
+                         config_maps=config_maps, in_cluster=access)
+            for pod in pods
+        ]  # fmt: skip
+        with containers.stopped_at_exit(running):
+            for container in running:
+                container.start()
+            await asyncio.gather(*(container.wait_ready(timeout=240) for container in running))
+
+            async def costed() -> bool:
+                pods = await kube.active_pods(namespace, "web")
+                return any(costed_by_podcost(pod.raw) for pod in pods)
+
+            await kube.wait_for(costed, "costs written over the secure broker", 90)
+            for container in running:
+                status, _ = container.get("/readyz")
+                assert status == 200, container.pod.name
+                assert container.stop() == 0, f"{container.pod.name}:\n{container.logs()}"
+    finally:
+        await account.uninstall()
+        await kube.delete_namespace(namespace)
+        await kube.delete_nodes(nodes)
+
+
+def _image_values(ref: str) -> dict[str, str]:
+    repository, _, tag = ref.rpartition(":")
+    registry, _, repository = repository.partition("/")
+    return {"registry": registry, "repository": repository, "tag": tag}

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import subprocess
 import time
@@ -240,9 +241,17 @@ class PodContainer:
         entries = config.get("Env", []) if isinstance(config, dict) else []
         return dict(str(e).partition("=")[::2] for e in entries)
 
-    def _files(self, name: str, data: Mapping[str, str], items: list[Object] | None) -> Path:
-        directory = self.work_dir / "volumes" / name
+    def _files(
+        self, name: str, data: Mapping[str, str], items: list[Object] | None,
+        mode: int = 0o644, directory: Path | None = None,
+    ) -> Path:  # fmt: skip
+        """The files of a ConfigMap or Secret volume (or one source of a projected one): each
+        key (or the ``items`` chosen) with ``mode`` (``defaultMode``, an item's ``mode``), owned
+        by group ``fsGroup`` as the kubelet sets them, so a mode the user cannot read fails."""
+        directory = directory or self.work_dir / "volumes" / f"{name}-{uuid.uuid4().hex[:4]}"
         directory.mkdir(parents=True, exist_ok=True)
+        directory.chmod(0o755)
+        group = (self.pod.pod.get("securityContext") or {}).get("fsGroup")
         chosen = items or [{"key": key, "path": key} for key in data]
         for item in chosen:
             if item["key"] not in data:
@@ -250,8 +259,21 @@ class PodContainer:
             target = directory / item["path"]
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(data[item["key"]])
-            target.chmod(0o644)  # the projected volumes' defaultMode
+            target.chmod(int(item.get("mode", mode)))
+            if group is not None:
+                os.chown(target, 0, int(group))
         return directory
+
+    def _source(self, kind: str, source: Object) -> Mapping[str, str] | None:
+        """The data of the ConfigMap or Secret a volume (source) names; None if it may be
+        absent (``optional``); fails when it must exist and does not."""
+        name = source.get("secretName") or source["name"]  # a secret volume's, or a source's
+        store = self.config_maps if kind == "configMap" else self.secrets
+        if name in store:
+            return store[name]
+        if source.get("optional"):
+            return None
+        raise ChartContainerError(f"{self.pod.name}: {kind} {name} does not exist")
 
     def argv(self) -> list[str]:
         """The ``podman run`` command line for the rendered spec."""
@@ -325,23 +347,30 @@ class PodContainer:
                 argv += ["--mount", ",".join(["type=tmpfs", *options])]
             elif "configMap" in volume or "secret" in volume:
                 kind = "configMap" if "configMap" in volume else "secret"
-                name = volume[kind]["name" if kind == "configMap" else "secretName"]
-                store = self.config_maps if kind == "configMap" else self.secrets
-                if name not in store:
-                    if volume[kind].get("optional"):
-                        continue
-                    raise ChartContainerError(f"{pod.name}: {kind} {name} does not exist")
-                directory = self._files(
-                    f"{mount['name']}-{uuid.uuid4().hex[:4]}",
-                    store[name],
-                    volume[kind].get("items"),
-                )
+                data = self._source(kind, volume[kind])
+                if data is None:
+                    continue
+                mode = int(volume[kind].get("defaultMode", 0o644))
+                directory = self._files(mount["name"], data, volume[kind].get("items"), mode)
+                argv += ["--volume", f"{directory}:{target}:ro"]
+            elif "projected" in volume:
+                mode = int(volume["projected"].get("defaultMode", 0o644))
+                directory = self.work_dir / "volumes" / f"{mount['name']}-{uuid.uuid4().hex[:4]}"
+                for source in volume["projected"].get("sources") or []:
+                    kinds = [k for k in ("configMap", "secret") if k in source]
+                    if not kinds:
+                        raise ChartContainerError(f"{pod.name}: projected {source} not run here")
+                    data = self._source(kinds[0], source[kinds[0]])
+                    if data is not None:
+                        items = source[kinds[0]].get("items")
+                        self._files(mount["name"], data, items, mode, directory)
+                directory.mkdir(parents=True, exist_ok=True)
                 argv += ["--volume", f"{directory}:{target}:ro"]
             else:
                 raise ChartContainerError(f"{pod.name}: volume {volume} is not run here")
         if self.in_cluster is not None and pod.automount:
             account = self._files(
-                f"serviceaccount-{uuid.uuid4().hex[:4]}",
+                "serviceaccount",
                 {"token": self.in_cluster.token, "ca.crt": self.in_cluster.ca,
                  "namespace": pod.namespace},
                 None,
