@@ -14,9 +14,9 @@ TEST_TIMEOUT ?= 900
 LONG_TEST_TIMEOUT ?= 1800
 
 .DEFAULT_GOAL := help
-.PHONY: help setup tools observability-tools lint typecheck contracts check unit integration e2e \
-        test test-long bench bench-table docs docs-serve demo kafka-up kafka-down cluster-up \
-        cluster-down clean
+.PHONY: help setup tools tools-kafka tools-cluster observability-tools lint typecheck contracts \
+        check unit integration e2e test test-long bench bench-table docs docs-serve demo image \
+        kafka-up kafka-down cluster-up cluster-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -31,6 +31,14 @@ tools: setup  ## build the Kafka broker, the control plane, helm and docker-comp
 observability-tools: setup  ## build jaeger, prometheus and promtool into ~/.cache/podcost (once; the tests that use them)
 	@$(RUN) podcost-localinfra build --only jaeger
 	@$(RUN) podcost-localinfra build --only prometheus
+
+# What one target needs and nothing more: the demo and cluster-up need only the control plane,
+# kafka-up only the broker's jars (helm and docker-compose serve the chart and compose tests).
+tools-kafka: setup
+	@$(RUN) podcost-localinfra build --only kafka
+
+tools-cluster: setup
+	@$(RUN) podcost-localinfra build --only cluster
 
 lint: setup  ## ruff lint and format check
 	$(RUN) ruff check .
@@ -90,16 +98,19 @@ DOCS_ADDR ?= 127.0.0.1:8000
 docs-serve: setup  ## preview the docs site at DOCS_ADDR (127.0.0.1:8000), rebuilt on every change
 	$(RUN) mkdocs serve --strict --dev-addr $(DOCS_ADDR)
 
-demo: tools  ## the demo on an embedded default cluster
+demo: tools-cluster  ## the demo on an embedded default cluster
 	$(RUN) podcost demo
 
-kafka-up: tools  ## start a Kafka broker; last line: its bootstrap address
+image: setup  ## build the image podcost:<version> with podman (installed from Debian's packages); prints its size
+	@$(RUN) podcost-localinfra image
+
+kafka-up: tools-kafka  ## start a Kafka broker; last line: its bootstrap address
 	@$(RUN) podcost-localinfra kafka-up
 
 kafka-down: setup  ## stop the broker started by kafka-up
 	@$(RUN) podcost-localinfra kafka-down
 
-cluster-up: tools  ## start the control plane; last line: export KUBECONFIG=<path>
+cluster-up: tools-cluster  ## start the control plane; last line: export KUBECONFIG=<path>
 	@$(RUN) podcost-localinfra cluster-up
 
 cluster-down: setup  ## stop every process cluster-up started

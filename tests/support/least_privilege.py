@@ -206,10 +206,12 @@ async def install(
     admin_kubeconfig: Path,
     namespace: str,
     values: Mapping[str, str] | None = None,
+    release: str | None = None,
 ) -> ServiceAccount:
-    """Render the chart's RBAC and admission policy for a fresh release in ``namespace``,
-    create the service account its bindings name and every rendered object, as the admin."""
-    release = f"lp{uuid.uuid4().hex[:6]}"
+    """Render the chart's RBAC and admission policy for ``release`` (a fresh one by default)
+    in ``namespace``, create the service account its bindings name and every rendered object,
+    as the admin."""
+    release = release or f"lp{uuid.uuid4().hex[:6]}"
     objects = render(release, namespace, values)
     subject = one(objects, "ClusterRoleBinding")["subjects"][0]
     account = ServiceAccount(namespace, subject["name"], objects, admin, admin_kubeconfig)

@@ -1,10 +1,10 @@
-"""The Dockerfile keeps its promises, checked by reading it (no Docker engine on this machine
-kind): two stages, a runtime stage that holds only the builder's virtualenv and no installer or
-compiler, a numeric non-root user, a read-only root filesystem that works, ``podcost`` as the
-entry point, and a build context (.dockerignore) that holds everything the build copies.
+"""The Dockerfile keeps its promises, checked by reading it: two stages, a runtime stage that holds
+only the builder's virtualenv and no installer or compiler, a numeric non-root user, a read-only
+root filesystem that works, ``podcost`` as the entry point, and a build context (.dockerignore)
+that holds everything the build copies.
 
-The build itself (``uv sync --frozen --no-dev --no-editable`` on the files the context sends)
-was run by hand outside Docker when the file was written; see the README's Docker Compose part.
+The build itself is run by a real engine (podman, ``make image``) and its containers by
+``tests/integration/test_chart_containers.py``; this file checks what holds for any base.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ Re-running ``-up`` while the servers are up prints the same last line and starts
 Helm values and message pages under ``docs/reference/`` and the chart's README; ``reference
 --check`` writes nothing and exits 1 naming each page that is out of date.
 
+``image`` installs the container engine and builds ``podcost:<version>`` (``image``); its last
+line is the image's name.
+
 ``kafka-up --secure`` starts the secure broker instead (its own run directory, ``kafka-secure``):
 SASL_SSL only, one SCRAM user per component and topic ACLs (``kafka_secure``); ``--cluster``
 names the clusters that get an annotator user. The CA file, the passwords and an admin client
@@ -25,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import build, cluster, kafka, kafka_secure, paths, process
+from . import build, cluster, image, kafka, kafka_secure, paths, process
 
 
 def _run_dir(kind: str) -> Path:
@@ -91,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="podcost-localinfra", description=__doc__)
     parser.add_argument(
         "command",
-        choices=["build", "kafka-up", "kafka-down", "cluster-up", "cluster-down", "reference"],
+        choices=[
+            "build", "image", "kafka-up", "kafka-down", "cluster-up", "cluster-down", "reference"
+        ],
     )
     parser.add_argument("--only", choices=build.TOOL_GROUPS, help="build: only this group of tools")
     parser.add_argument(
@@ -114,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "build":
             build.ensure_all(args.only)
+            return 0
+        if args.command == "image":
+            built = image.ensure_image()
+            print(f"{built.ref}: {built.size / 2**20:.1f} MiB, built in {built.seconds:.1f}s",
+                  file=sys.stderr)  # fmt: skip
+            print(built.ref)
             return 0
         if args.command == "kafka-up":
             clusters = tuple(args.cluster) or ("local",)
