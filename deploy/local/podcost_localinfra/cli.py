@@ -95,7 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "command",
         choices=[
-            "build", "image", "kafka-up", "kafka-down", "cluster-up", "cluster-down", "reference"
+            "build",
+            "image",
+            "kafka-up",
+            "kafka-down",
+            "cluster-up",
+            "cluster-down",
+            "reference",
         ],
     )
     parser.add_argument("--only", choices=build.TOOL_GROUPS, help="build: only this group of tools")
