@@ -66,7 +66,7 @@ async def test_a_record_naming_many_unknown_pods_reads_only_its_budget_of_them(
                 await eventually(
                     lambda: sum(service.committed.values()) == 1, "the record committed", 60
                 )
-                refusals = service.metrics.registry.get_sample_value(
+                refusals = service.metrics.get_sample_value(
                     "podcost_refusals_total", {"reason": "unknown_pod"}
                 )
         ghosts = [name for name in counting.reads if "web-ghost-" in name]

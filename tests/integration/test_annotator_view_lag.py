@@ -67,7 +67,7 @@ async def test_a_decision_that_comes_before_the_view_sees_the_opt_in_is_written_
                 await eventually(
                     lambda: sum(service.committed.values()) == 1, "the record committed", 60
                 )
-                refused = service.metrics.registry.get_sample_value(
+                refused = service.metrics.get_sample_value(
                     "podcost_refusals_total", {"reason": "not_opted_in"}
                 )
         raw = await Kube(kube.api).read_pod(namespace, pod.name)

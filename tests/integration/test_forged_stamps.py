@@ -90,7 +90,7 @@ async def test_a_decision_stamped_in_the_future_is_dead_lettered_and_the_genuine
             )
             await dead.nothing_more(0.5)
             consumed = {
-                outcome: service.metrics.registry.get_sample_value(
+                outcome: service.metrics.get_sample_value(
                     "podcost_messages_consumed_total", {"topic": topic, "outcome": outcome}
                 )
                 for outcome in ("future", "refused", "ok")
@@ -132,7 +132,7 @@ async def test_a_snapshot_stamped_in_the_future_is_dead_lettered_and_the_genuine
         (letter,) = await dead.take(1, timeout=60)
         (decision,) = await costs.take(1, timeout=60)
         await costs.nothing_more(1.0)
-        future = combiner.metrics.registry.get_sample_value(
+        future = combiner.metrics.get_sample_value(
             "podcost_messages_consumed_total", {"topic": topics.workloads, "outcome": "future"}
         )
     assert letter.reason.startswith("stamped in the future")
