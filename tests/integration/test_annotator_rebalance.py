@@ -138,9 +138,7 @@ async def test_an_annotator_writes_nothing_queued_for_a_partition_a_rebalance_to
 
         await kube.wait_for(a_done, "A to write its own partition", timeout=WAIT_S, interval=0.2)
         assert await costs_of(kube, namespace, moved) == newer
-        revoked = slow.metrics.get_sample_value(
-            "podcost_patches_total", {"result": "revoked"}
-        )
+        revoked = slow.metrics.get_sample_value("podcost_patches_total", {"result": "revoked"})
         assert revoked is not None
         assert revoked >= 1
     finally:
