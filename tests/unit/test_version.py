@@ -42,7 +42,7 @@ def test_the_charts_app_version_is_the_package_version() -> None:
 def test_the_dockerfiles_version_argument_is_the_package_version() -> None:
     dockerfile = read_dockerfile()
     runtime = dockerfile.stages[-1]
-    args = {i.value.split("=", 1)[0]: i.value.split("=", 1)[1] for i in runtime.all("ARG")}
+    args = dict(i.value.partition("=")[::2] for i in runtime.all("ARG"))  # `ARG NAME`: ""
     assert args["VERSION"] == VERSION
     # The revision argument reaches the services as PODCOST_REVISION.
     assert runtime.env(dockerfile.global_args)["PODCOST_REVISION"] == args["REVISION"]
