@@ -3,9 +3,8 @@ what podcost does, and its history lives in git log.
 
 Every file ``git ls-files`` lists is read (except ``uv.lock`` and binary files) and each line is
 matched against :data:`PATTERNS`: numbered work stops, rounds and issues, a reference to the
-current session, and
-a named helper introducing a remark ("helper <name>:"). "helper" alone is an ordinary programming
-word and passes.
+current session, and a remark introduced by an assistant's short name and a colon. The word
+"helper" alone is an ordinary programming word and passes.
 """
 
 from __future__ import annotations
