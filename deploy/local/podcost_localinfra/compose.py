@@ -117,7 +117,7 @@ def up(engine: Engine, project_dir: Path, kubeconfig: Path | None = None) -> flo
     """``docker compose up --detach --wait``: every service started and every health check
     passed; the seconds it took. Fails with compose's output."""
     started = time.monotonic()
-    result = compose(engine, "up", "--detach", "--wait", "--wait-timeout", "300",
+    result = compose(engine, "up", "--detach", "--wait", "--wait-timeout", "600",
                      project_dir=project_dir, kubeconfig=kubeconfig)  # fmt: skip
     if result.returncode != 0:
         raise process.StartError(f"docker compose up failed:\n{result.stdout}{result.stderr}")
