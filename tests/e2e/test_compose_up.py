@@ -15,8 +15,9 @@ pods get podcost's costs, Jaeger (the compose file's tracing
 service) holds a decision's trace from the watcher's snapshot to the annotator's patch, and
 ``down`` removes every container.
 
-A minute or more on this loaded machine (twelve containers start, a JVM among them), and it
-publishes the compose file's fixed host ports: ``make test-long``.
+About four minutes on a loaded two-core machine (twelve containers start, a JVM among them;
+``up --wait`` alone took 160-170 s at a load average of 40-70), and it publishes the compose
+file's fixed host ports, so two runs cannot share a machine: ``make test-long``.
 """
 
 from __future__ import annotations
