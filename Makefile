@@ -16,7 +16,7 @@ LONG_TEST_TIMEOUT ?= 1800
 .DEFAULT_GOAL := help
 .PHONY: help setup tools tools-kafka tools-cluster observability-tools lint typecheck contracts \
         check unit integration e2e test test-long bench bench-table docs docs-serve demo demo-fleet image \
-        kafka-up kafka-down cluster-up cluster-down clean
+        kafka-up kafka-down cluster-up cluster-down compose-up compose-down clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -106,6 +106,12 @@ demo-fleet: tools-cluster tools-kafka  ## the demo's scale-in in two clusters, o
 
 image: setup  ## build the image podcost:<version> with podman (installed from Debian's packages); prints its size
 	@$(RUN) podcost-localinfra image
+
+compose-up: setup  ## docker compose up of docker-compose.yml against podman's API, cluster from KUBECONFIG; last line: export DOCKER_HOST=...
+	@$(RUN) podcost-localinfra compose-up
+
+compose-down: setup  ## docker compose down, and stop podman's API service compose-up started
+	@$(RUN) podcost-localinfra compose-down
 
 kafka-up: tools-kafka  ## start a Kafka broker; last line: its bootstrap address
 	@$(RUN) podcost-localinfra kafka-up

@@ -2,7 +2,9 @@
 
 A policy is data, validated before anything runs: building a :class:`Policy` checks every name
 against the registry, every weight, tier and threshold, and builds every strategy's ``Args``;
-anything wrong is one :class:`PolicyError` naming the culprit. Callers: the watcher and the
+anything wrong is one :class:`PolicyError` naming the culprit. A strategy the registry knows as
+remote (``Registry.with_remote``: its code runs in a ranker of another image) is checked by name,
+weight and tier only; its args are its ranker's to check. Callers: the watcher and the
 aggregator (``policy_from_annotations`` per workload), services that take a policy file
 (``load_policy_file``), the combiner (reads the bound strategies), the CLI.
 
@@ -64,6 +66,7 @@ from podcost_core.strategies.base import Strategy, StrategyArgsError
 from podcost_core.strategies.registry import (
     BUILTIN_REGISTRY,
     Registry,
+    RemoteArgs,
     UnknownStrategyError,
     default_registry,
 )
@@ -173,7 +176,12 @@ class Policy:
                     spec.name, "a spread strategy takes no threshold (capping levels grows skew)"
                 )
             try:
-                args = strategy.args_from_mapping(spec.args)
+                # A remote strategy's args are its ranker's to build: kept as written here.
+                args = (
+                    RemoteArgs(dict(spec.args))
+                    if strategy.remote
+                    else strategy.args_from_mapping(spec.args)
+                )
             except StrategyArgsError as error:
                 raise PolicyError(spec.name, str(error)) from error
             bound.append(BoundStrategy(spec, strategy, args, index[spec.tier]))

@@ -54,6 +54,7 @@ from podcost_core.policy import (
     PolicyError,
     policy_from_annotations,
 )
+from podcost_core.strategies.registry import Registry
 from podcost_kube.podcache import PodCache
 from podcost_kube.store import Change, ChangeType, RawObject, Store, controller_of, object_key
 
@@ -475,6 +476,9 @@ class OptInRules:
     default_policy: Policy | None = None
     """The policy of a workload without ``podcost.dev/strategies`` (``None``: the built-in
     ``DEFAULT_POLICY``)."""
+    registry: Registry | None = None
+    """Where policies look strategy names up (``None``: the installed ones); one with remote
+    strategies lets a policy name a strategy whose code runs in its own ranker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,7 +536,9 @@ def resolve_policy(
     if not enabled:
         return WorkloadPolicy(False, source)
     try:
-        policy = policy_from_annotations(annotations, default=rules.default_policy)
+        policy = policy_from_annotations(
+            annotations, default=rules.default_policy, registry=rules.registry
+        )
     except PolicyError as error:
         return WorkloadPolicy(False, source, error=error)
     return WorkloadPolicy(True, source, policy)

@@ -36,7 +36,12 @@ from podcost.commands.startup import EXIT_BAD_CONFIG, EXIT_FAILED
 from podcost.runtime.version import build, package_version
 from podcost_core.convert import ConversionError
 from podcost_core.policy import PolicyError
-from podcost_core.strategies.registry import BUILTIN, PluginError, UnknownStrategyError
+from podcost_core.strategies.registry import (
+    BUILTIN,
+    PluginError,
+    RemoteStrategyError,
+    UnknownStrategyError,
+)
 
 #: Exit code after Ctrl-C, as shells report SIGINT.
 EXIT_INTERRUPTED = 130
@@ -316,7 +321,8 @@ def _root(
 #: Errors a command may let through that say what is wrong with the input or the settings
 #: (exit 2), and errors of the outside world: an API server, a broker, a file (exit 1).
 BAD_INPUT: tuple[type[BaseException], ...] = (
-    PolicyError, PluginError, UnknownStrategyError, ConversionError, ValidationError,
+    PolicyError, PluginError, UnknownStrategyError, RemoteStrategyError, ConversionError,
+    ValidationError,
     FileNotFoundError, IsADirectoryError, NotADirectoryError,
 )  # fmt: skip
 FAILED: tuple[type[BaseException], ...] = (TimeoutError, OSError)

@@ -28,7 +28,7 @@ from kubernetes_asyncio import client
 from tests.conftest import IN_CI, ControlPlane
 from tests.support import containers
 from tests.support.containers import ChartContainerError, InCluster, PodContainer, RenderedPod
-from tests.support.kube import KubeTestCluster, costed_by_podcost
+from tests.support.kube import COST_ANNOTATION, KubeTestCluster, costed_by_podcost
 from tests.support.least_privilege import ServiceAccount, install
 from tests.support.secure_kafka import SecureBroker
 from tests.support.services import RELEASE, parse_metrics, sample
@@ -261,7 +261,7 @@ def plugin_image(podcost_image: str) -> str:
         pytest.skip(message)
 
 
-async def test_the_example_plugin_runs_as_one_more_ranker_from_an_image_layered_on_podcosts(
+async def test_the_example_plugin_is_one_more_ranker_with_its_own_image_and_sways_the_costs(
     podcost_image: str, plugin_image: str, helm: Path, kafka_bootstrap: str,
     kube: KubeTestCluster, control_plane: ControlPlane, tmp_path: Path,
 ) -> None:  # fmt: skip
@@ -274,18 +274,19 @@ async def test_the_example_plugin_runs_as_one_more_ranker_from_an_image_layered_
     try:
         for node, zone in zip(nodes, ("zone-a", "zone-b"), strict=True):
             await kube.create_node(node, zone=zone, labels={"plugin": run})
-        # Every component that reads the policy (watcher, aggregator, each ranker) checks each
-        # strategy it names against its own registry, so all run the layered image.
-        values = chart_values(plugin_image, kafka_bootstrap, release)
+        # As a platform team adds a strategy: the plugin's ranker runs the plugin's image, and
+        # every other component podcost's, which knows `restarts` by name only.
+        values = chart_values(podcost_image, kafka_bootstrap, release)
         values["policy"]["strategies"].append({"name": "restarts", "weight": 2})
+        values["rankers"] = {"overrides": {"restarts": {"image": _image_values(plugin_image)}}}
         values["watch"] = {"namespace": namespace}
         objects = containers.render(helm, values, namespace, release)
         config_maps = {o["metadata"]["name"]: o.get("data") or {} for o in objects
                        if o["kind"] == "ConfigMap"}  # fmt: skip
         pods = containers.rendered_pods(objects)
         images = {pod.name: pod.container["image"] for pod in pods}
-        assert set(images.values()) == {plugin_image}
-        assert "ranker-restarts" in images
+        assert images.pop("ranker-restarts") == plugin_image
+        assert set(images.values()) == {podcost_image}
         text = await asyncio.to_thread(control_plane.kubeconfig.read_text)
         cluster = yaml.safe_load(text)["clusters"][0]["cluster"]
         host, _, port = cluster["server"].removeprefix("https://").rpartition(":")
@@ -305,23 +306,40 @@ async def test_the_example_plugin_runs_as_one_more_ranker_from_an_image_layered_
                                          node_selector={"plugin": run})  # fmt: skip
             await kube.wait_ready(namespace, "web", 4)
 
-            seen: dict[str, float] = {}
+            seen: dict[str, Any] = {}
+
+            async def costs() -> dict[str, int]:
+                found = {}
+                for pod in await kube.active_pods(namespace, "web"):
+                    if costed_by_podcost(pod.raw):
+                        found[pod.name] = int(pod.raw.metadata.annotations[COST_ANNOTATION])
+                return found
 
             async def costed_with_every_strategy() -> bool:
-                pods = await kube.active_pods(namespace, "web")
                 ranked = await by_name["ranker-restarts"].metrics()
                 agg = await by_name["aggregator"].metrics()
                 seen.update(
-                    costed=sum(costed_by_podcost(pod.raw) for pod in pods),
+                    costs=await costs(),
                     ranked=sample(ranked, "podcost_snapshots_ranked_total", strategy="restarts"),
                     complete=sample(agg, "podcost_combinations_total", completeness="complete"),
-                    deadline=sample(agg, "podcost_combinations_total", completeness="deadline"),
                 )
                 # A pod may keep the 0 a missing cost reads as, where 0 is its place.
-                return seen["costed"] > 0 and seen["ranked"] > 0 and seen["complete"] > 0
+                return bool(seen["costs"]) and seen["ranked"] > 0 and seen["complete"] > 0
+
+            async def restarted_goes_first(pod_name: str) -> bool:
+                seen["costs"] = found = await costs()
+                cost = found.get(pod_name, 0)
+                return all(cost < other for name, other in found.items() if name != pod_name)
 
             try:
                 await kube.wait_for(costed_with_every_strategy, "costs with the plugin's ranks", 90)
+                # The pod podcost keeps longest crash-loops: only the plugin's strategy reads
+                # restarts, so only its ranks can make that pod the first to go.
+                kept = max(seen["costs"], key=seen["costs"].__getitem__)
+                await _set_restarts(kube, namespace, kept, 10)
+                await kube.wait_for(
+                    lambda: restarted_goes_first(kept), "the restarted pod deleted first", 90
+                )
             except AssertionError as error:
                 error.add_note(f"seen: {seen}")
                 for container in running:
@@ -333,6 +351,20 @@ async def test_the_example_plugin_runs_as_one_more_ranker_from_an_image_layered_
         await account.uninstall()
         await kube.delete_namespace(namespace)
         await kube.delete_nodes(nodes)
+
+
+async def _set_restarts(kube: KubeTestCluster, namespace: str, name: str, count: int) -> None:
+    """Give pod ``name``'s containers ``count`` restarts (its status, as a kubelet reports)."""
+    pod = await kube.core.read_namespaced_pod(name, namespace)
+    statuses = [
+        {"name": status.name, "restartCount": count, "ready": status.ready,
+         "image": status.image, "imageID": status.image_id or "",
+         "state": {"running": {"startedAt": status.state.running.started_at.isoformat()}}}
+        for status in pod.status.container_statuses
+    ]  # fmt: skip
+    await kube.core.patch_namespaced_pod_status(
+        name, namespace, {"status": {"containerStatuses": statuses}}
+    )
 
 
 async def test_with_tls_and_a_scram_user_per_component_every_container_joins_the_secure_broker(

@@ -71,6 +71,11 @@ CUSTOM_POLICY: list[Manifest] = [
 ]
 
 #: One Kafka principal per component: the Secret each component's SASL credentials come from.
+#: A strategy plugin as one more ranker with its own image (the example plugin's strategy).
+PLUGIN_RANKER: Manifest = {
+    "extraStrategies": ["restarts"],
+    "overrides": {"restarts": {"image": {"repository": "acme/podcost-restarts", "tag": "1.0.0"}}},
+}
 SASL_SECRETS = {
     "watcher": "kafka-watcher",
     "annotator": "kafka-annotator-eu-1",
@@ -145,6 +150,7 @@ CASES: dict[str, Manifest] = {
     },
     "dry-run-agent": {"mode": "agent", "clusterName": "eu-2", "kafka": KAFKA, "dryRun": True},
     "no-cleanup-hook": {"cleanup": {"onUninstall": False}, "adoptFieldManagers": []},
+    "plugin-ranker": {"kafka": KAFKA, "rankers": PLUGIN_RANKER},
 }
 
 #: Values files helm must refuse, with a piece of the one-line reason it must give.
@@ -200,6 +206,14 @@ REJECTED: dict[str, tuple[Manifest, str]] = {
     "low-water-above-high-water": (
         {"annotator": {"highWater": 10, "lowWater": 10}},
         "annotator.lowWater (10) must be below annotator.highWater (10)",
+    ),
+    "plugin-image-in-embedded-mode": (
+        {"rankers": PLUGIN_RANKER},
+        "embedded mode runs every strategy in one process of podcost's image",
+    ),
+    "plugin-image-without-a-repository": (
+        {"kafka": KAFKA, "rankers": {**PLUGIN_RANKER, "overrides": {"restarts": {"image": {}}}}},
+        SCHEMA_ERROR,
     ),
 }
 
@@ -353,6 +367,24 @@ def test_the_rankers_follow_the_policy_with_their_overrides(
         args = ranker["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args == ["ranker", "--strategy", entry["name"]]
         assert ranker["spec"]["replicas"] == (3 if entry["name"] == "topology-spread" else 1)
+
+
+def test_a_plugins_ranker_runs_its_image_and_the_rest_know_its_strategy_by_name(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    deployments = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]
+        for d in of_kind(rendered("plugin-ranker"), "Deployment")
+    }
+    plugin = deployments.pop(f"{RELEASE}-ranker-restarts")
+    assert plugin["image"] == "ghcr.io/acme/podcost-restarts:1.0.0"
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert {c["image"] for c in deployments.values()} == {f"ghcr.io/podcost/podcost:{version}"}
+    for name, container in [*deployments.items(), ("plugin", plugin)]:
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        # The annotator resolves no policy; every other component gets the name.
+        wanted = None if name.endswith("-annotator") else "restarts"
+        assert env.get("PODCOST_REMOTE_STRATEGIES") == wanted, name
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -1,9 +1,10 @@
 """docker-compose.yml runs what the code is: every command parses with the real typer CLI,
 every ``PODCOST_*`` variable is a setting some service reads (and validates with its value), the
 rankers are exactly the default policy's strategies, and the plumbing (Kafka listeners, health
-checks, ports, the kubeconfig, the trace path through the collector to Jaeger) lines up.
+checks, ports, the kubeconfig, the trace path to Jaeger) lines up. ``tests/e2e/test_compose_up.py``
+runs the file for real (``make test-long``).
 
-No Docker engine runs here, so the file is checked by reading it, and by the real Compose v2:
+Here the file is checked by reading it, and by the real Compose v2:
 the standalone ``docker-compose`` that ``make tools`` builds from the Go module proxy
 (``podcost_localinfra.build.ensure_compose_tool``) validates it offline with ``config``, and its
 resolved model is cross-checked against how these tests read the file. Under ``CI=true`` a
@@ -45,7 +46,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
-PODCOST = {name: service for name, service in SERVICES.items() if "build" in service}
+PODCOST = {name: s for name, s in SERVICES.items() if str(s["image"]).startswith("podcost:")}
 DOCKERFILE = read_dockerfile()
 IMAGE_ENV = DOCKERFILE.stages[-1].env(DOCKERFILE.global_args)
 CLI = typer.main.get_command(app)
@@ -204,7 +205,34 @@ def test_the_credentials_directory_is_ignored_by_git() -> None:
 
 
 def test_the_broker_is_the_kafka_release_the_tests_run_against() -> None:
-    assert SERVICES["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    kafka = SERVICES["kafka"]
+    assert kafka["image"] == f"podcost-kafka:{KAFKA_VERSION}"
+    assert (ROOT / kafka["build"]["context"] / "Dockerfile").is_file()
+    # Its jars are the ones `make tools-kafka` assembles (podcost_localinfra.paths).
+    (jars,) = kafka["volumes"]
+    assert jars["target"] == "/opt/kafka/libs"
+    assert jars["read_only"] is True
+    assert resolve(jars["source"]) == f"~/.cache/podcost/kafka-{KAFKA_VERSION}/lib"
+
+
+def test_the_brokers_start_script_turns_every_kafka_variable_into_a_property(
+    tmp_path: Path,
+) -> None:
+    script = (ROOT / "deploy/compose/kafka/kafka-start.sh").read_text()
+    # The part before the jars are needed: run it with a stand-in for the config path.
+    config = tmp_path / "server.properties"
+    lines = script.split("CLASSPATH=")[0].replace("/var/lib/kafka/server.properties", str(config))
+    lines = lines.replace("/opt/kafka/libs/*.jar", "/dev/null")
+    env = {"PATH": os.environ["PATH"], **environment(SERVICES["kafka"]),
+           "KAFKA_HEAP_OPTS": "-Xmx1g", "KAFKA_LOG_DIRS": "/data"}  # fmt: skip
+    result = subprocess.run(["sh", "-c", lines], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    properties = dict(line.split("=", 1) for line in config.read_text().splitlines())
+    assert properties["node.id"] == "1"
+    assert properties["offsets.topic.replication.factor"] == "1"
+    assert properties["listener.security.protocol.map"].startswith("PLAINTEXT:PLAINTEXT")
+    assert properties["log.dirs"] == "/data"
+    assert "heap.opts" not in properties
 
 
 @pytest.mark.parametrize("name", sorted(PODCOST))
@@ -229,6 +257,8 @@ def test_the_health_check_probes_healthz_on_the_services_http_port(name: str) ->
     probe = " ".join(str(word) for word in service["healthcheck"]["test"])
     assert f"http://127.0.0.1:{port}/healthz" in probe
     assert service["healthcheck"]["test"][0] == "CMD"  # the image has no shell tools to lean on
+    # podman's Docker-compatible API splits a CMD check's arguments on whitespace.
+    assert not [word for word in service["healthcheck"]["test"] if any(c.isspace() for c in word)]
     assert [container for _, _, container, _ in ports(service)] == [port]
 
 
@@ -272,21 +302,21 @@ def test_the_third_party_images_are_pinned() -> None:
     for name, service in SERVICES.items():
         if name in PODCOST:
             continue
-        image = str(service["image"])
+        image = resolve(service["image"])
         tag = image.rpartition(":")[2]
         assert ":" in image, f"{name}: {image} has no tag"
         assert tag not in ("", "latest"), f"{name}: {image} is not pinned"
 
 
-def collector_config() -> tuple[dict[str, Any], str]:
-    """The collector's config file and the name of its service."""
-    name = service_running("otel/opentelemetry-collector-contrib:")
-    collector = SERVICES[name]
-    config_flag = next(a for a in collector["command"] if str(a).startswith("--config="))
+def tracing_config() -> tuple[dict[str, Any], str]:
+    """Jaeger's config file (it receives OTLP itself) and the name of its service."""
+    name = "jaeger"
+    service = SERVICES[name]
+    config_flag = next(a for a in service["command"] if str(a).startswith("--config="))
     in_container = config_flag.partition("=")[2]
-    mounts = dict(reversed(v.split(":")[:2]) for v in collector["volumes"])
+    mounts = dict(reversed(v.split(":")[:2]) for v in service["volumes"] if isinstance(v, str))
     source = ROOT / mounts[in_container]
-    assert source.is_file(), f"{source} is mounted into the collector but does not exist"
+    assert source.is_file(), f"{source} is mounted into Jaeger but does not exist"
     return yaml.safe_load(source.read_text()), name
 
 
@@ -294,19 +324,25 @@ def endpoint_port(endpoint: str) -> int:
     return int(endpoint.rpartition(":")[2])
 
 
-def test_the_services_send_their_traces_to_a_receiver_of_the_collector(
+def test_the_services_send_their_traces_to_a_receiver_of_jaeger(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config, collector = collector_config()
+    config, viewer = tracing_config()
     protocols = config["receivers"]["otlp"]["protocols"]
+    assert "otlp" in config["service"]["pipelines"]["traces"]["receivers"]
+    published = {container for _, _, container, _ in ports(SERVICES[viewer])}
+    for protocol in protocols.values():
+        host, _, port = protocol["endpoint"].rpartition(":")
+        assert host == "0.0.0.0", "a receiver other containers cannot reach"
+        assert int(port) in published
     for name, service in PODCOST.items():
         env = container_env(service)
         # podcost exports OTLP over HTTP (runtime/telemetry.py); the variable says so too.
         assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf", name
         url = urlsplit(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
-        assert url.hostname == collector, f"{name} sends its spans to {url.hostname}"
+        assert url.hostname == viewer, f"{name} sends its spans to {url.hostname}"
         assert url.port == endpoint_port(protocols["http"]["endpoint"])
-        assert depends_on(service).get(collector) is not None
+        assert depends_on(service).get(viewer) is not None
     # And the real tracing set-up, given that environment, exports there.
     endpoint = container_env(next(iter(PODCOST.values())))["OTEL_EXPORTER_OTLP_ENDPOINT"]
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
@@ -319,22 +355,17 @@ def test_the_services_send_their_traces_to_a_receiver_of_the_collector(
         provider.shutdown()
 
 
-def test_the_collector_forwards_traces_to_the_trace_viewer() -> None:
-    config, _ = collector_config()
-    viewer = service_running("jaegertracing/all-in-one:")
-    assert environment(SERVICES[viewer]).get("COLLECTOR_OTLP_ENABLED") == "true"
+def test_jaegers_pipeline_names_only_components_it_defines() -> None:
+    config, viewer = tracing_config()
     pipeline = config["service"]["pipelines"]["traces"]
     for kind in ("receivers", "processors", "exporters"):
         for component in pipeline[kind]:
             assert component in config[kind], f"the pipeline names an undefined {component}"
     for extension in config["service"].get("extensions", []):
         assert extension in config["extensions"]
-    for exporter in pipeline["exporters"]:
-        endpoint = config["exporters"][exporter]["endpoint"]
-        host, _, port = endpoint.rpartition(":")
-        assert host == viewer, f"{exporter} exports to {host}, not the viewer {viewer}"
-        assert exporter.partition("/")[0] == "otlp"
-        assert int(port) == 4317  # Jaeger's OTLP/gRPC receiver
+    query = config["extensions"]["jaeger_query"]["http"]["endpoint"]
+    assert endpoint_port(query) == 16686
+    assert 16686 in {container for _, _, container, _ in ports(SERVICES[viewer])}
 
 
 @pytest.fixture(scope="module")
@@ -380,7 +411,8 @@ def test_docker_compose_resolves_the_file_as_these_tests_read_it(
     assert result.returncode == 0, result.stderr
     resolved: dict[str, dict[str, Any]] = json.loads(result.stdout)["services"]
     assert set(resolved) == set(SERVICES)
-    assert {name for name, service in resolved.items() if "build" in service} == set(PODCOST)
+    built = {name for name, service in resolved.items() if "build" in service}
+    assert built == {*PODCOST, "kafka"}
     for name, service in resolved.items():
         ours = SERVICES[name]
         assert (service.get("environment") or {}) == environment(ours), name

@@ -12,6 +12,12 @@ Helm values and message pages under ``docs/reference/`` and the chart's README; 
 ``image`` installs the container engine and builds ``podcost:<version>`` (``image``); its last
 line is the image's name.
 
+``compose-up`` runs ``docker compose up --detach --wait`` of the repository's
+``docker-compose.yml`` against podman's Docker-compatible API (``compose``), with ``$KUBECONFIG``
+as the cluster's kubeconfig; its last line is ``export DOCKER_HOST=<socket>`` for
+``docker-compose`` commands of your own. ``compose-down`` runs ``docker compose down`` and stops
+the API service.
+
 ``kafka-up --secure`` starts the secure broker instead (its own run directory, ``kafka-secure``):
 SASL_SSL only, one SCRAM user per component and topic ACLs (``kafka_secure``); ``--cluster``
 names the clusters that get an annotator user. The CA file, the passwords and an admin client
@@ -28,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import build, cluster, image, kafka, kafka_secure, paths, process
+from . import build, cluster, compose, image, kafka, kafka_secure, paths, process
 
 
 def _run_dir(kind: str) -> Path:
@@ -80,6 +86,30 @@ def cluster_up() -> int:
     return 0
 
 
+def compose_up() -> int:
+    run_dir = _run_dir("compose")
+    project = image.repo_root()
+    compose.ensure_images()
+    if _running(run_dir):
+        engine = compose.Engine(run_dir, compose.docker_host(run_dir))
+    else:
+        process.stop_all(run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        engine = compose.start_engine(run_dir)
+    kubeconfig = os.environ.get("KUBECONFIG")
+    seconds = compose.up(engine, project, Path(kubeconfig) if kubeconfig else None)
+    print(f"docker compose up --wait: every service healthy in {seconds:.1f}s", file=sys.stderr)
+    print(f"export DOCKER_HOST={engine.docker_host}")
+    return 0
+
+
+def compose_down() -> int:
+    run_dir = _run_dir("compose")
+    if _running(run_dir):
+        compose.down(compose.Engine(run_dir, compose.docker_host(run_dir)), image.repo_root())
+    return down("compose")
+
+
 def down(kind: str) -> int:
     run_dir = _run_dir(kind)
     for name, peak in process.peak_memory(run_dir).items():
@@ -101,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             "kafka-down",
             "cluster-up",
             "cluster-down",
+            "compose-up",
+            "compose-down",
             "reference",
         ],
     )
@@ -137,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
             return kafka_up(kafka_secure.Layout(clusters=clusters) if args.secure else None)
         if args.command == "cluster-up":
             return cluster_up()
+        if args.command == "compose-up":
+            return compose_up()
+        if args.command == "compose-down":
+            return compose_down()
         kind = args.command.removesuffix("-down")
         return down(f"{kind}-secure" if args.secure and kind == "kafka" else kind)
     except (build.BuildError, process.StartError) as error:

@@ -226,6 +226,10 @@ class Strategy(Generic[ArgsT]):
     """The fields of a snapshot ``score`` never reads, whatever its args (see :func:`reading`):
     its ranker decodes snapshots without them. A plugin that leaves it empty gets whole
     snapshots; a field named here that ``score`` does read holds its default (empty) there."""
+    remote: bool = False
+    """A strategy this process knows by name only (``registry.remote_strategy``): its code runs
+    in a ranker of another image, so a policy may name and weigh it here, and nothing here
+    scores it or builds its args."""
     arg_types: Mapping[str, Any] = field(init=False, repr=False, compare=False)
     """The resolved type of every ``Args`` field, for :meth:`args_from_mapping`."""
 

@@ -8,7 +8,16 @@ strategy name and its value resolves to a :class:`Strategy` object, e.g. in ``py
     gpu-idle = "acme_podcost.gpu_idle:STRATEGY"
 
 Callers: the policy (validates names and binds args), the generic ranker (runs one strategy by
-name), ``podcost strategies`` style listings. Plugins are discovered once per process
+name), ``podcost strategies`` style listings.
+
+Remote strategies. A platform team adds a strategy as one more ranker running an image of its
+own (podcost's image with the plugin installed); the other components keep podcost's image and
+never import the plugin. They still resolve every policy that names it, and only need its name:
+:meth:`Registry.with_remote` adds a :func:`remote_strategy` for each such name, which the policy
+validates as a name, weight and tier (its args are kept as written: the ranker that runs it
+builds and checks them), the combiner normalizes with the default normalization, and whose
+``score`` refuses to run. A strategy with its own normalization or a spread strategy therefore
+cannot be remote: the aggregator must have its code. Plugins are discovered once per process
 (:func:`default_registry`); a plugin that fails to load, is not a ``Strategy``, is registered
 under another name than its own, or collides with a built-in or another plugin is a start-up
 error naming it.
@@ -17,11 +26,13 @@ error naming it.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from types import MappingProxyType
 from typing import Any
 
+from podcost_core.model import PodUID, Snapshot
 from podcost_core.strategies import (
     age,
     capacity_type,
@@ -70,6 +81,43 @@ class PluginError(RuntimeError):
         super().__init__(f"strategy plugin {entry_point!r}: {reason}")
 
 
+class RemoteStrategyError(RuntimeError):
+    """A strategy known here by name only was asked to score: it runs in its own ranker."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"strategy {name!r} is not installed in this image (it is remote: named by "
+            "PODCOST_REMOTE_STRATEGIES); it runs in a ranker whose image has it"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteArgs:
+    """A remote strategy's args: as the policy writes them, built and checked by its ranker."""
+
+    raw: Mapping[str, object] = field(default_factory=dict)
+    """The args by name, unconverted."""
+
+
+def _remote_score(name: str) -> Any:
+    def score(snapshot: Snapshot, args: RemoteArgs) -> dict[PodUID, float]:
+        raise RemoteStrategyError(name)
+
+    return score
+
+
+def remote_strategy(name: str) -> Strategy[RemoteArgs]:
+    """The stand-in for a strategy whose code runs elsewhere (module docstring)."""
+    return Strategy(
+        name=name,
+        args_type=RemoteArgs,
+        score=_remote_score(name),
+        description="Runs in a ranker of its own image; known here by its name only.",
+        remote=True,
+    )
+
+
 class Registry(Mapping[str, Strategy[Any]]):
     """Strategies by name: a read-only mapping with a lookup that explains its failures."""
 
@@ -91,6 +139,19 @@ class Registry(Mapping[str, Strategy[Any]]):
             return self._strategies[name]
         except KeyError:
             raise UnknownStrategyError(name, self._strategies) from None
+
+    def with_remote(self, names: Iterable[str]) -> Registry:
+        """This registry plus a :func:`remote_strategy` for each of ``names`` it lacks (a name
+        whose code is installed keeps its code); ``self`` when that adds nothing."""
+        missing = [name for name in names if name not in self._strategies]
+        if not missing:
+            return self
+        return Registry({**self._strategies, **{name: remote_strategy(name) for name in missing}})
+
+    @property
+    def installed(self) -> tuple[str, ...]:
+        """The names whose code this process has (all but the remote ones)."""
+        return tuple(name for name, found in self._strategies.items() if not found.remote)
 
 
 #: The built-ins alone: what ``DEFAULT_POLICY`` is validated against (no plugin scan at import).

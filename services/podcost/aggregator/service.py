@@ -44,7 +44,7 @@ from podcost_bus.keyed import KeyedConsumerLoop
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import DECISION_UNREAD, AggregationConfig, Aggregator, PolicyResolver
 from podcost_core.policy import DEFAULT_POLICY, load_policy_file
-from podcost_core.strategies.registry import Registry, default_registry
+from podcost_core.strategies.registry import Registry
 
 log = logging.getLogger("podcost.aggregator")
 
@@ -144,11 +144,12 @@ def bootstrap(
     the process's metric families (default: a registry of its own).
 
     A bad policy file is a ``PolicyError`` naming the culprit; a broken installed plugin a
-    ``PluginError``. The aggregator needs every plugin strategy a workload may enable installed
-    too: it resolves the same policies as the rankers and normalizes their answers.
+    ``PluginError``. A plugin strategy a workload may enable is either installed here too or
+    named in ``PODCOST_REMOTE_STRATEGIES``: the aggregator resolves the same policies as the
+    rankers and normalizes their answers, which for a remote strategy needs only its name.
     """
     config = config if config is not None else AggregatorSettings()
-    registry = registry if registry is not None else default_registry()
+    registry = registry if registry is not None else settings.strategy_registry()
     default = (
         load_policy_file(settings.policy_file, registry=registry)
         if settings.policy_file is not None

@@ -85,7 +85,7 @@ from podcost_core.aggregate import PolicyResolver, score_problem
 from podcost_core.backoff import Backoff
 from podcost_core.policy import DEFAULT_POLICY, BoundStrategy, PolicyError, load_policy_file
 from podcost_core.strategies.base import Strategy
-from podcost_core.strategies.registry import Registry, default_registry
+from podcost_core.strategies.registry import Registry, RemoteStrategyError
 
 log = logging.getLogger("podcost.ranker")
 
@@ -412,12 +412,16 @@ def bootstrap(
     ``families``: the process's metric families (default: a registry of its own).
 
     Start-up errors name their culprit: ``UnknownStrategyError`` (an unknown name, with the known
-    ones), ``PluginError`` (a broken installed plugin) and ``PolicyError`` (a bad policy file,
-    e.g. bad args for a strategy).
+    ones), ``RemoteStrategyError`` (a strategy this image knows by name only: its ranker runs
+    the image that has it), ``PluginError`` (a broken installed plugin) and ``PolicyError`` (a
+    bad policy file, e.g. bad args for a strategy). The policies it resolves may name remote
+    strategies (``PODCOST_REMOTE_STRATEGIES``); the one it runs must be installed.
     """
     config = config if config is not None else RankerSettings()
-    registry = registry if registry is not None else default_registry()
+    registry = registry if registry is not None else settings.strategy_registry()
     found = registry.get_strategy(strategy)
+    if found.remote:
+        raise RemoteStrategyError(strategy)
     default = (
         load_policy_file(settings.policy_file, registry=registry)
         if settings.policy_file is not None

@@ -50,6 +50,7 @@ from podcost_contracts.stamps import DEFAULT_CLOCK_SKEW
 from podcost_contracts.topics import ClusterName
 from podcost_core.backoff import Backoff
 from podcost_core.model import DEFAULT_ADOPTED_MANAGERS, FIELD_MANAGER
+from podcost_core.strategies.registry import Registry, default_registry
 
 log = logging.getLogger("podcost.settings")
 
@@ -148,6 +149,12 @@ class ServiceSettings(BaseSettings):
         description="A policy file (YAML or JSON) used as the cluster default; unset: the "
         "built-in default policy.",
     )
+    remote_strategies: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=(),
+        description="Comma-separated strategies that run in rankers of their own image (a "
+        "plugin this image lacks): policies may name and weigh them here, and only their "
+        "ranker needs their code. A ranker started for one of them fails.",
+    )
     adopt_field_managers: Annotated[tuple[str, ...], NoDecode] = Field(
         default=DEFAULT_ADOPTED_MANAGERS,
         description="Comma-separated field managers whose deletion costs podcost takes over as "
@@ -205,12 +212,16 @@ class ServiceSettings(BaseSettings):
         """The retry policy every retry of the process follows (never gives up by itself)."""
         return Backoff(self.retry_initial_seconds, self.retry_max_seconds)
 
-    @field_validator("adopt_field_managers", mode="before")
+    @field_validator("adopt_field_managers", "remote_strategies", mode="before")
     @classmethod
-    def _split_managers(cls, value: object) -> object:
+    def _split_commas(cls, value: object) -> object:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    def strategy_registry(self) -> Registry:
+        """The installed strategies, plus the remote ones by name (``remote_strategies``)."""
+        return default_registry().with_remote(self.remote_strategies)
 
     @property
     def adopted(self) -> frozenset[str]:

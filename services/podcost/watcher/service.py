@@ -309,10 +309,15 @@ class WatcherSettings(BaseSettings):
                     )
                 labels[key.strip()] = value.strip()
             selector = {"matchLabels": labels}
+        # Only with remote strategies does a registry of its own go in: without one,
+        # policy_from_annotations keeps its cache of the policies it resolved.
+        registry = settings.strategy_registry() if settings.remote_strategies else None
         default_policy = (
-            load_policy_file(settings.policy_file) if settings.policy_file is not None else None
+            load_policy_file(settings.policy_file, registry=registry)
+            if settings.policy_file is not None
+            else None
         )
-        return OptInRules(selector, self.default_enabled, default_policy)
+        return OptInRules(selector, self.default_enabled, default_policy, registry)
 
 
 @dataclass

@@ -90,7 +90,7 @@ spec:
       {{- end }}
       containers:
         - name: {{ $role }}
-          image: {{ include "podcost.image" $root | quote }}
+          image: {{ include "podcost.rankerImage" (dict "root" $root "strategy" $strategy) | quote }}
           imagePullPolicy: {{ $v.image.pullPolicy }}
           command: ["podcost"]
           args:
@@ -145,6 +145,11 @@ spec:
             {{- if $policy }}
             - name: PODCOST_POLICY_FILE
               value: {{ printf "%s/policy.json" (include "podcost.policyDir" $root) | quote }}
+            {{- with (include "podcost.remoteStrategies" $root | fromJson).names }}
+            # Strategies whose ranker runs an image of its own: known here by name only.
+            - name: PODCOST_REMOTE_STRATEGIES
+              value: {{ join "," . | quote }}
+            {{- end }}
             {{- end }}
             {{- if $kafka }}
             {{- include "podcost.kafkaEnv" (dict "Values" $v "component" $component "role" $role) | trim | nindent 12 }}

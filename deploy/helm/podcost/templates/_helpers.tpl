@@ -138,13 +138,44 @@ services.yaml and pdb.yaml range over it so each Deployment gets its Service and
 {{- end -}}
 
 {{- define "podcost.image" -}}
-{{- $image := .Values.image -}}
-{{- $ref := printf "%s/%s" $image.registry $image.repository | trimPrefix "/" -}}
+{{- include "podcost.imageRef" (dict "image" .Values.image "root" .) -}}
+{{- end -}}
+
+{{/* An image reference from {registry, repository, tag, digest}: the digest wins over the tag,
+which defaults to the chart's appVersion. */}}
+{{- define "podcost.imageRef" -}}
+{{- $image := .image -}}
+{{- $ref := printf "%s/%s" ($image.registry | default "") $image.repository | trimPrefix "/" -}}
 {{- if $image.digest -}}
 {{- printf "%s@%s" $ref $image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" $ref (default .Chart.AppVersion $image.tag) -}}
+{{- printf "%s:%s" $ref (default .root.Chart.AppVersion $image.tag) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The image of one ranker: rankers.overrides.<strategy>.image (a plugin's image, layered on
+podcost's; its registry defaults to image.registry), else podcost's image. */}}
+{{- define "podcost.rankerImage" -}}
+{{- $override := index .root.Values.rankers.overrides .strategy | default dict -}}
+{{- if $override.image -}}
+{{- $image := merge (dict) $override.image (dict "registry" .root.Values.image.registry) -}}
+{{- include "podcost.imageRef" (dict "image" $image "root" .root) -}}
+{{- else -}}
+{{- include "podcost.image" .root -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The strategies whose ranker runs an image of its own (rankers.overrides.<name>.image): the
+other components have podcost's image, without the plugin, and know them by name only
+(PODCOST_REMOTE_STRATEGIES). As JSON {"names": [...]}. */}}
+{{- define "podcost.remoteStrategies" -}}
+{{- $names := list -}}
+{{- range $name, $override := .Values.rankers.overrides -}}
+{{- if and (kindIs "map" $override) $override.image -}}
+{{- $names = append $names $name -}}
+{{- end -}}
+{{- end -}}
+{{- dict "names" ($names | sortAlpha) | toJson -}}
 {{- end -}}
 
 {{/* Where the policy ConfigMap is mounted, and the file the services read. */}}
@@ -176,6 +207,15 @@ values. (The services check the same at start; failing here stops a bad release 
 {{- range $name, $_ := .Values.rankers.overrides -}}
 {{- if not (has $name $rankers) -}}
 {{- fail (printf "rankers.overrides.%s: no ranker runs %q (not in policy.strategies or rankers.extraStrategies)" $name $name) -}}
+{{- end -}}
+{{- end -}}
+{{- range (include "podcost.remoteStrategies" . | fromJson).names -}}
+{{- $image := (index $.Values.rankers.overrides .).image -}}
+{{- if not $image.repository -}}
+{{- fail (printf "rankers.overrides.%s.image: needs a repository" .) -}}
+{{- end -}}
+{{- if include "podcost.embedded" $ -}}
+{{- fail (printf "rankers.overrides.%s.image: embedded mode runs every strategy in one process of podcost's image; install the plugin in that image instead" .) -}}
 {{- end -}}
 {{- end -}}
 {{- $a := .Values.annotator -}}
