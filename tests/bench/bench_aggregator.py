@@ -546,7 +546,10 @@ def compare_trace_export(bootstrap: str, rounds: int, count: int, pods: int, run
         f"{count:,} workloads x {pods} pods",
         [
             f"CPU per decision with export on / off: {ratio:.2f}x",
-            f"{off:,.0f} decisions per CPU-second off, {on:,.0f} on (medians)",
+            f"{off:,.0f} decisions per CPU-second off, {on:,.0f} on (medians; runs off "
+            f"{min(per_cpu['off']):,.0f}–{max(per_cpu['off']):,.0f}, on "
+            f"{min(per_cpu['on']):,.0f}–{max(per_cpu['on']):,.0f})",
+            f"load average {os.getloadavg()[1]:.0f} (5 min) at the end of the run",
         ],
         variant="trace-export",
     )
