@@ -36,6 +36,14 @@ this machine's cores.
 processor in place of the aggregator's: the same records read, produced and committed, the same
 state parts written, and none of the decoding, deciding and encoding. Its decisions per second
 are what the transport alone allows in this one process: a bound on any processor's.
+
+``--trace-export-rounds K`` measures what tracing costs: ``2K`` runs of the same bench, each in a
+process of its own over the same broker, alternately with trace export off (no OTLP endpoint: the
+spans are not recorded) and on (``OTEL_EXPORTER_OTLP_ENDPOINT`` at a real Jaeger started for the
+run, ``podcost_localinfra.jaeger``; the backlog's snapshots carry sampled trace contexts, so every
+decision's spans are recorded and exported by the SDK's batch processor with its defaults, as
+the chart configures a process). It prints each run's decisions per CPU-second, the median of
+each side and their ratio: the CPU a decision costs with export on over off.
 """
 
 from __future__ import annotations
@@ -44,7 +52,10 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -88,9 +99,11 @@ from podcost_core.aggregate import Aggregator, PolicyResolver
 from podcost_core.model import Snapshot
 from podcost_core.policy import DEFAULT_POLICY
 from podcost_core.strategies.registry import default_registry
-from podcost_localinfra import build, kafka
+from podcost_localinfra import build, jaeger, kafka
 
 POLL_S = 0.05
+#: The line a run started by ``--trace-export-rounds`` prints its figures on (JSON after it).
+RESULT_LINE = "bench-aggregator-result "
 #: Far beyond the run: every decision is complete (a backlog read at the aggregator's own pace
 #: would otherwise meet the default 5 s deadline between a snapshot and its last answer).
 DEADLINE_S = 3600.0
@@ -249,7 +262,10 @@ async def bench(
     stages: Stages | None = None,
     replicas: int = 0,
     partitions: int = 3,
-) -> None:
+    record_figures: bool = True,
+) -> dict[str, float]:
+    """Run the bench once; its figures (``decisions_per_cpu_second`` and ``decisions_per_second``
+    from the aggregator's readiness, or from its first decision)."""
     run = uuid.uuid4().hex[:8]
     settings = BusSettings(
         bootstrap_servers=bootstrap,
@@ -282,7 +298,7 @@ async def bench(
     del snapshots
     if replicas:
         await bench_replicas(settings, run, count, costs_topic, replicas)
-        return
+        return {}
 
     data_dir = tempfile.TemporaryDirectory(prefix="podcost-bench-")
     service_settings = ServiceSettings(http_port=0)
@@ -400,6 +416,16 @@ async def bench(
         figures.append(f"{count / spent:,.0f} decisions per CPU-second")
     if changelog:
         figures.append(f"{changelog / count:.1f} changelog records per workload")
+    result = {
+        "decisions_per_second": count / (busy if ready is not None else elapsed),
+        "decisions_per_cpu_second": count / (spent if ready is not None else used),
+    }
+    if stages is not None:
+        print("  this process's CPU per decision (from its readiness), by stage:")
+        for line in stages.report(count, spent if ready is not None else used):
+            print(f"    {line}")
+    if not record_figures:
+        return result
     record_row(
         "bench_aggregator",
         f"the aggregator alone, one process over the real broker ({engine} engine"
@@ -409,10 +435,7 @@ async def bench(
         figures,
         variant=f"{engine}-floor" if floor else ("" if engine == "faust" else engine),
     )  # fmt: skip
-    if stages is not None:
-        print("  this process's CPU per decision (from its readiness), by stage:")
-        for line in stages.report(count, spent if ready is not None else used):
-            print(f"    {line}")
+    return result
 
 
 async def bench_replicas(
@@ -479,6 +502,59 @@ async def bench_replicas(
     )
 
 
+def compare_trace_export(bootstrap: str, rounds: int, count: int, pods: int, run_dir: Path) -> None:
+    """``--trace-export-rounds``: the bench with trace export off and on, alternated, each run
+    a process of its own (see the module docstring)."""
+    server = jaeger.start(run_dir / "jaeger")
+    try:
+        base = {k: v for k, v in os.environ.items()
+                if not k.startswith(("OTEL_", "PODCOST_BENCH_RECORD"))}  # fmt: skip
+        base["PODCOST_KAFKA"] = bootstrap
+        per_cpu: dict[str, list[float]] = {"off": [], "on": []}
+        print(f"trace export off and on, alternated, {rounds} runs each: "
+              f"{count} workloads x {pods} pods a run")  # fmt: skip
+        for index in range(2 * rounds):
+            side = ("off", "on")[index % 2]
+            env = dict(base)
+            if side == "on":
+                env["OTEL_EXPORTER_OTLP_ENDPOINT"] = server.otlp_http
+            argv = [sys.executable, "-m", "tests.bench.bench_aggregator", "--workloads",
+                    str(count), "--pods", str(pods), "--result-line"]  # fmt: skip
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800,
+                                  cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+            lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_LINE)]
+            if done.returncode != 0 or not lines:
+                raise RuntimeError(f"run {index + 1} (export {side}) failed:\n"
+                                   f"{done.stdout[-2000:]}{done.stderr[-2000:]}")  # fmt: skip
+            figures = json.loads(lines[-1].removeprefix(RESULT_LINE))
+            per_cpu[side].append(figures["decisions_per_cpu_second"])
+            print(f"  run {index + 1}, export {side:>3}: "
+                  f"{figures['decisions_per_cpu_second']:,.0f} decisions per CPU-second, "
+                  f"{figures['decisions_per_second']:,.0f} decisions/s")  # fmt: skip
+        services = server.services()
+    finally:
+        server.stop()
+    off, on = statistics.median(per_cpu["off"]), statistics.median(per_cpu["on"])
+    ratio = off / on
+    print(f"  median: off {off:,.0f}, on {on:,.0f} decisions per CPU-second; CPU per decision "
+          f"with export on / off: {ratio:.2f}x ({1e6 / off:,.0f} us off, {1e6 / on:,.0f} us on); "
+          f"services in Jaeger: {services}")  # fmt: skip
+    record_row(
+        "bench_aggregator",
+        f"the aggregator alone, one process over the real broker (faust engine), trace export "
+        f"off and on (OTLP to a real Jaeger) alternated, {rounds} runs each: a backlog of "
+        f"{count:,} workloads x {pods} pods",
+        [
+            f"CPU per decision with export on / off: {ratio:.2f}x",
+            f"{off:,.0f} decisions per CPU-second off, {on:,.0f} on (medians; runs off "
+            f"{min(per_cpu['off']):,.0f}–{max(per_cpu['off']):,.0f}, on "
+            f"{min(per_cpu['on']):,.0f}–{max(per_cpu['on']):,.0f})",
+            f"load average {os.getloadavg()[1]:.0f} (5 min) at the end of the run",
+        ],
+        variant="trace-export",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", type=int, default=5000)
@@ -502,6 +578,11 @@ def main() -> None:
         help="run the aggregator as this many processes, as the chart starts them (docstring)",
     )  # fmt: skip
     parser.add_argument("--partitions", type=int, default=3, help="of every topic of the run")
+    parser.add_argument(
+        "--trace-export-rounds", type=int, default=0,
+        help="runs with trace export off and on, alternated, this many each (docstring)",
+    )  # fmt: skip
+    parser.add_argument("--result-line", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stages and args.processor == "floor":
         parser.error("--stages counts the real processor's stages, not the floor's")
@@ -516,7 +597,13 @@ def main() -> None:
             broker = kafka.start(run_dir / "kafka")
             stack.callback(broker.stop)
             bootstrap = broker.bootstrap
-        asyncio.run(
+        if args.trace_export_rounds:
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="podcost-")))
+            compare_trace_export(
+                bootstrap, args.trace_export_rounds, args.workloads, args.pods, scratch
+            )
+            return
+        result = asyncio.run(
             bench(
                 bootstrap,
                 args.workloads,
@@ -528,8 +615,11 @@ def main() -> None:
                 stages=Stages() if args.stages else None,
                 replicas=args.replicas,
                 partitions=args.partitions,
+                record_figures=not args.result_line,
             )
         )
+        if args.result_line:
+            print(RESULT_LINE + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

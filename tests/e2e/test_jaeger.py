@@ -12,6 +12,9 @@ a cost, ONE trace holding the watcher's ``podcost.snapshot`` (its only root), ea
 ``podcost.strategy`` (strategy, weight), the aggregator's ``podcost.combine`` (each pod's rank and
 cost) and the annotator's ``podcost.annotate`` and ``podcost.patch`` (pod, cost), each span from
 the service that made it and with the parent that the record it consumed carried.
+``podcost explain`` (its own process, asking the annotator process) prints, for a pod of that
+trace, the trace id of the decision it explains, which Jaeger returns as that pod's decision's
+trace, and with ``--trace-ui`` its link in Jaeger's UI.
 The same processes serve the health gauges the chart's alert rules read
 (``podcost_informer_synced``, ``podcost_api_server_failing_seconds``,
 ``podcost_aggregator_stalled``) with their healthy values.
@@ -27,6 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
+import urllib.request
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -169,6 +175,10 @@ async def test_a_decision_is_one_trace_in_jaeger_across_every_service_process(
 
             await kube.wait_for(costed, "a pod costed by podcost", timeout=120)
             trace = await _whole_trace(jaeger_server, workload)
+            annotator = running[f"{CLUSTER}/annotator"]
+            explained = await _explain_in_jaeger(
+                jaeger_server, control_plane, annotator.port, trace, workload
+            )
             # The health gauges the alert rules read, as the processes serve them.
             watcher, aggregator = running[f"{CLUSTER}/watcher"], running["core/aggregator"]
             assert await watcher.sample("podcost_informer_synced") == 1
@@ -178,6 +188,7 @@ async def test_a_decision_is_one_trace_in_jaeger_across_every_service_process(
         await kube.delete_namespace(namespace)
         await kube.delete_nodes(nodes)
 
+    print(f"podcost explain {explained}")
     print(f"trace {trace['traceID']} as Jaeger returns it:\n{describe(trace)}")
     print(json.dumps([{"service": service_of(trace, s), "name": s["operationName"],
                        "parent": parent_id(s), "id": s["spanID"], "tags": tags(s)}
@@ -225,6 +236,55 @@ async def test_a_decision_is_one_trace_in_jaeger_across_every_service_process(
         attributes = tags(patch)
         assert attributes[ATTR_POD].startswith(f"{namespace}/web-")
         assert attributes[ATTR_COST] == decided[attributes[ATTR_POD]]
+
+
+async def _explain_in_jaeger(
+    server: jaeger.Jaeger,
+    control_plane: ControlPlane,
+    annotator_port: int,
+    trace: Mapping[str, Any],
+    workload: str,
+) -> str:
+    """Run ``podcost explain`` for a pod the trace wrote, with Jaeger's UI as ``--trace-ui``;
+    check that the trace id it prints is a trace Jaeger holds whose decision names that pod.
+    Returns the command's trace line."""
+    [pod, *_] = [tags(s)[ATTR_POD] for s in trace["spans"] if s["operationName"] == SPAN_PATCH]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PODCOST_", "OTEL_"))}
+    env["KUBECONFIG"] = str(control_plane.kubeconfig)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "podcost", "explain", pod,
+        "--url", f"http://127.0.0.1:{annotator_port}", "--trace-ui", server.query,
+        "--output", "json",
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, err.decode()
+    report = json.loads(out)
+    trace_id = report["decision"]["trace_id"]
+    assert isinstance(trace_id, str), report
+    assert len(trace_id) == 32, report
+    assert report["trace_url"] == f"{server.query}/trace/{trace_id}", report
+
+    # The UI's route of that trace answers (the module build serves a placeholder page).
+    def ui_status() -> int:
+        with urllib.request.urlopen(report["trace_url"], timeout=10) as response:
+            return int(response.status)
+
+    assert await asyncio.to_thread(ui_status) == 200
+
+    async def held() -> bool:
+        found = await asyncio.to_thread(server.trace, trace_id)
+        if found is None:
+            return False
+        roots = [s for s in found["spans"] if s["operationName"] == SPAN_SNAPSHOT]
+        combines = [s for s in found["spans"] if s["operationName"] == SPAN_COMBINE]
+        return (
+            [tags(s).get(ATTR_WORKLOAD) for s in roots] == [workload]
+            and any(pod in _array(tags(s)[ATTR_POD]) for s in combines)
+        )  # fmt: skip
+
+    await KubeTestCluster.wait_for(held, f"trace {trace_id} of {pod} in Jaeger", timeout=60)
+    return f"{pod}: trace {trace_id}, {report['trace_url']}"
 
 
 def _array(value: Any) -> list[Any]:

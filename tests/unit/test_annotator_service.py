@@ -557,6 +557,22 @@ async def test_an_undecodable_record_is_dead_lettered_with_its_reason_and_the_ne
     assert "JSON" in dead.reason
 
 
+async def test_the_series_the_alerts_read_are_exported_at_zero_before_the_first(
+    start: Start,
+) -> None:
+    """The alerts read ``increase()``: a series born at 1 shows none, so the first dead letter,
+    refusal, failed or throttled write would page nobody."""
+    run = await start(FakePods())
+    sample = run.service.metrics.get_sample_value
+    topic = TOPICS.costs_for("local")
+    consumed = {"topic": topic, "outcome": "dead_letter"}
+    assert sample("podcost_messages_consumed_total", consumed) == 0.0
+    for reason in ("out_of_scope", "other_workload", "no_workload", "unknown_pod"):
+        assert sample("podcost_refusals_total", {"reason": reason}) == 0.0
+    for result in ("error", "throttled"):
+        assert sample("podcost_patches_total", {"result": result}) == 0.0
+
+
 async def test_another_clusters_costs_are_not_written_and_are_committed(start: Start) -> None:
     pods = FakePods()
     a = pods.add("a")

@@ -27,7 +27,7 @@ from podcost.annotator.decisions import (
     explanations,
     trace_id_of,
 )
-from podcost.commands.explain import Report, TokenRefused, ask_annotator, render
+from podcost.commands.explain import Report, TokenRefused, ask_annotator, render, trace_link
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import MIN_TOKEN_LENGTH, ServiceSettings
@@ -417,6 +417,19 @@ def test_a_decision_renders_its_cost_place_trace_and_every_strategys_part() -> N
     rows = [line.split("│")[1:-1] for line in text.splitlines() if "capacity-type" in line]
     assert [cell.strip() for cell in rows[0]] == ["capacity-type", "1", "3", "50", "50", "150"]
     assert "Computed now" not in text
+
+
+def test_a_trace_ui_gives_each_trace_id_its_jaeger_link() -> None:
+    assert trace_link("https://jaeger.example.com/", TRACE_ID) == (
+        f"https://jaeger.example.com/trace/{TRACE_ID}"
+    )
+    assert trace_link(None, TRACE_ID) is None
+    assert trace_link("https://jaeger.example.com", None) is None
+    [item] = explanations(_message(("web-1", 42, {})), trace_id=TRACE_ID, source="annotator")
+    link = trace_link("http://jaeger:16686", TRACE_ID)
+    text = _text(_report(item).model_copy(update={"trace_url": link}))
+    assert f"http://jaeger:16686/trace/{TRACE_ID}" in text
+    assert "/trace/" not in _text(_report(item))
 
 
 def test_without_a_decision_the_computation_of_now_is_labelled_as_such() -> None:

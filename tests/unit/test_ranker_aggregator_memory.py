@@ -264,6 +264,28 @@ async def test_a_strategy_that_does_not_answer_gives_a_deadline_decision_flagged
     assert (combined.attributes or {})[ATTR_MISSING] == (AGE,)
 
 
+async def test_every_reader_s_dead_letter_series_is_exported_at_zero_before_the_first(
+    world: World,
+) -> None:
+    """An alert reads ``increase()`` of the dead letters: a series born at 1 shows none."""
+    ranker, combiner = world.ranker(AGE), world.aggregator()
+    async with running(ranker, combiner):
+        dead = {"outcome": "dead_letter"}
+        assert (
+            ranker.metrics.get_sample_value(
+                "podcost_messages_consumed_total", {"topic": TOPICS.workloads, **dead}
+            )
+            == 0.0
+        )
+        for topic in (TOPICS.workloads, TOPICS.ranks):
+            assert (
+                combiner.metrics.get_sample_value(
+                    "podcost_messages_consumed_total", {"topic": topic, **dead}
+                )
+                == 0.0
+            )
+
+
 async def test_undecodable_records_are_dead_lettered_and_the_pipeline_goes_on(
     world: World,
 ) -> None:

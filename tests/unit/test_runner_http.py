@@ -91,3 +91,24 @@ async def test_the_runner_serves_health_readiness_and_every_services_metrics() -
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+async def test_a_gauge_read_on_the_event_loop_s_clock_is_served() -> None:
+    """``/metrics`` renders on the event loop: a gauge whose function reads the running loop's
+    clock (the watcher's Lease failing time) is served, never an error of a worker thread."""
+    port = _free_port()
+    shared = Families()
+    service = Idle("watcher", shared)
+    service.metrics.api_server_failing.set_function(lambda: asyncio.get_running_loop().time())
+    stop = asyncio.Event()
+    settings = ServiceSettings(http_host="127.0.0.1", http_port=port)
+    task = asyncio.create_task(serve([service], settings, bus=MemoryBus(), stop=stop))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await _until_serving(base)
+        status, metrics = await asyncio.to_thread(_get, f"{base}/metrics")
+        assert status == 200, metrics
+        assert 'podcost_api_server_failing_seconds{component="watcher"}' in metrics
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)

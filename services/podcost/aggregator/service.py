@@ -93,6 +93,9 @@ class AggregatorService:
     async def run(self) -> None:
         """Aggregate until cancelled; a transport failure stops the service (and the process)."""
         await self.bus.ensure_topics(self.topics.shared())
+        # At 0 from the start, so the first dead letter is an increase an alert sees.
+        for topic in (self.topics.workloads, self.topics.ranks):
+            self.metrics.consumed.labels(topic, "dead_letter")
         reporter = asyncio.create_task(self._report_lag(), name="aggregator.lag")
         try:
             await self.transport.run()

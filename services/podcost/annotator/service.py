@@ -374,6 +374,13 @@ class AnnotatorService:
     async def _run(self, kube: PodAPI, view: ClusterView) -> None:
         topics = self.bus_settings.topics
         await self.bus.ensure_topics([self.topic, topics.deadletter])
+        # The series the alerts read, at 0 from the start: the first dead letter, refusal or
+        # failed write is an increase (a series born at 1 has none).
+        self.metrics.consumed.labels(self.topic, "dead_letter")
+        for refusal in Refusal:
+            self.metrics.refusals.labels(refusal.value)
+        for result in (Result.ERROR.value, Retry.THROTTLED.value):
+            self.metrics.patches.labels(result)
         # A fresh start forgets what a previous run had in flight: it is read again from the bus.
         self._writes, self._ledger, self._open = WriteQueue(), Ledger(), set()
         self._ready, self._progress = asyncio.PriorityQueue(), asyncio.Event()

@@ -7,9 +7,11 @@ id of the decision (and of the one whose write set the current value). The decis
 the annotator, which keeps the last one per pod (``GET /explain/{namespace}/{pod}`` on its HTTP
 port, ``--url``; with the bearer token ``PODCOST_EXPLAIN_TOKEN`` when the annotator requires
 one), or with ``--kafka`` from the latest desired-costs message for the pod on the
-costs topic. When no decision is known, it says so and shows what the pure core decides now from
-the workload as the cluster holds it (the watcher's conversion, ``rank`` and ``label_costs``),
-labelled as computed now. ``podcost.cli`` registers it; it writes nothing anywhere.
+costs topic. With ``--trace-ui`` (``PODCOST_TRACE_UI_URL``), the base URL of a Jaeger UI, each
+trace id comes with its link there (``<base>/trace/<id>``). When no decision is known, it says
+so and shows what the pure core decides now from the workload as the cluster holds it (the
+watcher's conversion, ``rank`` and ``label_costs``), labelled as computed now. ``podcost.cli``
+registers it; it writes nothing anywhere.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ podcost explain shop/web-5d8f7-x2x9k                 # the annotator on :8080
 podcost explain shop/web-5d8f7-x2x9k --url http://podcost.podcost-system:8080
 podcost explain shop/web-5d8f7-x2x9k --kafka kafka:9092   # the costs topic
 podcost explain shop/web-5d8f7-x2x9k --output json
+podcost explain shop/web-5d8f7-x2x9k --trace-ui https://jaeger.example.com   # trace links
 podcost explain -n shop web-5d8f7-x2x9k -o yaml --context prod
 PODCOST_EXPLAIN_TOKEN=... podcost explain shop/web-5d8f7-x2x9k   # when the annotator has one
 ```
@@ -98,6 +101,18 @@ class Report(BaseModel):
     """When no decision is known: what the pure core decides now (not a written decision)."""
     note: str | None = None
     """Why there is no decision, or why nothing could be computed."""
+    trace_url: str | None = None
+    """The decision's trace in the Jaeger UI (``--trace-ui``; ``None``: no UI given or no
+    trace)."""
+    written_trace_url: str | None = None
+    """The trace of the write that set the current value, in the Jaeger UI."""
+
+
+def trace_link(base: str | None, trace_id: str | None) -> str | None:
+    """The Jaeger UI's page of a trace: ``<base>/trace/<id>`` (``None`` without both)."""
+    if not base or not trace_id:
+        return None
+    return f"{base.rstrip('/')}/trace/{trace_id}"
 
 
 # --- finding the decision -----------------------------------------------------------------------
@@ -259,6 +274,7 @@ async def explain(
     settings: ServiceSettings,
     kubeconfig: str | None = None,
     context: str | None = None,
+    trace_ui: str | None = None,
 ) -> Report:
     """Everything ``podcost explain`` shows (see the module docstring)."""
     async with connect(kubeconfig, context) as kube:
@@ -297,7 +313,11 @@ async def explain(
             decision=decision,
         )
         if decision is not None:
-            return report
+            written = decision.written.trace_id if decision.written is not None else None
+            return report.model_copy(update={
+                "trace_url": trace_link(trace_ui, decision.trace_id),
+                "written_trace_url": trace_link(trace_ui, written),
+            })  # fmt: skip
         computed, why = await compute_now(kube, namespace, pod, settings)
         note = f"no decision known for pod {namespace}/{name} at {asked}"
         if why is not None:
@@ -330,10 +350,11 @@ def render(report: Report, console: Console) -> None:
         console.print(f"Last decision (from {report.asked}):", highlight=False)
     else:
         console.print("[bold yellow]Computed now, not the written decision:[/bold yellow]")
-    _render_explanation(explanation, report.annotation, console)
+    _render_explanation(explanation, report, console)
 
 
-def _render_explanation(item: Explanation, annotation: str | None, console: Console) -> None:
+def _render_explanation(item: Explanation, report: Report, console: Console) -> None:
+    annotation = report.annotation
     decided = datetime.fromtimestamp(item.decided_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="dim")
@@ -358,12 +379,16 @@ def _render_explanation(item: Explanation, annotation: str | None, console: Cons
         summary.add_row("strategies", f"decided without {', '.join(item.missing)}")
     if item.source != "computed now":
         summary.add_row("trace id", item.trace_id or "none (the decision carried no trace)")
+        if report.trace_url is not None:
+            summary.add_row("trace", report.trace_url)
     if item.written is not None:
         summary.add_row(
             "cost written by",
             f"version {item.written.version}, cost {item.written.cost}, "
             f"trace {item.written.trace_id or 'none'}",
         )
+        if report.written_trace_url is not None:
+            summary.add_row("its trace", report.written_trace_url)
     console.print(summary)
     terms = Table(title="Each strategy's part (pods are deleted lowest tier sums first)")
     for column, justify in (
@@ -413,6 +438,15 @@ def explain_command(
     ] = None,
     kubeconfig: KubeconfigOption = None,
     context: ContextOption = None,
+    trace_ui: Annotated[
+        str | None,
+        typer.Option(
+            envvar="PODCOST_TRACE_UI_URL",
+            metavar="URL",
+            help="Base URL of the Jaeger UI that holds podcost's traces: each trace id is "
+            "shown with its link, URL/trace/<id>.",
+        ),
+    ] = None,
 ) -> None:
     """Show why a pod carries its deletion cost: every strategy's score, weight and tier, its
     place in the deletion order, and the trace of the decision.
@@ -434,7 +468,7 @@ def explain_command(
         report = asyncio.run(
             explain(
                 namespace, name, url=url, bus_settings=bus_settings, settings=settings,
-                kubeconfig=kubeconfig, context=context,
+                kubeconfig=kubeconfig, context=context, trace_ui=trace_ui,
             )
         )  # fmt: skip
     except PodGone:

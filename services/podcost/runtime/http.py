@@ -76,7 +76,9 @@ def make_app(
         return {"status": "not ready"}
 
     @app.get("/metrics")
-    def prometheus() -> Response:
+    async def prometheus() -> Response:
+        # On the event loop, not in a worker thread: the gauges read at each scrape read the
+        # services' state, and some of it on the loop's clock (the Lease's failing time).
         return Response(render(registries), media_type=CONTENT_TYPE_LATEST)
 
     return app
