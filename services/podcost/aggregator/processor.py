@@ -667,6 +667,7 @@ class AggregationProcessor:
                 backoff=self.backoff,
             )  # fmt: skip
             self._costs_topics.add(topic)
+            self.metrics.record_topic_drift(self.bus.topic_drift())
 
     async def _send(self, item: _Outgoing) -> Awaitable[Delivery] | None:
         encoded = item.encoded

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -77,7 +78,11 @@ class AggregatorService:
         topics: Topics,
         metrics: Metrics,
         keeper: HeapKeeper | None = None,
+        internal_topics: Sequence[str] = (),
     ) -> None:
+        self.internal_topics = tuple(internal_topics)
+        """The transport's own topics (faust's changelogs and assignor topic), created here to
+        the topic contract before the transport would create them with its defaults."""
         self.processor = processor
         self.transport = transport
         self.bus = bus
@@ -92,7 +97,8 @@ class AggregatorService:
 
     async def run(self) -> None:
         """Aggregate until cancelled; a transport failure stops the service (and the process)."""
-        await self.bus.ensure_topics(self.topics.shared())
+        await self.bus.ensure_topics([*self.topics.shared(), *self.internal_topics])
+        self.metrics.record_topic_drift(self.bus.topic_drift())
         reporter = asyncio.create_task(self._report_lag(), name="aggregator.lag")
         try:
             await self.transport.run()
@@ -179,6 +185,7 @@ def bootstrap(
     )
     sources = (topics.workloads, topics.ranks)
     transport: Transport
+    internal: list[str] = []
     if (
         config.engine == "faust"
         and bus_settings.bootstrap_servers
@@ -200,6 +207,7 @@ def bootstrap(
             stall_s=config.stall_seconds,
             start_timeout_s=config.start_timeout_seconds,
         )
+        internal = [*transport.changelog_topics(), transport.assignor_topic()]
         stalled = transport.stalled
         metrics.aggregator_stalled.set_function(lambda: 1.0 if stalled() else 0.0)
     else:
@@ -212,6 +220,7 @@ def bootstrap(
         bus=bus,
         topics=topics,
         metrics=metrics,
+        internal_topics=internal,
         # Over the in-memory bus the process is `podcost run`'s, whose heap is mostly the
         # watcher's cache: a full pass over it every few minutes is what settling it avoids.
         keeper=None if isinstance(bus, MemoryBus) else HeapKeeper(),

@@ -374,6 +374,7 @@ class AnnotatorService:
     async def _run(self, kube: PodAPI, view: ClusterView) -> None:
         topics = self.bus_settings.topics
         await self.bus.ensure_topics([self.topic, topics.deadletter])
+        self.metrics.record_topic_drift(self.bus.topic_drift())
         # A fresh start forgets what a previous run had in flight: it is read again from the bus.
         self._writes, self._ledger, self._open = WriteQueue(), Ledger(), set()
         self._ready, self._progress = asyncio.PriorityQueue(), asyncio.Event()

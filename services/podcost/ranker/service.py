@@ -171,6 +171,7 @@ class RankerService:
     async def run(self) -> None:
         """Rank what the workloads topic brings until cancelled."""
         await self.bus.ensure_topics(self.topics.shared())
+        self.metrics.record_topic_drift(self.bus.topic_drift())
         async with self.bus.consumer([self.topics.workloads], group=self.group) as consumer:
             self._consumer = consumer
             try:

@@ -476,6 +476,7 @@ class WatcherService:
         self._informer = informer
         # Only what it writes: on a broker with ACLs it may not even see the ranks topic.
         await self.bus.ensure_topics([self.topics.workloads, self.topics.deadletter])
+        self.metrics.record_topic_drift(self.bus.topic_drift())
         async with informer:
             await informer.wait_synced()
             self._ready = True
