@@ -19,6 +19,11 @@ the service with the variable named. Variables (defaults in brackets):
 - ``PODCOST_DRY_RUN``: decide and log everything, write nothing to the cluster [false]
 - ``PODCOST_POLICY_FILE``: a policy file (YAML or JSON) used as the cluster default [the
   built-in default policy]
+- ``PODCOST_FLEET_FILE``: the fleet registry (one cluster name a line; the chart mounts it from
+  ``fleet.clusters``): the core serves only the clusters it lists, dead-letters and counts
+  (``podcost_unregistered_records_total``) records of any other, and creates costs topics only
+  for those; read again within a second of a change, without a restart [unset: every cluster
+  that publishes is served, as embedded mode needs; a core over Kafka warns at start]
 - ``PODCOST_ADOPT_FIELD_MANAGERS``: comma-separated field managers whose deletion costs podcost
   takes over as its own (rewrites into its order, also when outside its band), besides its own
   ``podcost``; costs any other manager set (``kubectl-annotate``, a person, an unknown tool)
@@ -147,6 +152,11 @@ class ServiceSettings(BaseSettings):
         default=None,
         description="A policy file (YAML or JSON) used as the cluster default; unset: the "
         "built-in default policy.",
+    )
+    fleet_file: Path | None = Field(
+        default=None,
+        description="The fleet registry, one cluster name a line: the core serves only these "
+        "clusters; unset: every cluster that publishes.",
     )
     adopt_field_managers: Annotated[tuple[str, ...], NoDecode] = Field(
         default=DEFAULT_ADOPTED_MANAGERS,

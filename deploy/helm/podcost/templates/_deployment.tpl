@@ -38,6 +38,7 @@ the aggregator and the rankers serve every cluster and get no cluster name.
 {{- $watches := has $role (list "watcher" "embedded") -}}
 {{- $annotates := has $role (list "annotator" "embedded") -}}
 {{- $aggregates := has $role (list "aggregator" "embedded") -}}
+{{- $fleet := and (eq $role "aggregator") $v.fleet.clusters -}}
 {{- $labels := dict "root" $root "component" $component -}}
 apiVersion: apps/v1
 kind: Deployment
@@ -146,6 +147,10 @@ spec:
             - name: PODCOST_POLICY_FILE
               value: {{ printf "%s/policy.json" (include "podcost.policyDir" $root) | quote }}
             {{- end }}
+            {{- if $fleet }}
+            - name: PODCOST_FLEET_FILE
+              value: {{ printf "%s/clusters.txt" (include "podcost.fleetDir" $root) | quote }}
+            {{- end }}
             {{- if $kafka }}
             {{- include "podcost.kafkaEnv" (dict "Values" $v "component" $component "role" $role) | trim | nindent 12 }}
             {{- end }}
@@ -207,6 +212,11 @@ spec:
               mountPath: {{ include "podcost.policyDir" $root }}
               readOnly: true
             {{- end }}
+            {{- if $fleet }}
+            - name: fleet
+              mountPath: {{ include "podcost.fleetDir" $root }}
+              readOnly: true
+            {{- end }}
             {{- if and $kafka (include "podcost.kafkaTlsFiles" $root) }}
             - name: kafka-tls
               mountPath: {{ include "podcost.kafkaTlsDir" $root }}
@@ -223,6 +233,11 @@ spec:
         - name: policy
           configMap:
             name: {{ include "podcost.fullname" $root }}-policy
+        {{- end }}
+        {{- if $fleet }}
+        - name: fleet
+          configMap:
+            name: {{ include "podcost.fullname" $root }}-fleet
         {{- end }}
         {{- if and $kafka (include "podcost.kafkaTlsFiles" $root) }}
         {{- include "podcost.kafkaTlsVolume" $root | trim | nindent 8 }}
