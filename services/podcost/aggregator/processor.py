@@ -41,7 +41,7 @@ from pydantic import TypeAdapter
 from pydantic_core import PydanticSerializationError, to_json
 
 from podcost.runtime.clock import Clock
-from podcost.runtime.fleet import FleetRegistry
+from podcost.runtime.fleet import FleetKeys, FleetRegistry
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.retry import DEFAULT_BACKOFF, retry_transient
 from podcost.runtime.telemetry import (
@@ -89,6 +89,7 @@ from podcost_contracts.messages import (
     snapshot_validator,
     trace_context,
 )
+from podcost_contracts.signing import SIGNATURE_HEADER
 from podcost_contracts.stamps import DEFAULT_CLOCK_SKEW, future_stamp
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import (
@@ -319,9 +320,13 @@ class AggregationProcessor:
         unread: Unread | None = DECISION_UNREAD,
         clock_skew: float = DEFAULT_CLOCK_SKEW,
         fleet: FleetRegistry | None = None,
+        keys: FleetKeys | None = None,
     ) -> None:
         self.fleet = fleet if fleet is not None else FleetRegistry(None)
         """The clusters served: a record of any other is dead-lettered before it is decoded."""
+        self.keys = keys if keys is not None else FleetKeys(None)
+        """Each cluster's signing keys: a workloads record not signed with one of its
+        cluster's is dead-lettered before it is decoded."""
         self.aggregator = aggregator
         self.clock_skew = clock_skew
         """How far (seconds) a record's stamp may lie ahead of ``clock`` (``future_stamp``)."""
@@ -370,6 +375,14 @@ class AggregationProcessor:
             self._dead_letter(record, reason, None, outcome="unregistered")
             self.metrics.unregistered_records.labels(record.topic).inc()
             self._report_unregistered(reason)
+            return []
+        if record.topic == self.topics.workloads and not self._signed(record, record.key):
+            cluster = record.key.partition(b"/")[0].decode("utf-8", "replace")
+            reason = (
+                f"the record is not signed with a key of cluster {cluster[:100]!r} "
+                f"({SIGNATURE_HEADER} header missing or wrong)"
+            )
+            self._dead_letter(record, reason, None, outcome="forged")
             return []
         message: WorkloadSnapshotMessage | WorkloadGoneMessage | StrategyRanksMessage
         try:
@@ -440,6 +453,14 @@ class AggregationProcessor:
             log.warning("%d records of clusters not in the fleet registry dead-lettered since "
                         "the last report; the latest: %s", self._unregistered, reason)  # fmt: skip
             self._unregistered, self._unregistered_logged = 0, now
+
+    def _signed(self, record: Record, key: bytes) -> bool:
+        """Whether ``record`` carries its cluster's watcher's signature (or none is asked)."""
+        if not self.keys.required:
+            return True
+        cluster = key.partition(b"/")[0].decode("utf-8", "replace")
+        header = record.headers.get(SIGNATURE_HEADER)
+        return self.keys.verified(cluster, key, record.value, header)
 
     def _serves(self, key: bytes) -> bool:
         """Whether the fleet registry lists the cluster of workload key ``key``."""

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from podcost.aggregator.processor import AggregationProcessor
 from podcost.aggregator.settings import AggregatorSettings
 from podcost.runtime.clock import Clock, WallClock
-from podcost.runtime.fleet import FleetRegistry
+from podcost.runtime.fleet import FleetKeys, FleetRegistry
 from podcost.runtime.heap import HeapKeeper, settle_heap
 from podcost.runtime.metrics import Families, Metrics
 from podcost.runtime.settings import ServiceSettings
@@ -184,6 +184,7 @@ def bootstrap(
         backoff=settings.backoff(),
         clock_skew=settings.clock_skew_seconds,
         fleet=FleetRegistry.open(settings.fleet_file),
+        keys=FleetKeys(settings.fleet_keys_file),
     )
     if settings.fleet_file is None and not isinstance(bus, MemoryBus):
         log.warning("no fleet registry (PODCOST_FLEET_FILE): serving every cluster that "

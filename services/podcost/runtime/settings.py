@@ -24,6 +24,11 @@ the service with the variable named. Variables (defaults in brackets):
   (``podcost_unregistered_records_total``) records of any other, and creates costs topics only
   for those; read again within a second of a change, without a restart [unset: every cluster
   that publishes is served, as embedded mode needs; a core over Kafka warns at start]
+- ``PODCOST_FLEET_KEYS_FILE``: each cluster's signing keys, ``<cluster> <key> [<key>]`` a line
+  (``podcost_contracts.signing``; the chart mounts it from a Secret): the core takes a snapshot
+  of a cluster only if its watcher signed it with one of that cluster's keys, and dead-letters
+  any other (``podcost_messages_consumed{outcome="forged"}``); two keys per cluster rotate
+  without downtime; read again when it changes [unset: snapshots are not asked to be signed]
 - ``PODCOST_ADOPT_FIELD_MANAGERS``: comma-separated field managers whose deletion costs podcost
   takes over as its own (rewrites into its order, also when outside its band), besides its own
   ``podcost``; costs any other manager set (``kubectl-annotate``, a person, an unknown tool)
@@ -157,6 +162,11 @@ class ServiceSettings(BaseSettings):
         default=None,
         description="The fleet registry, one cluster name a line: the core serves only these "
         "clusters; unset: every cluster that publishes.",
+    )
+    fleet_keys_file: Path | None = Field(
+        default=None,
+        description="Each cluster's signing keys, one cluster a line: the core takes a "
+        "snapshot only if signed with one of its cluster's keys; unset: no signature asked.",
     )
     adopt_field_managers: Annotated[tuple[str, ...], NoDecode] = Field(
         default=DEFAULT_ADOPTED_MANAGERS,
