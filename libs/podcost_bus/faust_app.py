@@ -492,6 +492,10 @@ class FaustKeyedApp(Generic[S]):
         """The tables' changelog topics, in the order of the processor's parts."""
         return [table.changelog_topic.get_topic_name() for table in self.tables.values()]
 
+    def assignor_topic(self) -> str:
+        """faust's partition assignor leader topic (``<app id>-__assignor-__leader``)."""
+        return f"{self.app_id}-__assignor-__leader"
+
     def stalled(self) -> bool:
         """Whether the progress watchdog holds the app not ready (it exits at the stall bound)."""
         return self._stalled

@@ -28,6 +28,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import (
     CommitFailedError,
     ConsumerStoppedError,
@@ -51,6 +52,7 @@ from podcost_bus.protocol import (
     TopicPartition,
 )
 from podcost_bus.settings import BusSettings
+from podcost_contracts.topic_contract import TopicDrift, drift
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +156,10 @@ class KafkaBus(Lifecycle):
         if not settings.bootstrap_servers:
             raise ValueError("KafkaBus needs bootstrap servers (PODCOST_KAFKA)")
         self.settings = settings
+        self.plan = settings.topic_plan()
+        """The topic contract: what a topic is created with and checked against."""
         self._producer: Any = None
+        self._drift: dict[str, tuple[TopicDrift, ...]] = {}
 
     async def start(self) -> None:
         if self._producer is not None:
@@ -186,10 +191,16 @@ class KafkaBus(Lifecycle):
         if producer is not None:
             await producer.stop()  # sends what is queued first
 
+    def topic_drift(self) -> Mapping[str, tuple[TopicDrift, ...]]:
+        return dict(self._drift)
+
     async def ensure_topics(self, topics: Iterable[str]) -> None:
-        """Create the missing topics with the configured partitions and replicas, and return
-        once every partition of every topic has a leader (so the first reads and writes do not
-        meet a leader election).
+        """Create the missing topics with the settings of the topic contract
+        (``podcost_contracts.topic_contract``: partitions, replicas, cleanup policy, retention,
+        ``min.insync.replicas``), and return once every partition of every topic has a leader
+        (so the first reads and writes do not meet a leader election). An existing topic whose
+        settings differ from the contract is left as it is, logged as a warning and kept in
+        :meth:`topic_drift` (the services export it as ``podcost_topic_config_drift``).
 
         On a broker with ACLs a principal may create only the topics it writes: a creation the
         broker refuses (``TopicAuthorizationFailed``) is left to the principal that may, and
@@ -208,14 +219,17 @@ class KafkaBus(Lifecycle):
                 [
                     NewTopic(
                         name,
-                        num_partitions=settings.partitions,
+                        num_partitions=spec.partitions if spec else settings.partitions,
                         replication_factor=settings.replication_factor,
+                        topic_configs=spec.configs() if spec else {},
                     )
                     for name in wanted
+                    for spec in [self.plan.spec_for(name)]
                 ]
             )
             _raise_topic_errors(response.topic_errors)
-            await _wait_for_leaders(admin, wanted, settings.request_timeout_ms / 1000)
+            described = await _wait_for_leaders(admin, wanted, settings.request_timeout_ms / 1000)
+            await self._check(admin, described)
         except (KafkaError, OSError) as error:
             raise _bus_error(error, f"cannot create the topics {wanted}") from error
         finally:
@@ -269,6 +283,52 @@ class KafkaBus(Lifecycle):
             raise BusError("the Kafka bus is not started", retriable=False)
         return self._producer
 
+    async def _check(self, admin: Any, described: Sequence[Mapping[str, Any]]) -> None:
+        """Compare each described topic with the contract; record and log what differs. A
+        principal without ``DescribeConfigs`` on a topic checks its partitions and replicas
+        only."""
+        specs = {
+            topic["topic"]: spec
+            for topic in described
+            if (spec := self.plan.spec_for(topic["topic"])) is not None
+        }
+        configs = await _topic_configs(admin, list(specs))
+        for topic in described:
+            name = topic["topic"]
+            spec = specs.get(name)
+            if spec is None:
+                continue
+            partitions = topic["partitions"]
+            found = drift(
+                spec,
+                partitions=len(partitions),
+                replication_factor=min(len(p["replicas"]) for p in partitions),
+                configs=configs.get(name, {}),
+            )
+            if found:
+                for difference in found:
+                    log.warning("topic configuration drift: %s", difference)
+                self._drift[name] = tuple(found)
+            else:
+                self._drift.pop(name, None)
+
+
+async def _topic_configs(admin: Any, topics: list[str]) -> dict[str, dict[str, str]]:
+    """Each topic's configs as the broker describes them (a topic this principal may not
+    describe the configs of is left out)."""
+    if not topics:
+        return {}
+    responses = await admin.describe_configs(
+        [ConfigResource(ConfigResourceType.TOPIC, name) for name in topics]
+    )
+    found: dict[str, dict[str, str]] = {}
+    for response in responses:
+        for resource in response.resources:
+            error_code, _, _, name, entries = resource[:5]
+            if error_code == 0:
+                found[name] = {entry[0]: entry[1] for entry in entries if entry[1] is not None}
+    return found
+
 
 def _raise_topic_errors(topic_errors: Iterable[tuple[Any, ...]]) -> None:
     fine = (0, TopicAlreadyExistsError.errno, TopicAuthorizationFailedError.errno)
@@ -284,7 +344,9 @@ def _raise_topic_errors(topic_errors: Iterable[tuple[Any, ...]]) -> None:
         )
 
 
-async def _wait_for_leaders(admin: Any, topics: list[str], within: float) -> None:
+async def _wait_for_leaders(
+    admin: Any, topics: list[str], within: float
+) -> list[Mapping[str, Any]]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     while True:
@@ -308,7 +370,7 @@ async def _wait_for_leaders(admin: Any, topics: list[str], within: float) -> Non
             or any(partition["leader"] < 0 for partition in topic["partitions"])
         )
         if not leaderless:
-            return
+            return list(described)
         if loop.time() >= deadline:
             raise BusError(
                 f"the topics {leaderless} have partitions without a leader after {within:g}s",

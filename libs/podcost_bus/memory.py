@@ -39,6 +39,7 @@ from podcost_bus.protocol import (
     Record,
     TopicPartition,
 )
+from podcost_contracts.topic_contract import TopicDrift
 from podcost_contracts.topics import check_topic_name
 
 logger = logging.getLogger(__name__)
@@ -128,6 +129,9 @@ class MemoryBus(Lifecycle):
     async def ensure_topics(self, topics: Iterable[str]) -> None:
         for topic in topics:
             self._log(topic)
+
+    def topic_drift(self) -> Mapping[str, tuple[TopicDrift, ...]]:
+        return {}  # in-process topics have no settings to differ
 
     async def send(
         self,

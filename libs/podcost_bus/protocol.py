@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, NamedTuple, Protocol, Self
 
+from podcost_contracts.topic_contract import TopicDrift
+
 OffsetReset = Literal["earliest", "latest"]
 """Where a consumer group starts on a partition it has never committed: its first record, or
 only records published from now on."""
@@ -170,6 +172,11 @@ class Bus(Protocol):
 
     async def ensure_topics(self, topics: Iterable[str]) -> None:
         """Create the topics that do not exist yet (existing ones are left as they are)."""
+        ...
+
+    def topic_drift(self) -> Mapping[str, tuple[TopicDrift, ...]]:
+        """The topics :meth:`ensure_topics` found existing with settings other than the topic
+        contract's, and how they differ (empty: none, or a bus without topic settings)."""
         ...
 
     async def send(

@@ -32,7 +32,9 @@ Environment variables (defaults in brackets):
 - ``PODCOST_KAFKA_REQUEST_TIMEOUT_MS``: how long one broker request may take [40000]
 - ``PODCOST_KAFKA_PARTITIONS``: partitions of the topics podcost creates; also the in-memory
   bus's partitions [3]
-- ``PODCOST_KAFKA_REPLICATION_FACTOR``: replicas of the topics podcost creates [1]
+- ``PODCOST_KAFKA_REPLICATION_FACTOR``: replicas of the topics podcost creates [1; 3 in
+  production, see ``podcost_contracts.topic_contract``]; their ``min.insync.replicas`` is one
+  less, between 1 and 2
 - ``PODCOST_TOPIC_WORKLOADS``, ``PODCOST_TOPIC_RANKS``, ``PODCOST_TOPIC_COSTS``,
   ``PODCOST_TOPIC_DEADLETTER``: the topic names [podcost.workloads, podcost.ranks,
   podcost.costs, podcost.deadletter]
@@ -55,6 +57,7 @@ from typing import Literal, Self
 from pydantic import AliasChoices, Field, FilePath, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from podcost_contracts.topic_contract import TopicPlan, topic_plan
 from podcost_contracts.topics import DEFAULT_TOPICS, TopicName, Topics
 
 
@@ -200,6 +203,12 @@ class BusSettings(BaseSettings):
             ranks=self.topic_ranks,
             costs=self.topic_costs,
             deadletter=self.topic_deadletter,
+        )
+
+    def topic_plan(self) -> TopicPlan:
+        """The topic contract of these settings: their names, partitions and replication."""
+        return topic_plan(
+            self.topics, partitions=self.partitions, replication_factor=self.replication_factor
         )
 
     @property

@@ -164,6 +164,18 @@ when some cost could not be removed. The Helm chart runs it on uninstall. {_ENV}
 `PODCOST_ANNOTATOR_QPS`, `PODCOST_ANNOTATOR_BURST`, `PODCOST_ANNOTATOR_MAX_IN_FLIGHT` (the
 budget). Cluster access: `$KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
 """,
+    "topics": """**Examples**
+
+```
+podcost topics plan                  # a table of every topic and its settings
+podcost topics plan -o yaml --clusters-file clusters.txt
+```
+
+The topic contract, for a platform team that creates topics itself: podcost creates a missing
+topic with these settings and reports an existing one that differs (a warning and
+`podcost_topic_config_drift`), never changing it. Connects to nothing. `PODCOST_TOPIC_*` (the
+names), `PODCOST_KAFKA_PARTITIONS`.
+""",
     "demo": """**Example**
 
 ```
@@ -224,6 +236,11 @@ COMMANDS: dict[str, Command] = {
         "podcost.commands.cleanup",
         "Remove every deletion cost podcost wrote (only its own, only where the value is still "
         "podcost's), within the annotator's write budget.",
+    ),
+    "topics": Command(
+        "podcost.commands.topics",
+        "Print every topic podcost uses and the settings it creates them with: partitions, "
+        "replicas, cleanup policy, retention and min.insync.replicas.",
     ),
 }
 

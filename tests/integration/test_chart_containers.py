@@ -378,7 +378,7 @@ async def test_with_tls_and_a_scram_user_per_component_every_container_joins_the
     release = f"podcost-{run}"
     namespace = await kube.create_namespace(f"sasl-{run}")
     access, account = await in_cluster(kube, control_plane, namespace, release)
-    users = {"watcher": "watcher", "ranker": "ranker", "aggregator": "aggregator",
+    users = {"watcher": f"watcher-{CLUSTER}", "ranker": "ranker", "aggregator": "aggregator",
              "annotator": f"annotator-{CLUSTER}"}  # fmt: skip
     ca = await asyncio.to_thread(broker.ca_file.read_text)
     secrets = {"kafka-ca": {"ca.crt": ca}} | {

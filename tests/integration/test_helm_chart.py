@@ -47,6 +47,7 @@ from podcost.cli import COMMANDS, app, load_command
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
 from podcost_bus import BusSettings
+from podcost_contracts.fleet import read_registry
 from podcost_core.policy import DEFAULT_POLICY, StrategySpec, load_policy_file
 from podcost_core.strategies.registry import default_registry
 from podcost_localinfra import paths
@@ -94,6 +95,17 @@ CASES: dict[str, Manifest] = {
         "watch": {"namespaceSelector": "team=a,tier=b"},
     },
     "core": {"mode": "core", "kafka": KAFKA, "aggregator": {"engine": "consumer"}},
+    "fleet-core": {
+        "mode": "core",
+        "kafka": KAFKA,
+        "fleet": {"clusters": ["eu-1", "us-1"], "keysSecret": {"name": "fleet-keys"}},
+    },
+    "fleet-agent": {
+        "mode": "agent",
+        "clusterName": "eu-1",
+        "kafka": KAFKA,
+        "fleet": {"signingKeySecret": {"name": "eu-1-signing", "key": "key"}},
+    },
     "core-compression": {
         "mode": "core",
         "kafka": {**KAFKA, "compression": "none", "aggregatorCompression": "gzip"},
@@ -464,7 +476,11 @@ def mounted_files(
             data = config_maps[volume["configMap"]["name"]]["data"]
             for key, content in data.items():
                 files[f"{mount['mountPath']}/{key}"] = MountedFile("configmap", content)
-        for source in volume.get("projected", {}).get("sources", []):
+        sources = volume.get("projected", {}).get("sources", [])
+        if "secret" in volume:
+            sources = [{"secret": {"name": volume["secret"]["secretName"],
+                                   "items": volume["secret"]["items"]}}]  # fmt: skip
+        for source in sources:
             secret = source["secret"]
             for item in secret["items"]:
                 name = f"{secret['name']}/{item['key']}"
@@ -560,6 +576,37 @@ def test_the_non_negative_costs_value_reaches_the_policy_file(
     path = tmp_path / "policy.json"
     path.write_text(config_map["data"]["policy.json"])
     assert load_policy_file(path).non_negative_costs is non_negative
+
+
+def test_the_fleet_registry_and_the_keys_reach_the_aggregator_and_the_key_the_watcher(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    core = rendered("fleet-core")
+    [registry] = [c for c in of_kind(core, "ConfigMap") if c["metadata"]["name"].endswith("-fleet")]
+    assert read_registry(registry["data"]["clusters.txt"]) == {"eu-1", "us-1"}
+    files = {
+        workload["metadata"]["name"]: {
+            name: value
+            for name, value in env_of(container).items()
+            if name in ("PODCOST_FLEET_FILE", "PODCOST_FLEET_KEYS_FILE",
+                        "PODCOST_WATCHER_SIGNING_KEY_FILE")
+        }
+        for objects in (core, rendered("fleet-agent"))
+        for workload, container in containers(objects)
+    }  # fmt: skip
+    assert files[f"{RELEASE}-aggregator"] == {
+        "PODCOST_FLEET_FILE": "/etc/podcost/fleet/clusters.txt",
+        "PODCOST_FLEET_KEYS_FILE": "/etc/podcost/fleet-keys/keys.txt",
+    }
+    assert files[f"{RELEASE}-watcher"] == {
+        "PODCOST_WATCHER_SIGNING_KEY_FILE": "/etc/podcost/signing/signing.key"
+    }
+    others = {name: found for name, found in files.items()
+              if name not in (f"{RELEASE}-aggregator", f"{RELEASE}-watcher")}  # fmt: skip
+    assert all(not found for found in others.values()), others
+    # No fleet ConfigMap without a registry: the default serves every cluster.
+    assert not [c for c in of_kind(rendered("core"), "ConfigMap")
+                if c["metadata"]["name"].endswith("-fleet")]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -21,7 +21,7 @@ from tests.support.secure_kafka import LAYOUT, OTHER_CLUSTER, SecureBroker
 from tests.support.snapshots import CLUSTER
 
 from podcost_bus import BusError, BusSettings, KafkaBus
-from podcost_localinfra.kafka_secure import annotator_user, users
+from podcost_localinfra.kafka_secure import annotator_user, users, watcher_user
 
 pytestmark = pytest.mark.integration
 
@@ -29,10 +29,15 @@ WORKLOADS, RANKS, DEADLETTER = LAYOUT.workloads, LAYOUT.ranks, LAYOUT.deadletter
 COSTS, OTHER_COSTS = LAYOUT.costs_for(CLUSTER), LAYOUT.costs_for(OTHER_CLUSTER)
 TOPICS = (WORKLOADS, RANKS, COSTS, OTHER_COSTS, DEADLETTER)
 ANNOTATOR, OTHER_ANNOTATOR = annotator_user(CLUSTER), annotator_user(OTHER_CLUSTER)
+WATCHER, OTHER_WATCHER = watcher_user(CLUSTER), watcher_user(OTHER_CLUSTER)
 
-#: What each principal may do with each topic: r read, w write, - neither.
+#: What each principal may do with each topic: r read, w write, - neither. Each cluster's watcher
+#: has its own principal; both may write the shared workloads topic, and which cluster a snapshot
+#: is of is proven by its signature, which the core checks
+#: (``tests/e2e/test_secure_pipeline.py``, ``tests/integration/test_signed_snapshots.py``).
 EXPECTED = {
-    "watcher": {WORKLOADS: "w", RANKS: "-", COSTS: "-", OTHER_COSTS: "-", DEADLETTER: "w"},
+    WATCHER: {WORKLOADS: "w", RANKS: "-", COSTS: "-", OTHER_COSTS: "-", DEADLETTER: "w"},
+    OTHER_WATCHER: {WORKLOADS: "w", RANKS: "-", COSTS: "-", OTHER_COSTS: "-", DEADLETTER: "w"},
     "ranker": {WORKLOADS: "r", RANKS: "w", COSTS: "-", OTHER_COSTS: "-", DEADLETTER: "w"},
     "aggregator": {WORKLOADS: "r", RANKS: "r", COSTS: "w", OTHER_COSTS: "w", DEADLETTER: "w"},
     ANNOTATOR: {WORKLOADS: "-", RANKS: "-", COSTS: "r", OTHER_COSTS: "-", DEADLETTER: "w"},
@@ -150,7 +155,7 @@ async def test_a_principal_ensures_the_topics_it_reads_without_the_right_to_crea
 ) -> None:
     # The ranker may create the ranks and dead-letter topics, not workloads, which the watcher
     # created: its start-up call over all three succeeds.
-    async with KafkaBus(secure_kafka_broker.settings("watcher")) as watcher:
+    async with KafkaBus(secure_kafka_broker.settings(WATCHER)) as watcher:
         await watcher.ensure_topics([WORKLOADS, DEADLETTER])
     async with KafkaBus(secure_kafka_broker.settings("ranker")) as ranker:
         await ranker.ensure_topics([WORKLOADS, RANKS, DEADLETTER])

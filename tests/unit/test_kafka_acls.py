@@ -38,7 +38,7 @@ def test_a_principal_may_create_only_topics_it_writes() -> None:
     written = {(a.principal, a.name, a.pattern) for a in rules if a.operation == "Write"}
     assert created == written
     assert created == {
-        ("watcher", "podcost.workloads", "literal"),
+        *((f"watcher-{cluster}", "podcost.workloads", "literal") for cluster in LAYOUT.clusters),
         ("ranker", "podcost.ranks", "literal"),
         ("aggregator", "podcost.costs.", "prefixed"),
         ("aggregator", f"{DEFAULT_APP_ID}-", "prefixed"),
@@ -75,8 +75,8 @@ def test_the_acl_commands_create_exactly_the_matrix_in_few_calls() -> None:
     created = [acl for argv in calls for acl in _parsed(argv)]
     assert sorted(created) == acl_matrix(LAYOUT)
     # One JVM start each (about 2.5 s): grouped by principal, pattern type and operations, so
-    # watcher 1, ranker 3, aggregator 4, and 2 per annotator.
-    assert len(calls) == 1 + 3 + 4 + 2 * len(LAYOUT.clusters)
+    # 1 per watcher, ranker 3, aggregator 4, and 2 per annotator.
+    assert len(calls) == 3 + 4 + 3 * len(LAYOUT.clusters)
 
 
 def test_every_user_gets_a_scram_credential_at_format_time() -> None:

@@ -29,6 +29,7 @@ BOUNDED_LABELS = {
     "version": "build_info: one value per process",
     "revision": "build_info: one value per process",
     "python": "build_info: one value per process",
+    "setting": "the settings of the topic contract",
     "le": "histogram buckets",
 }
 

@@ -78,7 +78,8 @@ class Layout:
     """The prefix of the per-cluster costs topics, ``<costs>.<cluster>``."""
     deadletter: str = "podcost.deadletter"
     clusters: tuple[str, ...] = ("local",)
-    """One annotator principal, ``annotator-<cluster>``, per cluster."""
+    """One watcher principal, ``watcher-<cluster>``, and one annotator principal,
+    ``annotator-<cluster>``, per cluster."""
     ranker_group_prefix: str = "podcost-ranker-"
     aggregator_app_id: str = "podcost-aggregator"
     """The faust app id: the aggregator's consumer group and its internal topics' prefix."""
@@ -93,9 +94,20 @@ def annotator_user(cluster: str) -> str:
     return f"annotator-{cluster}"
 
 
+def watcher_user(cluster: str) -> str:
+    """Each cluster's watcher has its own principal, so one cluster's credential can be revoked
+    alone; which cluster a snapshot is of is proven by its signature (the core's keys file)."""
+    return f"watcher-{cluster}"
+
+
 def users(layout: Layout) -> list[str]:
     """The component principals (SCRAM user names), ``admin`` not included."""
-    return ["watcher", "ranker", "aggregator", *(annotator_user(c) for c in layout.clusters)]
+    return [
+        *(watcher_user(c) for c in layout.clusters),
+        "ranker",
+        "aggregator",
+        *(annotator_user(c) for c in layout.clusters),
+    ]
 
 
 @dataclass(frozen=True, order=True)
@@ -126,8 +138,9 @@ def acl_matrix(layout: Layout) -> list[Acl]:
     def reads(principal: str, topic: str) -> None:
         rules.append(Acl(principal, "topic", topic, "Read"))
 
-    writes("watcher", layout.workloads)
-    writes("watcher", layout.deadletter)
+    for cluster in layout.clusters:
+        writes(watcher_user(cluster), layout.workloads)
+        writes(watcher_user(cluster), layout.deadletter)
 
     reads("ranker", layout.workloads)
     rules.append(Acl("ranker", "group", layout.ranker_group_prefix, "Read", "prefixed"))

@@ -678,6 +678,41 @@ def render_messages() -> str:
     return "\n".join(out)
 
 
+def render_topics() -> str:
+    """The topic contract (``podcost_contracts.topic_contract``) with the default names, as
+    ``podcost topics plan`` prints it for production, and why each setting is what it is."""
+    from podcost_bus.settings import BusSettings
+    from podcost_contracts import topic_contract
+    from podcost_contracts.topics import DEFAULT_TOPICS
+
+    partitions = BusSettings.model_fields["partitions"].default
+    plan = topic_contract.topic_plan(DEFAULT_TOPICS, partitions=partitions)
+    out = [_header("`podcost_contracts.topic_contract`"), "# Topic reference\n"]
+    out.append(
+        "Every topic podcost uses, with the default names and partitions and the production "
+        "replication, as `podcost topics plan` prints it. podcost creates a missing topic with "
+        "these settings (with `PODCOST_KAFKA_REPLICATION_FACTOR` replicas) and reports an "
+        "existing one that differs (a warning and `podcost_topic_config_drift`) without "
+        "changing it.\n"
+    )
+    rows = []
+    for spec in plan.specs:
+        configs = "<br>".join(_code(f"{k}={v}") for k, v in spec.configs().items())
+        rows.append(
+            (
+                _code(spec.name), str(spec.partitions), str(spec.replication_factor), configs,
+                spec.writer, ", ".join(spec.readers), _cell(spec.purpose),
+            )
+        )  # fmt: skip
+    out.append(
+        _table(("Topic", "Partitions", "Replicas", "Configs", "Writer", "Readers", "Holds"), rows)
+    )
+    doc = (topic_contract.__doc__ or "").split("Why each setting:", 1)[-1]
+    out.append("## Why these settings\n")
+    out.append(_rst_to_md(textwrap.dedent(doc).strip()) + "\n")
+    return "\n".join(out)
+
+
 # --- the pages --------------------------------------------------------------------------------
 
 
@@ -691,6 +726,7 @@ def pages(root: Path) -> dict[Path, Callable[[], str]]:
         Path("docs/reference/helm-values.md"): helm,
         CHART / "README.md": helm,
         Path("docs/reference/messages.md"): render_messages,
+        Path("docs/reference/topics.md"): render_topics,
     }
 
 

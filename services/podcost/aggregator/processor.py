@@ -41,6 +41,7 @@ from pydantic import TypeAdapter
 from pydantic_core import PydanticSerializationError, to_json
 
 from podcost.runtime.clock import Clock
+from podcost.runtime.fleet import FleetKeys, FleetRegistry
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.retry import DEFAULT_BACKOFF, retry_transient
 from podcost.runtime.telemetry import (
@@ -88,6 +89,7 @@ from podcost_contracts.messages import (
     snapshot_validator,
     trace_context,
 )
+from podcost_contracts.signing import SIGNATURE_HEADER
 from podcost_contracts.stamps import DEFAULT_CLOCK_SKEW, future_stamp
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import (
@@ -109,6 +111,9 @@ from podcost_core.model import Snapshot, Unread
 from podcost_core.policy import PolicyError
 
 log = logging.getLogger("podcost.aggregator")
+
+#: Seconds between two warnings about records of clusters not in the fleet registry.
+UNREGISTERED_LOG_EVERY_S = 60.0
 
 #: Pods whose rank and cost a decision's span lists: enough to follow a workload, bounded for a
 #: huge one.
@@ -314,7 +319,14 @@ class AggregationProcessor:
         partition_of: Callable[[bytes], int] | None = None,
         unread: Unread | None = DECISION_UNREAD,
         clock_skew: float = DEFAULT_CLOCK_SKEW,
+        fleet: FleetRegistry | None = None,
+        keys: FleetKeys | None = None,
     ) -> None:
+        self.fleet = fleet if fleet is not None else FleetRegistry(None)
+        """The clusters served: a record of any other is dead-lettered before it is decoded."""
+        self.keys = keys if keys is not None else FleetKeys(None)
+        """Each cluster's signing keys: a workloads record not signed with one of its
+        cluster's is dead-lettered before it is decoded."""
         self.aggregator = aggregator
         self.clock_skew = clock_skew
         """How far (seconds) a record's stamp may lie ahead of ``clock`` (``future_stamp``)."""
@@ -341,6 +353,9 @@ class AggregationProcessor:
         """The snapshot records accepted since the last flush, by workload key."""
         self._storable: dict[str, _Received] = {}
         """Those of the batch last flushed: what :meth:`dump` stores as they came."""
+        self._unregistered = 0
+        """Records of unregistered clusters since the last warning about them."""
+        self._unregistered_logged = float("-inf")
 
     def split(self, record: Record) -> list[tuple[bytes | None, _Step]]:
         """Decode ``record`` into its steps: one for a snapshot, a gone workload or one answer,
@@ -353,6 +368,22 @@ class AggregationProcessor:
             reason = "the record has no key (expected cluster/namespace/kind/name)"
             self._dead_letter(record, reason, None)
             return []
+        if record.topic == self.topics.workloads and not self._serves(record.key):
+            # Before decoding: a flood of invented clusters costs a dead letter each, no state.
+            cluster = record.key.partition(b"/")[0].decode("utf-8", "replace")
+            reason = f"the cluster {cluster[:100]!r} is not in the fleet registry"
+            self._dead_letter(record, reason, None, outcome="unregistered")
+            self.metrics.unregistered_records.labels(record.topic).inc()
+            self._report_unregistered(reason)
+            return []
+        if record.topic == self.topics.workloads and not self._signed(record, record.key):
+            cluster = record.key.partition(b"/")[0].decode("utf-8", "replace")
+            reason = (
+                f"the record is not signed with a key of cluster {cluster[:100]!r} "
+                f"({SIGNATURE_HEADER} header missing or wrong)"
+            )
+            self._dead_letter(record, reason, None, outcome="forged")
+            return []
         message: WorkloadSnapshotMessage | WorkloadGoneMessage | StrategyRanksMessage
         try:
             if record.topic == self.topics.workloads:
@@ -363,6 +394,11 @@ class AggregationProcessor:
                 ranks = decode_ranks_record(record.value, record.headers, key=record.key)
                 if isinstance(ranks, StrategyRanksBatchMessage):
                     return self._split_batch(record, ranks)
+                if not self._serves(record.key):
+                    # The answer to a snapshot dead-lettered already: counted, not kept.
+                    self.metrics.consumed.labels(record.topic, "unregistered").inc()
+                    self.metrics.unregistered_records.labels(record.topic).inc()
+                    return []
                 message = ranks
         except DecodeError as error:
             self._dead_letter(record, error.reason, error)
@@ -390,6 +426,10 @@ class AggregationProcessor:
         steps: list[tuple[bytes | None, _Step]] = []
         for answer in batch.answers:
             key = answer.key.encode()
+            if not self._serves(key):
+                # The answer to a snapshot dead-lettered already: counted, not kept.
+                self.metrics.unregistered_records.labels(record.topic).inc()
+                continue
             if self.partition_of is not None and self.partition_of(key) != record.partition:
                 # Its workload's state is another partition's, perhaps another aggregator's:
                 # a ranker, which groups its answers by their workload's partition, never
@@ -403,6 +443,28 @@ class AggregationProcessor:
             steps.append((key, _Step(record, answer, batch.strategy)))
         self._consumed_ok(record.topic).inc()  # the record (its answers are its steps)
         return steps
+
+    def _report_unregistered(self, reason: str) -> None:
+        """One warning a minute at most about records of unregistered clusters (each is
+        dead-lettered with its reason and counted): a flood of them must not flood the log."""
+        self._unregistered += 1
+        now = self.clock.now()
+        if now >= self._unregistered_logged + UNREGISTERED_LOG_EVERY_S:
+            log.warning("%d records of clusters not in the fleet registry dead-lettered since "
+                        "the last report; the latest: %s", self._unregistered, reason)  # fmt: skip
+            self._unregistered, self._unregistered_logged = 0, now
+
+    def _signed(self, record: Record, key: bytes) -> bool:
+        """Whether ``record`` carries its cluster's watcher's signature (or none is asked)."""
+        if not self.keys.required:
+            return True
+        cluster = key.partition(b"/")[0].decode("utf-8", "replace")
+        header = record.headers.get(SIGNATURE_HEADER)
+        return self.keys.verified(cluster, key, record.value, header)
+
+    def _serves(self, key: bytes) -> bool:
+        """Whether the fleet registry lists the cluster of workload key ``key``."""
+        return self.fleet.serves(key.partition(b"/")[0].decode("utf-8", "replace"))
 
     def on_record(self, step: _Step, state: WorkloadState | None) -> WorkloadState | Drop | None:
         started = time.time_ns()
@@ -667,6 +729,7 @@ class AggregationProcessor:
                 backoff=self.backoff,
             )  # fmt: skip
             self._costs_topics.add(topic)
+            self.metrics.record_topic_drift(self.bus.topic_drift())
 
     async def _send(self, item: _Outgoing) -> Awaitable[Delivery] | None:
         encoded = item.encoded
@@ -715,7 +778,9 @@ class AggregationProcessor:
         else:
             record = item.record
             assert record is not None  # a dead letter is always of a record
-            log.warning(
+            # Records of unregistered clusters are reported once a minute, not one by one.
+            log.log(
+                logging.DEBUG if item.outcome == "unregistered" else logging.WARNING,
                 "dead-lettered %s[%d]@%d (key %r) to %s: %s",
                 record.topic, record.partition, record.offset, record.key, item.topic,
                 item.reason,

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Protocol
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -27,6 +28,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from podcost.aggregator.processor import AggregationProcessor
 from podcost.aggregator.settings import AggregatorSettings
 from podcost.runtime.clock import Clock, WallClock
+from podcost.runtime.fleet import FleetKeys, FleetRegistry
 from podcost.runtime.heap import HeapKeeper, settle_heap
 from podcost.runtime.metrics import Families, Metrics
 from podcost.runtime.settings import ServiceSettings
@@ -77,7 +79,11 @@ class AggregatorService:
         topics: Topics,
         metrics: Metrics,
         keeper: HeapKeeper | None = None,
+        internal_topics: Sequence[str] = (),
     ) -> None:
+        self.internal_topics = tuple(internal_topics)
+        """The transport's own topics (faust's changelogs and assignor topic), created here to
+        the topic contract before the transport would create them with its defaults."""
         self.processor = processor
         self.transport = transport
         self.bus = bus
@@ -92,7 +98,8 @@ class AggregatorService:
 
     async def run(self) -> None:
         """Aggregate until cancelled; a transport failure stops the service (and the process)."""
-        await self.bus.ensure_topics(self.topics.shared())
+        await self.bus.ensure_topics([*self.topics.shared(), *self.internal_topics])
+        self.metrics.record_topic_drift(self.bus.topic_drift())
         # At 0 from the start, so the first dead letter is an increase an alert sees.
         for topic in (self.topics.workloads, self.topics.ranks):
             self.metrics.consumed.labels(topic, "dead_letter")
@@ -180,9 +187,15 @@ def bootstrap(
         unread=None if whole_snapshots else DECISION_UNREAD,
         backoff=settings.backoff(),
         clock_skew=settings.clock_skew_seconds,
+        fleet=FleetRegistry.open(settings.fleet_file),
+        keys=FleetKeys(settings.fleet_keys_file),
     )
+    if settings.fleet_file is None and not isinstance(bus, MemoryBus):
+        log.warning("no fleet registry (PODCOST_FLEET_FILE): serving every cluster that "
+                    "publishes, and making a costs topic for each")  # fmt: skip
     sources = (topics.workloads, topics.ranks)
     transport: Transport
+    internal: list[str] = []
     if (
         config.engine == "faust"
         and bus_settings.bootstrap_servers
@@ -204,6 +217,7 @@ def bootstrap(
             stall_s=config.stall_seconds,
             start_timeout_s=config.start_timeout_seconds,
         )
+        internal = [*transport.changelog_topics(), transport.assignor_topic()]
         stalled = transport.stalled
         metrics.aggregator_stalled.set_function(lambda: 1.0 if stalled() else 0.0)
     else:
@@ -216,6 +230,7 @@ def bootstrap(
         bus=bus,
         topics=topics,
         metrics=metrics,
+        internal_topics=internal,
         # Over the in-memory bus the process is `podcost run`'s, whose heap is mostly the
         # watcher's cache: a full pass over it every few minutes is what settling it avoids.
         keeper=None if isinstance(bus, MemoryBus) else HeapKeeper(),

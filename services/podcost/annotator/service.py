@@ -374,6 +374,7 @@ class AnnotatorService:
     async def _run(self, kube: PodAPI, view: ClusterView) -> None:
         topics = self.bus_settings.topics
         await self.bus.ensure_topics([self.topic, topics.deadletter])
+        self.metrics.record_topic_drift(self.bus.topic_drift())
         # The series the alerts read, at 0 from the start: the first dead letter, refusal or
         # failed write is an increase (a series born at 1 has none).
         self.metrics.consumed.labels(self.topic, "dead_letter")

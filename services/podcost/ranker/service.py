@@ -171,6 +171,7 @@ class RankerService:
     async def run(self) -> None:
         """Rank what the workloads topic brings until cancelled."""
         await self.bus.ensure_topics(self.topics.shared())
+        self.metrics.record_topic_drift(self.bus.topic_drift())
         # At 0 from the start, so the first dead letter is an increase an alert sees.
         self.metrics.consumed.labels(self.topics.workloads, "dead_letter")
         async with self.bus.consumer([self.topics.workloads], group=self.group) as consumer:

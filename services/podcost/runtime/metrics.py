@@ -36,6 +36,7 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
 from podcost.runtime.version import Build, build
+from podcost_contracts.topic_contract import TopicDrift
 
 # No ``<counter>_created`` gauges: Prometheus' text format has no creation time, so the client
 # declares each as one more family (a time with no unit in its name) that nothing reads.
@@ -148,6 +149,19 @@ class Families:
             "From the change that caused a snapshot to the patch that wrote its cost.",
             [c], buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
+        self.topic_config_drift = Gauge(
+            "podcost_topic_config_drift", "1 for each setting of an existing topic that differs "
+            "from the topic contract (partitions, replication.factor, cleanup.policy, "
+            "retention.ms, min.insync.replicas), by topic and setting, as found when the "
+            "process made sure its topics exist; podcost changes no existing topic.",
+            [c, "topic", "setting"], registry=r,
+        )  # fmt: skip
+        self.unregistered_records = Counter(
+            "podcost_unregistered_records", "Records naming a cluster the fleet registry does "
+            "not list, dead-lettered, by topic (the cluster is in the dead letter, never a "
+            "label: an unbounded set of names).",
+            [c, "topic"], registry=r,
+        )  # fmt: skip
         # The process's CPU, memory, open files and start time; the Python version; the
         # garbage collector's work (the client library's own collectors).
         ProcessCollector(registry=r)
@@ -234,6 +248,14 @@ class Metrics:
         self.api_server_failing = SingleGauge(f.api_server_failing, component)
         self.aggregator_stalled = SingleGauge(f.aggregator_stalled, component)
         self.event_to_annotation = SingleHistogram(f.event_to_annotation, component)
+        self.topic_config_drift = Labelled(f.topic_config_drift, component)
+        self.unregistered_records = Labelled(f.unregistered_records, component)
+
+    def record_topic_drift(self, drift: Mapping[str, Sequence[TopicDrift]]) -> None:
+        """Export ``drift`` (``Bus.topic_drift``) as ``podcost_topic_config_drift``."""
+        for topic, differences in drift.items():
+            for difference in differences:
+                self.topic_config_drift.labels(topic, difference.setting).set(1)
 
     def get_sample_value(self, name: str, labels: Mapping[str, str] | None = None) -> float | None:
         """The registry's ``get_sample_value`` for this component: the value of sample ``name``

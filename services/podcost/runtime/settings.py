@@ -19,6 +19,16 @@ the service with the variable named. Variables (defaults in brackets):
 - ``PODCOST_DRY_RUN``: decide and log everything, write nothing to the cluster [false]
 - ``PODCOST_POLICY_FILE``: a policy file (YAML or JSON) used as the cluster default [the
   built-in default policy]
+- ``PODCOST_FLEET_FILE``: the fleet registry (one cluster name a line; the chart mounts it from
+  ``fleet.clusters``): the core serves only the clusters it lists, dead-letters and counts
+  (``podcost_unregistered_records_total``) records of any other, and creates costs topics only
+  for those; read again within a second of a change, without a restart [unset: every cluster
+  that publishes is served, as embedded mode needs; a core over Kafka warns at start]
+- ``PODCOST_FLEET_KEYS_FILE``: each cluster's signing keys, ``<cluster> <key> [<key>]`` a line
+  (``podcost_contracts.signing``; the chart mounts it from a Secret): the core takes a snapshot
+  of a cluster only if its watcher signed it with one of that cluster's keys, and dead-letters
+  any other (``podcost_messages_consumed{outcome="forged"}``); two keys per cluster rotate
+  without downtime; read again when it changes [unset: snapshots are not asked to be signed]
 - ``PODCOST_ADOPT_FIELD_MANAGERS``: comma-separated field managers whose deletion costs podcost
   takes over as its own (rewrites into its order, also when outside its band), besides its own
   ``podcost``; costs any other manager set (``kubectl-annotate``, a person, an unknown tool)
@@ -154,6 +164,16 @@ class ServiceSettings(BaseSettings):
         description="Comma-separated strategies that run in rankers of their own image (a "
         "plugin this image lacks): policies may name and weigh them here, and only their "
         "ranker needs their code. A ranker started for one of them fails.",
+    )
+    fleet_file: Path | None = Field(
+        default=None,
+        description="The fleet registry, one cluster name a line: the core serves only these "
+        "clusters; unset: every cluster that publishes.",
+    )
+    fleet_keys_file: Path | None = Field(
+        default=None,
+        description="Each cluster's signing keys, one cluster a line: the core takes a "
+        "snapshot only if signed with one of its cluster's keys; unset: no signature asked.",
     )
     adopt_field_managers: Annotated[tuple[str, ...], NoDecode] = Field(
         default=DEFAULT_ADOPTED_MANAGERS,

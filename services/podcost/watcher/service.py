@@ -75,7 +75,7 @@ from typing import Any, Self
 
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Tracer
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, FilePath, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from podcost.runtime.clock import Clock, WallClock
@@ -92,14 +92,16 @@ from podcost.runtime.telemetry import (
     tracer,
     workload_resource,
 )
-from podcost_bus import Bus, BusSettings, Delivery, open_bus, publish_message
+from podcost_bus import Bus, BusSettings, Delivery, open_bus
 from podcost_contracts.messages import (
     GONE_DELETED,
+    Encoded,
     EncodeError,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
     encode,
 )
+from podcost_contracts.signing import SIGNATURE_HEADER, read_signing_key, signature
 from podcost_contracts.topics import Topics
 from podcost_core.backoff import Backoff
 from podcost_core.convert import ConversionError, LabelSelectorJSON, invalid_deletion_cost
@@ -166,6 +168,10 @@ class WatcherSettings(BaseSettings):
       in ``tests/e2e/test_watcher_failover.py``. The cost is a Lease write per second.
     - ``PODCOST_WATCHER_UNREADY_AFTER_SECONDS``: how long the API server may fail every list and
       watch before the watcher reports not ready (it goes on retrying) [10]
+    - ``PODCOST_WATCHER_SIGNING_KEY_FILE``: this cluster's signing key (a file holding one key
+      of at least 32 characters; the chart mounts it from a Secret): every record the watcher
+      publishes carries its HMAC signature (``podcost_contracts.signing``), which a core with
+      ``PODCOST_FLEET_KEYS_FILE`` requires [unset: records are not signed]
     - ``PODCOST_WATCHER_RESYNC_SECONDS``: how often the leader publishes every opted-in workload
       again although nothing changed, each period drawn within ±10 % so that a fleet's
       watchers do not resync together; 0 never does [600]. What a write left wrong for good (an
@@ -261,6 +267,12 @@ class WatcherSettings(BaseSettings):
         "again; unchanged decisions write nothing.",
     )
 
+    signing_key_file: FilePath | None = Field(
+        default=None,
+        description="This cluster's signing key file: every record published carries its "
+        "signature; unset: records are not signed.",
+    )
+
     @model_validator(mode="after")
     def _election_timing(self) -> Self:
         check_timing(
@@ -337,6 +349,8 @@ class WatcherService:
     backoff: Backoff = SERVICE_BACKOFF
     """How the informers wait before relisting after a failure (the process's retry policy)."""
     """Field managers whose deletion costs count as podcost's own (``ServiceSettings.adopted``)."""
+    signing_key: bytes | None = None
+    """This cluster's key: every record published is signed with it (``None``: not signed)."""
     name: str = "watcher"
 
     def __post_init__(self) -> None:
@@ -481,6 +495,7 @@ class WatcherService:
         self._informer = informer
         # Only what it writes: on a broker with ACLs it may not even see the ranks topic.
         await self.bus.ensure_topics([self.topics.workloads, self.topics.deadletter])
+        self.metrics.record_topic_drift(self.bus.topic_drift())
         async with informer:
             await informer.wait_synced()
             self._ready = True
@@ -679,7 +694,7 @@ class WatcherService:
             # behind the broker's round trip. The bus keeps one key's records in order, and a
             # record it cannot deliver ends the watcher (see _fail_on_lost_delivery).
             acked = await self.bus.send(
-                self.topics.workloads, encoded.key, encoded.value, encoded.headers
+                self.topics.workloads, encoded.key, encoded.value, self._signed(encoded)
             )
         self._published.add(key)
         if policy.policy is not None and reads_node_load(policy.policy):
@@ -693,6 +708,13 @@ class WatcherService:
             await asyncio.wait([self._in_flight[0]])
         self._passed(key, version)
         return True
+
+    def _signed(self, encoded: Encoded) -> Mapping[str, bytes]:
+        """``encoded``'s headers, with this cluster's signature if the watcher has a key."""
+        if self.signing_key is None:
+            return encoded.headers
+        mark = signature(self.signing_key, encoded.key or b"", encoded.value)
+        return {**encoded.headers, SIGNATURE_HEADER: mark}
 
     def _track(self, acked: asyncio.Future[Delivery]) -> None:
         self._in_flight.append(acked)
@@ -738,7 +760,10 @@ class WatcherService:
             emitted_at=changed_at,
             changed_at=changed_at,
         )
-        await publish_message(self.bus, self.topics.workloads, message)
+        encoded = encode(message)
+        await self.bus.publish(
+            self.topics.workloads, encoded.key, encoded.value, self._signed(encoded)
+        )
         self.metrics.produced.labels(self.topics.workloads).inc()
         log.info("%s is gone (%s): told the pipeline to forget it", message.key, reason)
 
@@ -796,4 +821,9 @@ def bootstrap(
         clock=clock if clock is not None else WallClock(),
         adopt=settings.adopted,
         backoff=settings.backoff(),
+        signing_key=(
+            None
+            if watcher_settings.signing_key_file is None
+            else read_signing_key(watcher_settings.signing_key_file.read_text(encoding="utf-8"))
+        ),
     )

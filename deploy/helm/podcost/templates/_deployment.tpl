@@ -38,6 +38,9 @@ the aggregator and the rankers serve every cluster and get no cluster name.
 {{- $watches := has $role (list "watcher" "embedded") -}}
 {{- $annotates := has $role (list "annotator" "embedded") -}}
 {{- $aggregates := has $role (list "aggregator" "embedded") -}}
+{{- $fleet := and (eq $role "aggregator") $v.fleet.clusters -}}
+{{- $keys := and (eq $role "aggregator") $v.fleet.keysSecret.name -}}
+{{- $signs := and (eq $role "watcher") $v.fleet.signingKeySecret.name -}}
 {{- $labels := dict "root" $root "component" $component -}}
 apiVersion: apps/v1
 kind: Deployment
@@ -151,6 +154,18 @@ spec:
               value: {{ join "," . | quote }}
             {{- end }}
             {{- end }}
+            {{- if $fleet }}
+            - name: PODCOST_FLEET_FILE
+              value: {{ printf "%s/clusters.txt" (include "podcost.fleetDir" $root) | quote }}
+            {{- end }}
+            {{- if $keys }}
+            - name: PODCOST_FLEET_KEYS_FILE
+              value: "/etc/podcost/fleet-keys/keys.txt"
+            {{- end }}
+            {{- if $signs }}
+            - name: PODCOST_WATCHER_SIGNING_KEY_FILE
+              value: "/etc/podcost/signing/signing.key"
+            {{- end }}
             {{- if $kafka }}
             {{- include "podcost.kafkaEnv" (dict "Values" $v "component" $component "role" $role) | trim | nindent 12 }}
             {{- end }}
@@ -212,6 +227,21 @@ spec:
               mountPath: {{ include "podcost.policyDir" $root }}
               readOnly: true
             {{- end }}
+            {{- if $fleet }}
+            - name: fleet
+              mountPath: {{ include "podcost.fleetDir" $root }}
+              readOnly: true
+            {{- end }}
+            {{- if $keys }}
+            - name: fleet-keys
+              mountPath: /etc/podcost/fleet-keys
+              readOnly: true
+            {{- end }}
+            {{- if $signs }}
+            - name: signing-key
+              mountPath: /etc/podcost/signing
+              readOnly: true
+            {{- end }}
             {{- if and $kafka (include "podcost.kafkaTlsFiles" $root) }}
             - name: kafka-tls
               mountPath: {{ include "podcost.kafkaTlsDir" $root }}
@@ -228,6 +258,27 @@ spec:
         - name: policy
           configMap:
             name: {{ include "podcost.fullname" $root }}-policy
+        {{- end }}
+        {{- if $fleet }}
+        - name: fleet
+          configMap:
+            name: {{ include "podcost.fullname" $root }}-fleet
+        {{- end }}
+        {{- if $keys }}
+        - name: fleet-keys
+          secret:
+            secretName: {{ $v.fleet.keysSecret.name }}
+            items:
+              - key: {{ $v.fleet.keysSecret.key }}
+                path: keys.txt
+        {{- end }}
+        {{- if $signs }}
+        - name: signing-key
+          secret:
+            secretName: {{ $v.fleet.signingKeySecret.name }}
+            items:
+              - key: {{ $v.fleet.signingKeySecret.key }}
+                path: signing.key
         {{- end }}
         {{- if and $kafka (include "podcost.kafkaTlsFiles" $root) }}
         {{- include "podcost.kafkaTlsVolume" $root | trim | nindent 8 }}

@@ -181,6 +181,7 @@ other components have podcost's image, without the plugin, and know them by name
 {{/* Where the policy ConfigMap is mounted, and the file the services read. */}}
 {{- define "podcost.policyDir" -}}/etc/podcost/policy{{- end -}}
 {{- define "podcost.kafkaTlsDir" -}}/etc/podcost/kafka-tls{{- end -}}
+{{- define "podcost.fleetDir" -}}/etc/podcost/fleet{{- end -}}
 
 {{/* The Kafka TLS volume is needed when a CA or a client certificate Secret is named. */}}
 {{- define "podcost.kafkaTlsFiles" -}}
