@@ -801,7 +801,8 @@ def test_the_chart_renders_rbac_and_policy_only_where_asked() -> None:
     everything = ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]  # fmt: skip
     assert _kinds({}) == everything
-    assert _kinds({"leaderElection.enabled": "false"}) == sorted(
+    single = {"watcher.replicaCount": "1", "embedded.replicaCount": "1"}
+    assert _kinds({"leaderElection.enabled": "false", **single}) == sorted(
         set(everything) - {"Role", "RoleBinding"}
     )
     assert _kinds({"admissionPolicy.enabled": "false"}) == everything[:4]
