@@ -225,6 +225,33 @@ class Kube:
         except (aiohttp.ClientError, TimeoutError) as error:
             raise _unreachable(error, what) from error
 
+    async def create_event(self, namespace: str, body: JSON) -> JSON:
+        """Create an ``events.k8s.io/v1`` Event (``podcost_kube.events`` builds it)."""
+        what = f"creating event {namespace}/{body['metadata']['name']}"
+        path = f"/apis/events.k8s.io/v1/namespaces/{quote(namespace, safe='')}/events"
+        try:
+            return await self._request("POST", path, body=body)
+        except ApiException as error:
+            raise _error(error, what) from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _unreachable(error, what) from error
+
+    async def patch_event(self, namespace: str, name: str, patch: JSON) -> JSON:
+        """Merge-patch an Event (a series' count and last time)."""
+        what = f"patching event {namespace}/{name}"
+        path = (
+            f"/apis/events.k8s.io/v1/namespaces/{quote(namespace, safe='')}"
+            f"/events/{quote(name, safe='')}"
+        )
+        try:
+            return await self._request(
+                "PATCH", path, body=patch, content_type="application/merge-patch+json"
+            )
+        except ApiException as error:
+            raise _error(error, what) from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _unreachable(error, what) from error
+
     async def patch_deletion_cost(self, namespace: str, pod: str, cost: int | None) -> JSON:
         """Set (or with ``None`` remove) the deletion cost of one pod, as podcost's field manager.
 

@@ -79,6 +79,7 @@ from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from podcost.runtime.clock import Clock, WallClock
+from podcost.runtime.events import recorder
 from podcost.runtime.heap import settle_heap, trim_forever
 from podcost.runtime.metrics import Families, Metrics
 from podcost.runtime.settings import ServiceSettings
@@ -107,6 +108,7 @@ from podcost_core.model import DELETION_COST_ANNOTATION, Pod
 from podcost_core.policy import PolicyError, load_policy_file, reads_node_load
 from podcost_kube.client import Kube
 from podcost_kube.debounce import Debouncer, Emission
+from podcost_kube.events import EventRecorder, EventType, ObjectRef
 from podcost_kube.informer import NAMESPACE, SERVICE_BACKOFF, WORKLOAD_RESOURCES, Informers
 from podcost_kube.leader import LeaderElector, check_timing
 from podcost_kube.podcache import PodCache
@@ -333,6 +335,8 @@ class WatcherService:
     """How the informers wait before relisting after a failure (the process's retry policy)."""
     """Field managers whose deletion costs count as podcost's own (``ServiceSettings.adopted``)."""
     name: str = "watcher"
+    events: EventRecorder | None = None
+    """Its Kubernetes Events: a workload opted in, or refused for an invalid policy."""
 
     def __post_init__(self) -> None:
         self.store = Store()
@@ -491,6 +495,8 @@ class WatcherService:
                 asyncio.create_task(trim_forever(), name="watcher-trim"),
                 asyncio.create_task(self._resync_forever(), name="watcher-resync"),
             ]
+            if self.events is not None:
+                tasks.append(asyncio.create_task(self.events.run(), name="watcher-events"))
             if self.elector is not None:
                 # Only now: a replica that leads must have the whole cluster in its cache.
                 tasks.append(asyncio.create_task(self.elector.run(), name="watcher-elector"))
@@ -631,6 +637,7 @@ class WatcherService:
         if not policy.enabled:
             if policy.error is not None:
                 log.warning("not ranking %s: %s", key.bus_key(self.cluster), policy.error)
+                self._tell(key, "Warning", "PolicyRefused", f"not ranked: {policy.error}")
             await self._gone(key, version, changed_at, policy.error)
             self._passed(key, None)
             return False
@@ -676,6 +683,9 @@ class WatcherService:
             acked = await self.bus.send(
                 self.topics.workloads, encoded.key, encoded.value, encoded.headers
             )
+        if key not in self._published:
+            self._tell(key, "Normal", "OptedIn", f"ranked by podcost ({policy.source}): "
+                       f"{len(snapshot.pods)} pods, snapshot version {version}")  # fmt: skip
         self._published.add(key)
         if policy.policy is not None and reads_node_load(policy.policy):
             self._node_load.add(key)
@@ -688,6 +698,16 @@ class WatcherService:
             await asyncio.wait([self._in_flight[0]])
         self._passed(key, version)
         return True
+
+    def _tell(self, key: WorkloadKey, type: EventType, reason: str, note: str) -> None:
+        """An event on the workload (``kubectl describe`` shows it)."""
+        if self.events is None:
+            return
+        raw = self.store.get(key.kind, key.namespace, key.name)
+        if raw is None:
+            return
+        ref = ObjectRef.of(raw, api_version="apps/v1", kind=key.kind)
+        self.events.record(ref, type=type, reason=reason, action="Rank", note=note)
 
     def _track(self, acked: asyncio.Future[Delivery]) -> None:
         self._in_flight.append(acked)
@@ -791,4 +811,5 @@ def bootstrap(
         clock=clock if clock is not None else WallClock(),
         adopt=settings.adopted,
         backoff=settings.backoff(),
+        events=recorder(settings, kube, "watcher"),
     )

@@ -138,6 +138,14 @@ spec:
             {{- if $kube }}
             - name: PODCOST_ADOPT_FIELD_MANAGERS
               value: {{ join "," $v.adoptFieldManagers | quote }}
+            - name: PODCOST_EVENTS
+              value: {{ $v.events.enabled | quote }}
+            {{- if $v.events.enabled }}
+            - name: PODCOST_EVENTS_BURST
+              value: {{ $v.events.burst | int | quote }}
+            - name: PODCOST_EVENTS_REFILL_SECONDS
+              value: {{ $v.events.refillSeconds | quote }}
+            {{- end }}
             {{- end }}
             {{- if $policy }}
             - name: PODCOST_POLICY_FILE
