@@ -204,7 +204,16 @@ async def ask_through_api_server(
     """The annotator's last decision about the pod, asked through the API server's proxy of
     ``service`` (namespace, name, port): no port-forward, the user's own credentials."""
     path = f"/explain/{urllib.parse.quote(namespace, safe='')}/{urllib.parse.quote(pod, safe='')}"
-    answer = await kube.get_through_service(*service, path)
+    try:
+        answer = await kube.get_through_service(*service, path)
+    except KubeError as error:
+        if error.status == 401:
+            raise TokenRefused(
+                "the annotator requires its bearer token, which the API server's proxy cannot "
+                "pass on (the API server takes the Authorization header for itself): ask it with "
+                "--url over a port-forward, or read the costs topic with --kafka"
+            ) from error
+        raise
     if answer is None:
         return None
     try:
