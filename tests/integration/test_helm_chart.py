@@ -975,10 +975,14 @@ SPREAD_LABEL = {"podcost.dev/chart-test": "spread"}
 async def test_the_watchers_run_in_two_zones_and_a_drain_evicts_one_at_a_time(
     kube: KubeTestCluster, dynamic: DynamicClient, helm: Path, tmp_path: Path
 ) -> None:
-    """The chart's defaults as the real scheduler, disruption controller and eviction API
-    take them: two watcher replicas land in two zones, and with the nodes cordoned (a drain) the
-    budget lets one be evicted and refuses the second until the first is back."""
-    values = {"kafka": KAFKA, "watcher": {"nodeSelector": SPREAD_LABEL}}
+    """The chart's replicas, spread and budget as the real scheduler, disruption controller and
+    eviction API take them: two watcher replicas land in two zones, and with the nodes cordoned
+    (a drain) the budget lets one be evicted and refuses the second until the first is back.
+    The spread is made a requirement here (DoNotSchedule): the default, ScheduleAnyway, is a
+    preference the scheduler may pass over (a node it has not seen yet), which would make the
+    placement a matter of timing."""
+    values = {"kafka": KAFKA, "watcher": {"nodeSelector": SPREAD_LABEL},
+              "topologySpread": {"whenUnsatisfiable": "DoNotSchedule"}}  # fmt: skip
     result = run_helm(helm, *template_argv(values_file(tmp_path, "spread", values)))
     assert result.returncode == 0, result.stderr
     objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
