@@ -91,6 +91,15 @@ def _error(error: ApiException, what: str) -> KubeError:
     )
 
 
+def _status_message(body: str) -> str:
+    """The message of a ``Status`` body (empty when it is not one)."""
+    try:
+        decoded = json.loads(body)
+    except ValueError:
+        return ""
+    return str(decoded.get("message") or "") if isinstance(decoded, dict) else ""
+
+
 def _retry_after(error: ApiException) -> float | None:
     # Only the delay-seconds form: the API server never sends an HTTP date here.
     headers = getattr(error, "headers", None)
@@ -220,6 +229,60 @@ class Kube:
         try:
             # Raw JSON: building a V1Pod and serialising it back costs more than the request.
             return await self._request("GET", _pod_path(namespace, name))
+        except ApiException as error:
+            raise _error(error, what) from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _unreachable(error, what) from error
+
+    async def get_through_service(
+        self, namespace: str, service: str, port: str, path: str
+    ) -> JSON | None:
+        """GET ``path`` of a Service's endpoint through the API server's proxy
+        (``/api/v1/namespaces/{namespace}/services/{service}:{port}/proxy{path}``), as ``kubectl
+        proxy`` reaches it: with the user's own credentials, which need ``get`` on
+        ``services/proxy``. The backend's JSON answer, ``None`` when the backend answered 404;
+        ``KubeError`` when the API server refused or found no such Service or no endpoint."""
+        what = f"GET {path} of service {namespace}/{service}:{port} through the API server"
+        proxy = (
+            f"/api/v1/namespaces/{quote(namespace, safe='')}/services/"
+            f"{quote(service, safe='')}:{quote(port, safe='')}/proxy{path}"
+        )
+        try:
+            return await self._request("GET", proxy)
+        except ApiException as error:
+            body = str(error.body or "")
+            # The API server's own refusals are Status objects; the backend's 404 is not.
+            if error.status == 404 and '"kind":"Status"' not in body.replace(" ", ""):
+                return None
+            raise KubeError(
+                f"{what}: HTTP {error.status} {_status_message(body) or error.reason}",
+                status=int(error.status or 0),
+            ) from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _unreachable(error, what) from error
+
+    async def create_event(self, namespace: str, body: JSON) -> JSON:
+        """Create an ``events.k8s.io/v1`` Event (``podcost_kube.events`` builds it)."""
+        what = f"creating event {namespace}/{body['metadata']['name']}"
+        path = f"/apis/events.k8s.io/v1/namespaces/{quote(namespace, safe='')}/events"
+        try:
+            return await self._request("POST", path, body=body)
+        except ApiException as error:
+            raise _error(error, what) from error
+        except (aiohttp.ClientError, TimeoutError) as error:
+            raise _unreachable(error, what) from error
+
+    async def patch_event(self, namespace: str, name: str, patch: JSON) -> JSON:
+        """Merge-patch an Event (a series' count and last time)."""
+        what = f"patching event {namespace}/{name}"
+        path = (
+            f"/apis/events.k8s.io/v1/namespaces/{quote(namespace, safe='')}"
+            f"/events/{quote(name, safe='')}"
+        )
+        try:
+            return await self._request(
+                "PATCH", path, body=patch, content_type="application/merge-patch+json"
+            )
         except ApiException as error:
             raise _error(error, what) from error
         except (aiohttp.ClientError, TimeoutError) as error:

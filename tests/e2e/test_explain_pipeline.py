@@ -31,7 +31,7 @@ from podcost.watcher.service import WatcherSettings
 from podcost_bus import BusSettings, MemoryBus
 from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.policy import DEFAULT_POLICY
-from podcost_kube.client import Kube
+from podcost_kube.client import Kube, KubeError
 
 pytestmark = pytest.mark.e2e
 
@@ -41,6 +41,66 @@ def _free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def _host_address() -> str:
+    """This machine's address on its network (not loopback): what the API server's proxy may
+    dial, as it dials a pod's IP (it refuses loopback and link-local endpoints)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.connect(("198.51.100.1", 9))  # no packet is sent: it picks the route's address
+        address: str = sock.getsockname()[0]
+    assert not address.startswith("127."), f"no address but loopback: {address}"
+    return address
+
+
+async def _annotator_service(kube: KubeTestCluster, namespace: str, port: int) -> str:
+    """A Service named as the chart names the annotator's, port ``http``, whose endpoint is this
+    process's HTTP port; once the API server's proxy reaches it.
+
+    The API server proxies a Service only to an endpoint whose target is a Pod of that address
+    (``isValidAddress`` of the service REST storage), never to a loopback one. So a Pod stands
+    in for the annotator's, as kwok's nodes stand in for kubelets: gated from scheduling, its
+    status given :func:`_host_address` (where this process listens), and the Service's
+    Endpoints point at it, as the endpoints controller writes them for a Service that selects
+    the chart's annotator pods."""
+    name, address = "podcost-annotator", _host_address()
+    stand_in = f"{name}-0"
+    await kube.core.create_namespaced_pod(namespace, {
+        "metadata": {"name": stand_in, "labels": {"app.kubernetes.io/component": "annotator"}},
+        "spec": {"schedulingGates": [{"name": "podcost.dev/stand-in"}],
+                 "containers": [{"name": "annotator", "image": "registry.local/podcost:test"}]},
+    })  # fmt: skip
+    await kube.core.patch_namespaced_pod_status(
+        stand_in, namespace, {"status": {"podIP": address, "podIPs": [{"ip": address}]}}
+    )
+    await kube.core.create_namespaced_service(namespace, {
+        "metadata": {"name": name},
+        "spec": {"ports": [{"name": "http", "port": 8080, "targetPort": port}]},
+    })  # fmt: skip
+    await kube.core.create_namespaced_endpoints(namespace, {
+        "metadata": {"name": name},
+        "subsets": [{
+            "addresses": [{"ip": address, "targetRef": {
+                "kind": "Pod", "namespace": namespace, "name": stand_in}}],
+            "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        }],
+    })  # fmt: skip
+
+    last: list[str] = []
+
+    async def proxied() -> bool:
+        try:
+            answer = await Kube(kube.api).get_through_service(namespace, name, "http", "/healthz")
+        except KubeError as error:
+            last[:] = [str(error)]
+            return False  # the API server's cache has not the slice yet
+        return answer is not None and answer.get("status") == "ok"
+
+    try:
+        await kube.wait_for(proxied, "the API server to proxy to the annotator", timeout=30)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; last answer: {last}") from error
+    return f"{namespace}/{name}"
 
 
 async def _explain(control_plane: ControlPlane, *args: str) -> dict[str, Any]:
@@ -68,7 +128,8 @@ async def test_explain_shows_the_written_cost_and_the_trace_that_wrote_it(
     for node, zone in zip(nodes, zones, strict=True):
         await kube.create_node(node, zone=zone, labels={"explain": namespace})
     port = _free_port()
-    settings = ServiceSettings(cluster="e2e", http_host="127.0.0.1", http_port=port)
+    # Every interface: the API server's proxy reaches it at the host's address.
+    settings = ServiceSettings(cluster="e2e", http_host="0.0.0.0", http_port=port)
     api = await config.new_client_from_config(config_file=str(control_plane.kubeconfig))
     async with api:
         pipeline = bootstrap(
@@ -115,6 +176,9 @@ async def test_explain_shows_the_written_cost_and_the_trace_that_wrote_it(
             report = await _explain(
                 control_plane, f"{namespace}/{pod}", "--url", f"http://127.0.0.1:{port}"
             )
+            # The same answer through the API server, as a user with only a kubeconfig asks.
+            service = await _annotator_service(kube, namespace, port)
+            proxied = await _explain(control_plane, f"{namespace}/{pod}", "--service", service)
             [raw] = [
                 p for p in await kube.raw_pods(namespace, "web") if p["metadata"]["name"] == pod
             ]
@@ -127,6 +191,10 @@ async def test_explain_shows_the_written_cost_and_the_trace_that_wrote_it(
 
     annotation = raw["metadata"]["annotations"][COST_ANNOTATION]
     decision = report["decision"]
+    assert proxied["asked"] == (
+        f"the annotator at service {namespace}/podcost-annotator:http through the API server"
+    )
+    assert proxied["decision"] == decision
     assert report["computed_now"] is None
     assert (report["annotation"], report["set_by"]) == (annotation, "podcost")
     assert str(decision["cost"]) == annotation

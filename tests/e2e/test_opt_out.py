@@ -5,8 +5,10 @@ broker) writes the costs of an opted-in 4-replica Deployment; a person then sets
 with ``kubectl annotate`` (field manager ``kubectl-annotate``). When the Deployment opts out
 (``podcost.dev/enabled: "false"``), the watcher says it is gone, the aggregator asks for a
 release, and the annotator removes the three costs podcost wrote, with a PATCH that tests each
-value, and leaves the person's. (podcost leaves a pod without a cost where the 0 it reads as is
-the cost podcost wants; the test waits until podcost has nothing left to write.)
+value, and leaves the person's. The Deployment carries podcost's events, where ``kubectl
+describe`` shows them: opted in, costs written. (podcost leaves a pod without a cost where the
+0 it reads as is the cost podcost wants; the test waits until podcost has nothing left to
+write.)
 """
 
 from __future__ import annotations
@@ -96,6 +98,19 @@ async def test_opting_out_removes_the_costs_podcost_wrote_and_keeps_a_persons(
             return len(ours) >= 2 and not await _left_to_write(kube, namespace)
 
         await kube.wait_for(costed, "podcost's costs on the pods", timeout=60)
+        uid = (await kube.apps.read_namespaced_deployment("web", namespace)).metadata.uid
+        described = (f"involvedObject.kind=Deployment,involvedObject.name=web,"
+                     f"involvedObject.namespace={namespace},involvedObject.uid={uid}")  # fmt: skip
+
+        async def told() -> bool:
+            """What `kubectl describe deployment web` shows: podcost's watcher ranks it, its
+            annotator wrote the costs of a decision."""
+            found = await kube.core.list_namespaced_event(namespace, field_selector=described)
+            by = {(e.reason, e.reporting_component) for e in found.items}
+            return {("OptedIn", "podcost.dev/watcher"),
+                    ("CostsWritten", "podcost.dev/annotator")} <= by  # fmt: skip
+
+        await kube.wait_for(told, "podcost's events on the Deployment", timeout=30)
         person = sorted(n for n, (_, owners) in (await costs()).items() if owners)[0]
         await kube.core.patch_namespaced_pod(
             person, namespace, {"metadata": {"annotations": {COST_ANNOTATION: "-7"}}},

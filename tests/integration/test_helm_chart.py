@@ -18,6 +18,7 @@ helm (``paths.HELM_VERSION``) and the CRD are built into the cache by ``make too
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -32,6 +33,7 @@ import pytest
 import typer.core
 import typer.main
 import yaml
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.dynamic import DynamicClient
 from opentelemetry import environment_variables as otel_api_variables
@@ -70,6 +72,9 @@ CUSTOM_POLICY: list[Manifest] = [
     {"name": "capacity-type", "tier": 1, "weight": 5, "args": {"price_annotation": "acme.io/p"}},
     {"name": "age", "tier": 1, "weight": 2, "threshold": 3600},
 ]
+
+#: Prometheus' namespace, as a NetworkPolicy peer.
+MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
 
 #: One Kafka principal per component: the Secret each component's SASL credentials come from.
 #: A strategy plugin as one more ranker with its own image (the example plugin's strategy).
@@ -150,7 +155,13 @@ CASES: dict[str, Manifest] = {
         },
         "annotator": {"highWater": 2_000_000, "lowWater": 1_000_000},
     },
-    "dry-run": {"dryRun": True, "leaderElection": {"enabled": False}, "log": {"level": "DEBUG"}},
+    "dry-run": {
+        "dryRun": True,
+        "leaderElection": {"enabled": False},
+        "embedded": {"replicaCount": 1},
+        "watcher": {"replicaCount": 1},
+        "log": {"level": "DEBUG"},
+    },
     # RBAC in a Role of the watched namespace (here the release's, where the dry run applies).
     "one-namespace": {"watch": {"namespace": NAMESPACE}},
     "explain-token": {"http": {"explainTokenSecret": {"name": "podcost-explain"}}},
@@ -163,6 +174,24 @@ CASES: dict[str, Manifest] = {
     "dry-run-agent": {"mode": "agent", "clusterName": "eu-2", "kafka": KAFKA, "dryRun": True},
     "no-cleanup-hook": {"cleanup": {"onUninstall": False}, "adoptFieldManagers": []},
     "plugin-ranker": {"kafka": KAFKA, "rankers": PLUGIN_RANKER},
+    # Every component's NetworkPolicy, narrowed to named peers, with tracing on.
+    "network-policy": {
+        "kafka": {**KAFKA, "bootstrapServers": "kafka-0.kafka:9093,kafka-1.kafka:9094"},
+        "networkPolicy": {
+            "enabled": True,
+            "metricsFrom": [MONITORING],
+            "explainFrom": [{"ipBlock": {"cidr": "10.0.0.10/32"}}],
+            "apiServer": {"to": [{"ipBlock": {"cidr": "10.0.0.0/24"}}]},
+            "kafka": {"extraPorts": [9095]},
+        },
+        "opentelemetry": {"endpoint": "http://otel-collector.observability:4318"},
+    },
+    "network-policy-embedded": {"networkPolicy": {"enabled": True}},
+    # One replica everywhere: no PodDisruptionBudget, no default spread.
+    "single-replicas": {
+        "kafka": KAFKA,
+        **{c: {"replicaCount": 1} for c in ("watcher", "annotator", "aggregator", "rankers")},
+    },
 }
 
 #: Values files helm must refuse, with a piece of the one-line reason it must give.
@@ -362,9 +391,8 @@ def test_each_mode_runs_exactly_its_deployments_each_with_a_service(
             if selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
         ]  # fmt: skip
         assert matched == [service["metadata"]["name"]], "a Service must select one component"
-    pdbs = of_kind(objects, "PodDisruptionBudget")
-    wants_pdb = CASES[case].get("pdb", {}).get("enabled", False)
-    assert {pdb["metadata"]["name"] for pdb in pdbs} == (set(deployments) if wants_pdb else set())
+    pdbs = {pdb["metadata"]["name"] for pdb in of_kind(objects, "PodDisruptionBudget")}
+    assert pdbs == {name for name, d in deployments.items() if d["spec"]["replicas"] > 1}
 
 
 def test_the_rankers_follow_the_policy_with_their_overrides(
@@ -378,7 +406,7 @@ def test_the_rankers_follow_the_policy_with_their_overrides(
         assert ranker["metadata"]["labels"]["podcost.dev/strategy"] == entry["name"]
         args = ranker["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args == ["ranker", "--strategy", entry["name"]]
-        assert ranker["spec"]["replicas"] == (3 if entry["name"] == "topology-spread" else 1)
+        assert ranker["spec"]["replicas"] == (3 if entry["name"] == "topology-spread" else 2)
 
 
 def test_a_plugins_ranker_runs_its_image_and_the_rest_know_its_strategy_by_name(
@@ -769,6 +797,176 @@ def test_the_dashboard_ships_in_a_configmap_grafana_picks_up(
     assert shipped == json.loads((CHART / "dashboards" / "podcost.json").read_text())
 
 
+# --- podcost's own pods: replicas, budgets, spread, resources, network ------------------------
+
+
+def replicas_of(objects: list[Manifest]) -> dict[str, int]:
+    """Each Deployment's replicas, by component."""
+    return {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["replicas"]
+        for d in of_kind(objects, "Deployment")
+    }
+
+
+@pytest.mark.parametrize("case", ["default", "kafka", "agent", "core"])
+def test_every_component_runs_two_replicas_by_default_a_standby_or_a_share_of_the_work(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    replicas = replicas_of(rendered(case))
+    assert replicas
+    assert set(replicas.values()) == {2}, replicas
+
+
+@pytest.mark.parametrize("case", ["default", "kafka", "custom-policy", "single-replicas"])
+def test_a_disruption_budget_guards_each_replicated_deployment_and_none_a_single_replica(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    objects = rendered(case)
+    budgets = {p["metadata"]["name"]: p["spec"] for p in of_kind(objects, "PodDisruptionBudget")}
+    for deployment in of_kind(objects, "Deployment"):
+        name, spec = deployment["metadata"]["name"], deployment["spec"]
+        if spec["replicas"] < 2:
+            assert name not in budgets, f"{name} has one replica: its budget would block drains"
+            continue
+        budget = budgets.pop(name)
+        assert budget["maxUnavailable"] == 1
+        assert budget["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+        pod_labels = spec["template"]["metadata"]["labels"]
+        assert budget["selector"]["matchLabels"].items() <= pod_labels.items()
+        assert budget["selector"] == spec["selector"]
+    assert not budgets, f"budgets for no Deployment: {sorted(budgets)}"
+    if case == "single-replicas":
+        assert not of_kind(objects, "PodDisruptionBudget")
+
+
+@pytest.mark.parametrize("case", ["default", "kafka", "custom-policy", "single-replicas"])
+def test_replicated_components_spread_over_zones_then_nodes(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    for deployment in of_kind(rendered(case), "Deployment"):
+        spec = deployment["spec"]
+        constraints = spec["template"]["spec"].get("topologySpreadConstraints")
+        if spec["replicas"] < 2:
+            assert constraints is None
+            continue
+        assert [c["topologyKey"] for c in constraints] == [
+            "topology.kubernetes.io/zone",
+            "kubernetes.io/hostname",
+        ]
+        for constraint in constraints:
+            assert constraint["labelSelector"] == spec["selector"]
+            assert constraint["maxSkew"] == 1
+            assert constraint["whenUnsatisfiable"] == "ScheduleAnyway"
+            assert constraint["matchLabelKeys"] == ["pod-template-hash"]
+
+
+def test_a_components_own_spread_replaces_the_default(helm: Path, tmp_path: Path) -> None:
+    selector = {"matchLabels": {"app.kubernetes.io/component": "watcher"}}
+    own = [{"topologyKey": "rack", "maxSkew": 2, "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": selector}]  # fmt: skip
+    values = {"kafka": KAFKA, "watcher": {"topologySpreadConstraints": own}}
+    result = run_helm(helm, *template_argv(values_file(tmp_path, "own-spread", values)))
+    assert result.returncode == 0, result.stderr
+    spreads = {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]: d["spec"]["template"]["spec"][
+            "topologySpreadConstraints"
+        ]
+        for d in of_kind([doc for doc in yaml.safe_load_all(result.stdout) if doc], "Deployment")
+    }
+    assert spreads.pop("watcher") == own
+    assert all(s[0]["topologyKey"] == "topology.kubernetes.io/zone" for s in spreads.values())
+
+
+#: The requests each component's measurements chose (values.yaml names the measurements).
+MEASURED = {
+    "watcher": {"cpu": "100m", "memory": "192Mi"},
+    "annotator": {"cpu": "100m", "memory": "192Mi"},
+    "aggregator": {"cpu": "200m", "memory": "160Mi"},
+    "ranker": {"cpu": "50m", "memory": "96Mi"},
+    "run": {"cpu": "200m", "memory": "256Mi"},
+}
+
+
+@pytest.mark.parametrize("case", ["default", "kafka"])
+def test_each_component_requests_what_it_was_measured_to_use_with_a_memory_limit_only(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    for _, container in containers(rendered(case)):
+        resources = container["resources"]
+        assert resources["requests"] == MEASURED[container["args"][0]]
+        assert set(resources["limits"]) == {"memory"}, "a CPU limit throttles a busy watcher"
+
+
+def _memory_mib(quantity: str) -> float:
+    units = {"Mi": 1.0, "Gi": 1024.0}
+    return float(quantity[:-2]) * units[quantity[-2:]]
+
+
+@pytest.mark.parametrize("case", ["default", "kafka"])
+def test_every_memory_limit_leaves_room_above_the_request(
+    rendered: Callable[[str], list[Manifest]], case: str
+) -> None:
+    for deployment, container in containers(rendered(case)):
+        limits, requests = container["resources"]["limits"], container["resources"]["requests"]
+        ratio = _memory_mib(limits["memory"]) / _memory_mib(requests["memory"])
+        assert ratio >= 2, f"{deployment['metadata']['name']}: limit {limits}, request {requests}"
+        assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 30
+
+
+def _policies(objects: list[Manifest]) -> dict[str, Manifest]:
+    return {
+        p["metadata"]["labels"]["app.kubernetes.io/component"]: p["spec"]
+        for p in of_kind(objects, "NetworkPolicy")
+    }
+
+
+def _egress_ports(policy: Manifest) -> set[int]:
+    return {port["port"] for rule in policy["egress"] for port in rule["ports"]}
+
+
+def test_no_network_policy_unless_asked(rendered: Callable[[str], list[Manifest]]) -> None:
+    for case in ("default", "kafka", "agent", "core"):
+        assert not of_kind(rendered(case), "NetworkPolicy")
+
+
+def test_each_component_may_reach_only_what_it_uses(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    objects = rendered("network-policy")
+    policies = _policies(objects)
+    components = set(replicas_of(objects))
+    assert set(policies) == components | {"cleanup"}
+    for component, policy in policies.items():
+        assert policy["policyTypes"] == ["Ingress", "Egress"]
+        assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+        ports = _egress_ports(policy)
+        dns = {53}
+        if component == "cleanup":
+            assert policy["ingress"] == []
+            assert ports == dns | {443, 6443}
+            continue
+        kafka, otlp = {9093, 9094, 9095}, {4318}
+        api = {443, 6443} if component in ("watcher", "annotator") else set()
+        assert ports == dns | kafka | otlp | api, component
+        [ingress] = policy["ingress"]
+        assert ingress["ports"] == [{"port": "http", "protocol": "TCP"}]
+        explain = [{"ipBlock": {"cidr": "10.0.0.10/32"}}] if component == "annotator" else []
+        assert ingress["from"] == [MONITORING, *explain], component
+        api_rules = [r for r in policy["egress"] if {p["port"] for p in r["ports"]} == {443, 6443}]
+        narrowed = [[{"ipBlock": {"cidr": "10.0.0.0/24"}}]] if api else []
+        assert [r["to"] for r in api_rules] == narrowed
+
+
+def test_the_embedded_deployment_reaches_the_api_server_and_no_broker(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    policies = _policies(rendered("network-policy-embedded"))
+    assert set(policies) == {"embedded", "cleanup"}
+    assert _egress_ports(policies["embedded"]) == {53, 443, 6443}
+    # No peers given: the release namespace's pods may scrape, nothing else may reach /explain.
+    assert policies["embedded"]["ingress"][0]["from"] == [{"podSelector": {}}]
+
+
 # --- the API server --------------------------------------------------------------------------
 
 
@@ -846,3 +1044,88 @@ async def test_the_strict_check_refuses_a_field_kubernetes_does_not_know(
     reason = await refusal(dynamic, misspelt)
     assert reason is not None
     assert "readinessProbes: field not declared in schema" in reason
+
+
+#: Two kwok nodes in two zones that only the spread test's pods are pinned to.
+SPREAD_NODES = {"chart-spread-a": "chart-zone-a", "chart-spread-b": "chart-zone-b"}
+SPREAD_LABEL = {"podcost.dev/chart-test": "spread"}
+
+
+async def test_the_watchers_run_in_two_zones_and_a_drain_evicts_one_at_a_time(
+    kube: KubeTestCluster, dynamic: DynamicClient, helm: Path, tmp_path: Path
+) -> None:
+    """The chart's replicas, spread and budget as the real scheduler, disruption controller and
+    eviction API take them: two watcher replicas land in two zones, and with the nodes cordoned
+    (a drain) the budget lets one be evicted and refuses the second until the first is back.
+    The spread is made a requirement here (DoNotSchedule): the default, ScheduleAnyway, is a
+    preference the scheduler may pass over (a node it has not seen yet), which would make the
+    placement a matter of timing."""
+    values = {"kafka": KAFKA, "watcher": {"nodeSelector": SPREAD_LABEL},
+              "topologySpread": {"whenUnsatisfiable": "DoNotSchedule"}}  # fmt: skip
+    result = run_helm(helm, *template_argv(values_file(tmp_path, "spread", values)))
+    assert result.returncode == 0, result.stderr
+    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    watcher = f"{RELEASE}-watcher"
+    wanted = {("ServiceAccount", RELEASE), ("ConfigMap", f"{RELEASE}-policy"),
+              ("Deployment", watcher), ("PodDisruptionBudget", watcher)}  # fmt: skip
+    chosen = [o for o in objects if (o["kind"], o["metadata"]["name"]) in wanted]
+    assert len(chosen) == len(wanted)
+    for name, zone in SPREAD_NODES.items():
+        await kube.create_node(name, zone=zone, labels=SPREAD_LABEL)
+    applied: list[tuple[Any, Manifest]] = []
+    try:
+        for obj in chosen:
+            resource = await dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+            await dynamic.server_side_apply(
+                resource, obj, namespace=NAMESPACE, field_manager=FIELD_MANAGER
+            )
+            applied.append((resource, obj))
+        selector = "app.kubernetes.io/component=watcher,app.kubernetes.io/instance=" + RELEASE
+
+        async def pods() -> list[Any]:
+            found = await kube.core.list_namespaced_pod(NAMESPACE, label_selector=selector)
+            return [p for p in found.items if p.metadata.deletion_timestamp is None]
+
+        async def both_ready() -> bool:
+            ready = [p for p in await pods() if p.status.conditions and any(
+                c.type == "Ready" and c.status == "True" for c in p.status.conditions)]  # fmt: skip
+            return len(ready) == 2
+
+        await kube.wait_for(both_ready, "two watcher pods Ready", timeout=90)
+        placed = {p.spec.node_name for p in await pods()}
+        assert {SPREAD_NODES[node] for node in placed} == set(SPREAD_NODES.values())
+
+        policy = client.PolicyV1Api(kube.api)
+
+        async def one_disruption_allowed() -> bool:
+            budget = await policy.read_namespaced_pod_disruption_budget(
+                f"{RELEASE}-watcher", NAMESPACE
+            )
+            return bool(budget.status and budget.status.disruptions_allowed == 1)
+
+        await kube.wait_for(one_disruption_allowed, "the budget to allow one disruption")
+        for name in SPREAD_NODES:
+            await kube.core.patch_node(name, {"spec": {"unschedulable": True}})
+        first, second = await pods()
+
+        async def evict(pod: Any) -> None:
+            body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": pod.metadata.name, "namespace": NAMESPACE}}  # fmt: skip
+            await kube.core.create_namespaced_pod_eviction(pod.metadata.name, NAMESPACE, body)
+
+        await evict(first)
+        with pytest.raises(ApiException) as refused:
+            await evict(second)
+        assert refused.value.status == 429
+        assert "disruption budget" in str(refused.value.body)
+    finally:
+        for resource, obj in reversed(applied):
+            with contextlib.suppress(ApiException):
+                await dynamic.delete(resource, name=obj["metadata"]["name"], namespace=NAMESPACE)
+
+        async def gone() -> bool:
+            found = await kube.core.list_namespaced_pod(NAMESPACE, label_selector=selector)
+            return not found.items
+
+        await kube.wait_for(gone, "the watcher pods deleted", timeout=60)
+        await kube.delete_nodes(list(SPREAD_NODES))

@@ -46,6 +46,7 @@ from podcost.annotator.settings import AnnotatorSettings
 from podcost.annotator.view import InformerView
 from podcost_core.labels import DEFAULT_BAND, INT32_MAX, INT32_MIN
 from podcost_kube.client import Kube, KubeError
+from podcost_kube.events import EventRecorder, EventSettings, ObjectRef
 from podcost_kube.informer import (
     NAMESPACE,
     WORKLOAD_RESOURCES,
@@ -63,6 +64,8 @@ WORKLOAD_RULES = {
     *(("", "pods", verb, "") for verb in ("get", "list", "watch", "patch")),
     *(("apps", resource, verb, "") for resource in ("replicasets", "deployments")
       for verb in ("get", "list", "watch")),
+    # Events on them, through the events API only (a series' count is a patch).
+    *(("events.k8s.io", "events", verb, "") for verb in ("create", "patch")),
 }  # fmt: skip
 #: ... and on the cluster-scoped ones, always cluster-wide: nodes, and namespaces only with
 #: ``watch.namespaceSelector`` (the one reason the watcher reads them).
@@ -229,6 +232,32 @@ async def test_the_annotators_read_and_compare_and_swap_patch_pass(
     assert written["metadata"]["annotations"][COST_ANNOTATION] == "42"
     await pods.patch_deletion_cost(installed.namespace, installed.pod, 10)
     assert (await _annotations(kube, installed))[COST_ANNOTATION] == "10"
+
+
+async def test_the_account_writes_events_and_counts_their_series_through_the_events_api(
+    installed: Installed, kube: KubeTestCluster
+) -> None:
+    pod = await kube.core.read_namespaced_pod(installed.pod, installed.namespace)
+    ref = ObjectRef("v1", "Pod", installed.namespace, installed.pod, pod.metadata.uid)
+    settings = EventSettings(series_flush_seconds=3600)
+    recorder = EventRecorder(Kube(installed.api), "podcost.dev/annotator", "lp-0", settings)
+    task = asyncio.create_task(recorder.run())
+    try:
+        for _ in range(3):
+            recorder.record(ref, type="Warning", reason="CostRefused", action="WriteCosts",
+                            note="refused for the least-privilege test")  # fmt: skip
+        await recorder.idle()
+        await recorder.flush()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert recorder.counts["failed"] == 0
+    assert recorder.counts["created"] == 1
+    found = await client.EventsV1Api(kube.api).list_namespaced_event(
+        installed.namespace, field_selector=f"regarding.name={installed.pod}"
+    )
+    [event] = [e for e in found.items if e.reporting_instance == "lp-0"]
+    assert event.series.count == 3
 
 
 async def test_the_annotators_own_view_lists_and_watches_as_the_account(
@@ -801,7 +830,8 @@ def test_the_chart_renders_rbac_and_policy_only_where_asked() -> None:
     everything = ["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
                   "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]  # fmt: skip
     assert _kinds({}) == everything
-    assert _kinds({"leaderElection.enabled": "false"}) == sorted(
+    single = {"watcher.replicaCount": "1", "embedded.replicaCount": "1"}
+    assert _kinds({"leaderElection.enabled": "false", **single}) == sorted(
         set(everything) - {"Role", "RoleBinding"}
     )
     assert _kinds({"admissionPolicy.enabled": "false"}) == everything[:4]

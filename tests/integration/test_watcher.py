@@ -13,6 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -129,6 +130,35 @@ async def test_a_deployment_that_did_not_opt_in_is_never_published(
         await kube.wait_ready(namespace, "quiet", 2)
         await _no_snapshot(consumer, wait=1.5)
     # Nothing published: the watcher has no sample of the family yet.
+    assert watcher.metrics.get_sample_value("podcost_snapshots_published_total") is None
+
+
+async def test_a_workload_with_an_invalid_policy_is_told_why_it_is_not_ranked(
+    running_watcher: tuple[WatcherService, MemoryBus, str], kube: KubeTestCluster
+) -> None:
+    """A Warning event on the Deployment (``kubectl describe`` shows it), counted into one
+    series however often the workload changes."""
+    watcher, _, namespace = running_watcher
+    await kube.create_deployment(
+        namespace, "typo", 2, opt_in=True, node_selector={"watch": namespace},
+        annotations={"podcost.dev/strategies": "topology-spred=2"},
+    )  # fmt: skip
+    await kube.wait_ready(namespace, "typo", 2)
+
+    async def refused() -> list[Any]:
+        found = await kube.core.list_namespaced_event(
+            namespace, field_selector="involvedObject.kind=Deployment,involvedObject.name=typo"
+        )
+        return [e for e in found.items if e.reason == "PolicyRefused"]
+
+    async def told() -> bool:
+        return bool(await refused())
+
+    await kube.wait_for(told, "a PolicyRefused event on the Deployment", timeout=30)
+    [event] = await refused()
+    assert event.type == "Warning"
+    assert event.reporting_component == "podcost.dev/watcher"
+    assert "topology-spred" in event.message
     assert watcher.metrics.get_sample_value("podcost_snapshots_published_total") is None
 
 

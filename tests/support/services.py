@@ -75,6 +75,21 @@ class ServiceSpec:
 
 # --- the chart -----------------------------------------------------------------------------------
 
+#: The chart's replicated components. Its production default runs two of each (a standby or a
+#: partition share); the tests run one of each unless their values ask for more, so that a test
+#: of the whole pipeline does not start every process twice.
+REPLICATED = ("watcher", "annotator", "aggregator", "rankers", "embedded")
+
+
+def one_replica_each(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with ``replicaCount: 1`` for every replicated component that sets none."""
+    merged = dict(values)
+    for component in REPLICATED:
+        own = dict(merged.get(component) or {})
+        own.setdefault("replicaCount", 1)
+        merged[component] = own
+    return merged
+
 
 def chart_specs(
     helm: Path,
@@ -83,7 +98,8 @@ def chart_specs(
     prefix: str = "",
     namespace: str = NAMESPACE,
 ) -> list[ServiceSpec]:
-    """One spec per container of every Deployment ``helm template`` renders with ``values``.
+    """One spec per container of every Deployment ``helm template`` renders with ``values``
+    (over :func:`one_replica_each`).
 
     A spec is named ``<prefix><component>`` (``watcher``, ``annotator``, ``aggregator``,
     ``ranker-<strategy>``; ``/<container>`` added when a pod has several containers), and a
@@ -93,7 +109,8 @@ def chart_specs(
     """
     rendered = subprocess.run(
         [str(helm), "template", RELEASE, str(CHART), "--namespace", namespace, "--values", "-"],
-        input=yaml.safe_dump(dict(values)), capture_output=True, text=True, timeout=120,
+        input=yaml.safe_dump(one_replica_each(values)), capture_output=True, text=True,
+        timeout=120,
     )  # fmt: skip
     if rendered.returncode != 0:
         raise AssertionError(f"helm template failed: {rendered.stderr.strip()}")

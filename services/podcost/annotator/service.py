@@ -132,6 +132,7 @@ from podcost.annotator.plan import (
 )
 from podcost.annotator.settings import AnnotatorSettings
 from podcost.annotator.view import ClusterView, InformerView
+from podcost.runtime.events import recorder
 from podcost.runtime.metrics import Families, Metrics
 from podcost.runtime.retry import retry_transient
 from podcost.runtime.settings import ServiceSettings
@@ -177,6 +178,7 @@ from podcost_core.backoff import Random
 from podcost_core.convert import ObjectMetaJSON, own_cost
 from podcost_core.model import DELETION_COST_ANNOTATION, PodUID
 from podcost_kube.client import CostChanged, Kube, KubeError, PodGone, connect
+from podcost_kube.events import EventRecorder, ObjectRef
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -315,6 +317,8 @@ class AnnotatorService:
         """The namespace and opt-in rules this annotator writes for."""
         self.view = view
         """Its own view of its cluster (built over the connected ``Kube`` when not given)."""
+        self.events: EventRecorder | None = None
+        """Its Kubernetes Events (over the connected ``Kube``; ``PODCOST_EVENTS``)."""
 
     @property
     def topic(self) -> str:
@@ -392,6 +396,8 @@ class AnnotatorService:
         consumer = self.bus.consumer(
             [self.topic], group=self.group, max_poll_records=self.config.poll_records
         )
+        if isinstance(kube, Kube):
+            self.events = recorder(self.settings, kube, "annotator")
         async with consumer:
             self._consumer = consumer
             log.info(
@@ -403,6 +409,8 @@ class AnnotatorService:
             try:
                 async with asyncio.TaskGroup() as tasks:
                     tasks.create_task(view.run(), name="annotator-view")
+                    if self.events is not None:
+                        tasks.create_task(self.events.run(), name="annotator-events")
                     for index in range(self.config.max_in_flight):
                         tasks.create_task(self._write_loop(kube), name=f"annotator-write-{index}")
                     tasks.create_task(self._commit_loop(consumer), name="annotator-commit")
@@ -801,7 +809,37 @@ class AnnotatorService:
             key = message.key
             self._done[key] = max(self._done.get(key, message.version), message.version)
             self._check_caught_up()
+            self._tell_workload(message, batch.results)
         self._progress.set()
+
+    def _tell_workload(self, message: DesiredCostsMessage, results: Counter[Result]) -> None:
+        """One event per decision on its workload: the costs written, the costs someone else
+        set that were kept (``kubectl describe deployment/...`` shows them)."""
+        if self.events is None:
+            return
+        workload = message.workload
+        view = self.view
+        known = (
+            view.store.get(workload.kind, workload.namespace, workload.name)
+            if view is not None
+            else None
+        )
+        uid = str(((known or {}).get("metadata") or {}).get("uid") or "")
+        ref = ObjectRef("apps/v1", workload.kind, workload.namespace, workload.name, uid)
+        written, kept = results[Result.OK], results[Result.FOREIGN]
+        if written:
+            unchanged = results[Result.UNCHANGED]
+            self.events.record(
+                ref, type="Normal", reason="CostsWritten", action="WriteCosts",
+                note=f"wrote {written} pod deletion costs for decision {message.version}"
+                f"{f' ({unchanged} already right)' if unchanged else ''}",
+            )  # fmt: skip
+        if kept:
+            self.events.record(
+                ref, type="Normal", reason="ForeignCostKept", action="WriteCosts",
+                note=f"kept {kept} pod deletion costs someone else set (decision "
+                f"{message.version}); PODCOST_ANNOTATOR_OVERWRITE_FOREIGN would take them over",
+            )  # fmt: skip
 
     def _check_caught_up(self) -> None:
         """Latch ``caught_up`` once every decision ``catch_up`` names is written (or a newer
@@ -992,9 +1030,18 @@ class AnnotatorService:
     def _count_refusal(
         self, want: Want[Ticket[_Batch]], message: DesiredCostsMessage, refused: Refused
     ) -> Result:
-        """Count and log a refused write."""
+        """Count and log a refused write, and tell the pod (a Warning event)."""
         self.metrics.refusals.labels(refused.reason.value).inc()
         pod = f"{want.namespace}/{want.name}"
+        if self.events is not None:
+            known = self.view.pod(want.namespace, want.name) if self.view is not None else None
+            uid = str(((known or {}).get("metadata") or {}).get("uid") or "")
+            self.events.record(
+                ObjectRef("v1", "Pod", want.namespace, want.name, uid),
+                type="Warning", reason="CostRefused", action="WriteCosts",
+                note=f"refused cost {want.cost} of {message.key} decision {message.version}: "
+                f"{refused.reason.value}, {refused.detail}",
+            )  # fmt: skip
         log.warning(
             "refusing cost %d for pod %s (uid %s) of %s version %d: %s, %s",
             want.cost, pod, want.uid, message.key, message.version, refused.reason.value,

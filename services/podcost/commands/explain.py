@@ -6,12 +6,13 @@ weight and tier, the tier sums and the pod's place in the combined deletion orde
 id of the decision (and of the one whose write set the current value). The decision comes from
 the annotator, which keeps the last one per pod (``GET /explain/{namespace}/{pod}`` on its HTTP
 port, ``--url``; with the bearer token ``PODCOST_EXPLAIN_TOKEN`` when the annotator requires
-one), or with ``--kafka`` from the latest desired-costs message for the pod on the
-costs topic. With ``--trace-ui`` (``PODCOST_TRACE_UI_URL``), the base URL of a Jaeger UI, each
-trace id comes with its link there (``<base>/trace/<id>``). When no decision is known, it says
-so and shows what the pure core decides now from the workload as the cluster holds it (the
-watcher's conversion, ``rank`` and ``label_costs``), labelled as computed now. ``podcost.cli``
-registers it; it writes nothing anywhere.
+one; or through the API server's proxy of its Service, ``--service``, as ``kubectl`` reaches a
+Service, with no port-forward), or with ``--kafka`` from the latest desired-costs message for
+the pod on the costs topic. With ``--trace-ui`` (``PODCOST_TRACE_UI_URL``), the base URL of a
+Jaeger UI, each trace id comes with its link there (``<base>/trace/<id>``). When no decision is
+known, it says so and shows what the pure core decides now from the workload as the cluster
+holds it (the watcher's conversion, ``rank`` and ``label_costs``), labelled as computed now.
+``podcost.cli`` registers it; it writes nothing anywhere.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ EPILOG = """**Examples**
 ```
 podcost explain shop/web-5d8f7-x2x9k                 # the annotator on :8080
 podcost explain shop/web-5d8f7-x2x9k --url http://podcost.podcost-system:8080
+podcost explain shop/web-5d8f7-x2x9k --service podcost/podcost-annotator   # via the API server
 podcost explain shop/web-5d8f7-x2x9k --kafka kafka:9092   # the costs topic
 podcost explain shop/web-5d8f7-x2x9k --output json
 podcost explain shop/web-5d8f7-x2x9k --trace-ui https://jaeger.example.com   # trace links
@@ -202,6 +204,41 @@ async def read_costs_topic(
                     raise TimeoutError(f"could not read topic {topic} to its end in {limit_s:.0f}s")
 
 
+def split_service(value: str, default_namespace: str) -> tuple[str, str, str]:
+    """``[NAMESPACE/]NAME[:PORT]`` as (namespace, name, port); port ``http`` (the chart's)."""
+    where, _, port = value.partition(":")
+    namespace, slash, name = where.rpartition("/")
+    if not name or (slash and not namespace) or "/" in namespace:
+        fail(COMMAND, f"--service {value!r} is not [NAMESPACE/]NAME[:PORT]")
+    return namespace or default_namespace, name, port or "http"
+
+
+async def ask_through_api_server(
+    kube: Kube, service: tuple[str, str, str], namespace: str, pod: str
+) -> Explanation | None:
+    """The annotator's last decision about the pod, asked through the API server's proxy of
+    ``service`` (namespace, name, port): no port-forward, the user's own credentials."""
+    path = f"/explain/{urllib.parse.quote(namespace, safe='')}/{urllib.parse.quote(pod, safe='')}"
+    try:
+        answer = await kube.get_through_service(*service, path)
+    except KubeError as error:
+        if error.status == 401:
+            raise TokenRefused(
+                "the annotator requires its bearer token, which the API server's proxy cannot "
+                "pass on (the API server takes the Authorization header for itself): ask it with "
+                "--url over a port-forward, or read the costs topic with --kafka"
+            ) from error
+        raise
+    if answer is None:
+        return None
+    try:
+        return Explanation.model_validate(answer)
+    except ValidationError as error:
+        raise ValueError(
+            f"the answer is not an explanation: {error.error_count()} errors"
+        ) from error
+
+
 async def compute_now(
     kube: Kube, namespace: str, pod: dict[str, Any], settings: ServiceSettings
 ) -> tuple[Explanation | None, str | None]:
@@ -275,6 +312,7 @@ async def explain(
     kubeconfig: str | None = None,
     context: str | None = None,
     trace_ui: str | None = None,
+    service: tuple[str, str, str] | None = None,
 ) -> Report:
     """Everything ``podcost explain`` shows (see the module docstring)."""
     async with connect(kubeconfig, context) as kube:
@@ -285,6 +323,11 @@ async def explain(
             topic = bus_settings.topics.costs_for(settings.cluster)
             asked = f"topic {topic} at {bus_settings.bootstrap_servers}"
             decision = await read_costs_topic(bus_settings, settings.cluster, namespace, name, uid)
+        elif service is not None:
+            asked = "the annotator at service {}/{}:{} through the API server".format(*service)
+            decision = await ask_through_api_server(kube, service, namespace, name)
+            if decision is not None and decision.uid != uid:
+                decision = None  # about an earlier pod of the same name
         else:
             asked = f"the annotator at {url}"
             try:
@@ -431,6 +474,15 @@ def explain_command(
             "PODCOST_TOPIC_COSTS, PODCOST_KAFKA_*).",
         ),
     ] = None,
+    service: Annotated[
+        str | None,
+        typer.Option(
+            metavar="[NAMESPACE/]NAME[:PORT]",
+            help="Ask the annotator through the API server's proxy of its Service (the chart's "
+            "<release>-annotator, or <release>-embedded; port http), with your kubeconfig's "
+            "credentials (get on services/proxy): no port-forward. Namespace: the pod's.",
+        ),
+    ] = None,
     output: OutputOption = DEFAULT_OUTPUT,
     namespace: Annotated[
         str | None,
@@ -469,6 +521,7 @@ def explain_command(
             explain(
                 namespace, name, url=url, bus_settings=bus_settings, settings=settings,
                 kubeconfig=kubeconfig, context=context, trace_ui=trace_ui,
+                service=split_service(service, namespace) if service is not None else None,
             )
         )  # fmt: skip
     except PodGone:

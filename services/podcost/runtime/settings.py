@@ -36,6 +36,9 @@ the service with the variable named. Variables (defaults in brackets):
 - ``PODCOST_CLOCK_SKEW_SECONDS``: seconds a record's time stamp (``emitted_at``, ``changed_at``) may
   lie ahead of this service's clock; a record stamped later is dead-lettered and counted
   (``podcost_messages_consumed{outcome="future"}``), never ordered before genuine ones [300]
+- ``PODCOST_EVENTS``: write Kubernetes Events about what podcost did (``podcost_kube.events``);
+  never in a dry run [true]. ``PODCOST_EVENTS_BURST`` / ``PODCOST_EVENTS_REFILL_SECONDS``: the
+  events one object may get at once, and the seconds until it may get one more [25 / 300]
 - ``PODCOST_RETRY_INITIAL_SECONDS`` / ``PODCOST_RETRY_MAX_SECONDS``: the one retry policy of the
   process (``podcost_core.backoff``): the n-th wait after a failure is drawn at random up to
   ``initial × 2^(n-1)``, at most the maximum; a longer ``Retry-After`` from the server wins. Bus
@@ -211,6 +214,26 @@ class ServiceSettings(BaseSettings):
         validation_alias=renamed(
             "PODCOST_RETRY_MAX_SECONDS", "PODCOST_ANNOTATOR_BACKOFF_MAX", field="retry_max_seconds"
         ),
+    )
+
+    events: bool = Field(
+        default=True,
+        description="Write Kubernetes Events (events.k8s.io/v1) about what podcost did on the "
+        "objects operators describe: a workload opted in or refused, costs written or kept, a "
+        "write refused. Never in a dry run.",
+    )
+    events_burst: int = Field(
+        default=25,
+        ge=1,
+        le=1000,
+        description="Events one object may get at once; a repeat of one already written only "
+        "counts into its series.",
+    )
+    events_refill_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="Seconds until an object that spent its events burst may get one more.",
     )
 
     @model_validator(mode="before")

@@ -79,6 +79,7 @@ from pydantic import AliasChoices, Field, FilePath, field_validator, model_valid
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from podcost.runtime.clock import Clock, WallClock
+from podcost.runtime.events import recorder
 from podcost.runtime.heap import settle_heap, trim_forever
 from podcost.runtime.metrics import Families, Metrics
 from podcost.runtime.settings import ServiceSettings
@@ -109,6 +110,7 @@ from podcost_core.model import DELETION_COST_ANNOTATION, Pod
 from podcost_core.policy import PolicyError, load_policy_file, reads_node_load
 from podcost_kube.client import Kube
 from podcost_kube.debounce import Debouncer, Emission
+from podcost_kube.events import EventRecorder, EventType, ObjectRef
 from podcost_kube.informer import NAMESPACE, SERVICE_BACKOFF, WORKLOAD_RESOURCES, Informers
 from podcost_kube.leader import LeaderElector, check_timing
 from podcost_kube.podcache import PodCache
@@ -352,6 +354,8 @@ class WatcherService:
     signing_key: bytes | None = None
     """This cluster's key: every record published is signed with it (``None``: not signed)."""
     name: str = "watcher"
+    events: EventRecorder | None = None
+    """Its Kubernetes Events: a workload opted in, or refused for an invalid policy."""
 
     def __post_init__(self) -> None:
         self.store = Store()
@@ -511,6 +515,8 @@ class WatcherService:
                 asyncio.create_task(trim_forever(), name="watcher-trim"),
                 asyncio.create_task(self._resync_forever(), name="watcher-resync"),
             ]
+            if self.events is not None:
+                tasks.append(asyncio.create_task(self.events.run(), name="watcher-events"))
             if self.elector is not None:
                 # Only now: a replica that leads must have the whole cluster in its cache.
                 tasks.append(asyncio.create_task(self.elector.run(), name="watcher-elector"))
@@ -651,6 +657,7 @@ class WatcherService:
         if not policy.enabled:
             if policy.error is not None:
                 log.warning("not ranking %s: %s", key.bus_key(self.cluster), policy.error)
+                self._tell(key, "Warning", "PolicyRefused", f"not ranked: {policy.error}")
             await self._gone(key, version, changed_at, policy.error)
             self._passed(key, None)
             return False
@@ -696,6 +703,9 @@ class WatcherService:
             acked = await self.bus.send(
                 self.topics.workloads, encoded.key, encoded.value, self._signed(encoded)
             )
+        if key not in self._published:
+            self._tell(key, "Normal", "OptedIn", f"ranked by podcost ({policy.source}): "
+                       f"{len(snapshot.pods)} pods, snapshot version {version}")  # fmt: skip
         self._published.add(key)
         if policy.policy is not None and reads_node_load(policy.policy):
             self._node_load.add(key)
@@ -715,6 +725,16 @@ class WatcherService:
             return encoded.headers
         mark = signature(self.signing_key, encoded.key or b"", encoded.value)
         return {**encoded.headers, SIGNATURE_HEADER: mark}
+
+    def _tell(self, key: WorkloadKey, type: EventType, reason: str, note: str) -> None:
+        """An event on the workload (``kubectl describe`` shows it)."""
+        if self.events is None:
+            return
+        raw = self.store.get(key.kind, key.namespace, key.name)
+        if raw is None:
+            return
+        ref = ObjectRef.of(raw, api_version="apps/v1", kind=key.kind)
+        self.events.record(ref, type=type, reason=reason, action="Rank", note=note)
 
     def _track(self, acked: asyncio.Future[Delivery]) -> None:
         self._in_flight.append(acked)
@@ -826,4 +846,5 @@ def bootstrap(
             if watcher_settings.signing_key_file is None
             else read_signing_key(watcher_settings.signing_key_file.read_text(encoding="utf-8"))
         ),
+        events=recorder(settings, kube, "watcher"),
     )

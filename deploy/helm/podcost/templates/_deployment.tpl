@@ -23,14 +23,10 @@ the aggregator and the rankers serve every cluster and get no cluster name.
 {{- $component := .item.component -}}
 {{- $name := include "podcost.componentName" (dict "root" $root "component" $component) -}}
 {{- $own := index $v (ternary "rankers" $role (eq $role "ranker")) -}}
-{{- $replicas := $own.replicaCount -}}
+{{- $replicas := include "podcost.replicas" . -}}
 {{- $resources := $own.resources | default $v.resources -}}
 {{- if and (eq $role "ranker") (hasKey $v.rankers.overrides $strategy) -}}
-{{- $override := index $v.rankers.overrides $strategy -}}
-{{- if hasKey $override "replicaCount" -}}
-{{- $replicas = $override.replicaCount -}}
-{{- end -}}
-{{- $resources = $override.resources | default $resources -}}
+{{- $resources = (index $v.rankers.overrides $strategy).resources | default $resources -}}
 {{- end -}}
 {{- $kube := has $role (list "watcher" "annotator" "embedded") -}}
 {{- $policy := ne $role "annotator" -}}
@@ -84,9 +80,10 @@ spec:
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with $v.priorityClassName }}
+      {{- with ($own.priorityClassName | default $v.priorityClassName) }}
       priorityClassName: {{ . }}
       {{- end }}
+      terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds | int }}
       {{- with $v.podSecurityContext }}
       securityContext:
         {{- toYaml . | nindent 8 }}
@@ -144,6 +141,14 @@ spec:
             {{- if $kube }}
             - name: PODCOST_ADOPT_FIELD_MANAGERS
               value: {{ join "," $v.adoptFieldManagers | quote }}
+            - name: PODCOST_EVENTS
+              value: {{ $v.events.enabled | quote }}
+            {{- if $v.events.enabled }}
+            - name: PODCOST_EVENTS_BURST
+              value: {{ $v.events.burst | int | quote }}
+            - name: PODCOST_EVENTS_REFILL_SECONDS
+              value: {{ $v.events.refillSeconds | quote }}
+            {{- end }}
             {{- end }}
             {{- if $policy }}
             - name: PODCOST_POLICY_FILE
@@ -298,9 +303,9 @@ spec:
       affinity:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with ($own.topologySpreadConstraints | default $v.topologySpreadConstraints) }}
+      {{- with include "podcost.topologySpread" . }}
       topologySpreadConstraints:
-        {{- toYaml . | nindent 8 }}
+        {{- . | nindent 8 }}
       {{- end }}
 {{- end -}}
 
