@@ -80,8 +80,6 @@ bench: setup  ## benchmarks that print numbers (not tests); records them in docs
 	$(RUN) python -m tests.bench.bench_annotator
 	$(RUN) python -m tests.bench.bench_pipeline
 	$(RUN) python -m tests.bench.bench_fleet
-	$(RUN) python -m tests.bench.bench_rankers --rankers apart
-	$(RUN) python -m tests.bench.bench_rankers --rankers shared
 	$(RUN) python -m tests.bench.bench_aggregator
 	$(RUN) python -m tests.bench.bench_snapshot_decode
 	$(RUN) python -m tests.bench.bench_watch_path
