@@ -29,6 +29,7 @@ from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import setup_tracing
 from podcost_bus import BusError, BusSettings, open_bus
+from podcost_contracts.messages import keep_decoded_snapshots
 from podcost_core.policy import PolicyError
 from podcost_core.strategies.registry import PluginError, UnknownStrategyError
 
@@ -60,6 +61,10 @@ def ranker_command(
     setup_tracing(service_name)
     heap_dumps_on_signal()
     shared = len(names) > 1
+    if shared:
+        # Every strategy's consumer reads the same records, up to a poll apart: the first
+        # decode of a record must outlive the others' arrival at it.
+        keep_decoded_snapshots(2 * bus_settings.max_poll_records + 64)
     bus = open_bus(bus_settings)
     families = Families() if shared else None
     try:
