@@ -372,8 +372,12 @@ class _DecodedSnapshots:
     serves any reader; one decoded with fields left unread serves only readers that leave the
     same ones unread. Messages are frozen; errors are not kept."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, value_bytes: int = 8 * 2**20) -> None:
         self._size = size
+        self._value_bytes = value_bytes
+        """At most this many bytes of record values kept (a few large snapshots, or many
+        small ones)."""
+        self._bytes = 0
         self._kept: OrderedDict[
             tuple[bytes, bytes | None, bytes | None], dict[Unread | None, WorkloadSnapshotMessage]
         ] = OrderedDict()
@@ -397,16 +401,41 @@ class _DecodedSnapshots:
         message = decode(WorkloadSnapshotMessage, value, headers, validator=validator)
         if kept is None:
             kept = self._kept[record] = {}
-            if len(self._kept) > self._size:
-                self._kept.popitem(last=False)
+            self._bytes += len(value)
+            self._trim()
         kept[unread] = message
         return message
 
+    def _trim(self) -> None:
+        while len(self._kept) > 1 and (
+            len(self._kept) > self._size or self._bytes > self._value_bytes
+        ):
+            (value, _, _), _ = self._kept.popitem(last=False)
+            self._bytes -= len(value)
+
     def clear(self) -> None:
         self._kept.clear()
+        self._bytes = 0
+
+    def keep(self, size: int) -> None:
+        """Keep the last ``size`` records' messages from now on (within the bytes bound)."""
+        self._size = size
+        self._trim()
 
 
 _SNAPSHOTS: Final = _DecodedSnapshots(64)
+
+
+def keep_decoded_snapshots(size: int) -> None:
+    """Keep the last ``size`` snapshot records' decoded messages in this process (64 by default).
+
+    For a process whose readers of the workloads topic each have a consumer of their own (the
+    rankers of several strategies in one process): their positions drift apart by as much as a
+    poll brings (``PODCOST_KAFKA_MAX_POLL_RECORDS``), and a record decoded by the first must
+    still be kept when the last reaches it, or each decodes it again. Costs memory: a decoded
+    10-pod snapshot is some tens of KB; whatever ``size``, at most 8 MiB of record values are
+    kept (fewer large snapshots)."""
+    _SNAPSHOTS.keep(size)
 
 
 @functools.lru_cache(maxsize=32)

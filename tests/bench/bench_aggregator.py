@@ -71,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from tests.bench import procs
 from tests.bench.floor_processor import FloorProcessor
+from tests.bench.floors import aggregator_floor, ratio
 from tests.bench.record import record as record_row
 from tests.bench.stages import Stages
 from tests.support.services import processes
@@ -408,6 +409,12 @@ async def bench(
               f"CPU {spent:.2f}s, {count / spent:.0f} decisions per CPU-second")  # fmt: skip
     print(f"  this process's CPU meanwhile: {used:.2f}s ({used / (cpu[-1][0] - since[0]):.0%} of "
           f"one core), {count / used:.0f} decisions per CPU-second")  # fmt: skip
+    # The floor, in this process now: the pure core's combine and labels of the same snapshots.
+    floor_s = aggregator_floor(workloads(min(count, 200), pods))
+    per_decision = (spent if ready is not None else used) / count
+    print(f"  CPU per decision {per_decision * 1e3:.3f} ms; floor (combine + labels of the same "
+          f"snapshots, no bus) {floor_s * 1e3:.3f} ms: {ratio(per_decision, floor_s)} the "
+          "floor")  # fmt: skip
     figures = [
         f"{count / (busy if ready is not None else elapsed):,.0f} decisions/s"
         + (" from its readiness to the last decision" if ready is not None else "")

@@ -57,11 +57,12 @@ import tempfile
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kubernetes_asyncio import config
 from tests.bench import procs
+from tests.bench.bench_aggregator import workloads as floor_workloads
 from tests.bench.bench_pipeline import (
     FLEET_END,
     REPO,
@@ -78,6 +79,7 @@ from tests.bench.bench_pipeline import (
     read_templates,
     serve_offer,
 )
+from tests.bench.floors import CoreFloors, core_floors, ratio
 from tests.bench.record import record
 from tests.support.kube import KubeTestCluster
 from tests.support.services import ServiceProcess, metric_key, processes
@@ -110,11 +112,15 @@ class Fleet:
     clusters: list[str]
     hosts: list[Host]
     running: Mapping[str, ServiceProcess]
+    strategies: Mapping[str, int]
+    """Per ranker process, how many strategies it runs (one, or all of them together)."""
     topics: Topics
+    last: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Each process's counters as last read."""
 
     @property
     def rankers(self) -> list[str]:
-        return [name for name in self.running if name.startswith("ranker-")]
+        return list(self.strategies)
 
     def set_rate(self, rate: float) -> None:
         """Offer ``rate`` events/s to the fleet, the same share to every cluster."""
@@ -131,7 +137,7 @@ class Fleet:
         """The fleet now (a ``Sample``: totals, lags per consumer), the workloads waiting in
         the watchers' debouncers, and the bytes each cluster's annotator has read."""
         names = list(self.running)
-        got = await asyncio.gather(*(self.running[name].metrics() for name in names))
+        got = await asyncio.gather(*(self.metrics(name) for name in names))
         m = dict(zip(names, got, strict=True))
         topics = self.topics
         agents = {host.name: m[host.name] for host in self.hosts}
@@ -157,7 +163,10 @@ class Fleet:
             return sum(values[what] for values in per.values())
 
         snapshots = total("snapshots")
-        lags = {r: snapshots - procs.consumed(m[r], topics.workloads) for r in self.rankers}
+        lags = {
+            r: self.strategies[r] * snapshots - procs.consumed(m[r], topics.workloads)
+            for r in self.rankers
+        }
         lags["aggregator"] = (
             snapshots - procs.consumed(agg, topics.workloads)
             + ranks - procs.consumed(agg, topics.ranks)
@@ -177,6 +186,19 @@ class Fleet:
         )
         read = {name: values["annotator_read_bytes"] for name, values in per.items()}
         return sample_, total("debouncer_pending"), read
+
+    async def metrics(self, name: str) -> dict[str, float]:
+        """A process's counters now, or as last read if it does not answer in time (a loaded
+        machine: an agent process hosting a dozen clusters may be too busy to answer within the
+        harness's timeout; its counters only grow, so the next read catches up)."""
+        try:
+            got = await self.running[name].metrics()
+        except AssertionError:
+            if name not in self.last or not self.running[name].alive:
+                raise
+            return self.last[name]
+        self.last[name] = got
+        return got
 
     async def settled(self) -> bool:
         sample, pending, _ = await self.probe()
@@ -221,7 +243,9 @@ async def run_fleet(
     steps: list[FleetStep] = []
     with tempfile.TemporaryDirectory(prefix="podcost-bench-fleet-") as tmp:
         work = Path(tmp)
-        core = procs.chart_core_specs(build.ensure_helm(), brokers, run)
+        core = procs.chart_core_specs(
+            build.ensure_helm(), brokers, run, shared_rankers=args.rankers == "shared"
+        )
         specs = list(core)
         hosts: list[Host] = []
         try:
@@ -258,7 +282,9 @@ async def run_fleet(
             extra = kafka_env(args.kafka_env)
             async with processes(specs, env=extra, log_dir=logs, ready_timeout=300) as running:
                 env = core[0].env
-                fleet = Fleet(names, hosts, running, BusSettings(
+                ranker_specs = {spec.name: procs.strategies_in(spec) for spec in core}
+                strategies = {name: k for name, k in ranker_specs.items() if k}
+                fleet = Fleet(names, hosts, running, strategies, BusSettings(
                     topic_workloads=env["PODCOST_TOPIC_WORKLOADS"],
                     topic_ranks=env["PODCOST_TOPIC_RANKS"],
                     topic_costs=env["PODCOST_TOPIC_COSTS"],
@@ -289,7 +315,7 @@ async def run_fleet(
                 for rate in args.rates:
                     got = await fleet_step(fleet, rate, args, procs.CpuWatch(pids))
                     steps.append(got)
-                    report(got, n)
+                    report(got, n, args.floors, strategies)
                     if not all(p.alive for p in running.values()):
                         raise RuntimeError("a process ended by itself")
                     if not got.step.bounded:
@@ -333,7 +359,36 @@ async def fleet_step(
 # --- the report --------------------------------------------------------------------------------
 
 
-def report(got: FleetStep, n: int) -> None:
+def describe_floors(step: Step, floors: CoreFloors, strategies: Mapping[str, int]) -> str:
+    """The core's CPU per event, per snapshot and per decision beside its floors (``floors``):
+    the same work in one process without Kafka."""
+    assert step.usage is not None
+    events = max(step.events_per_s, 1e-9)
+    snapshots = max(step.per_second(lambda s: s.snapshots), 1e-9)
+    decisions = max(step.per_second(lambda s: s.decisions), 1e-9)
+    cpu = {name: used for name, (used, _) in step.usage.items()}
+    rankers = sum(cpu.get(name, 0.0) for name in strategies)
+    aggregator = cpu.get("aggregator", 0.0)
+    core = rankers + aggregator
+    floor_per_event = floors.core * snapshots / events
+    ranker_floor = sum(floors.rankers.values())
+    return (
+        f"      core CPU per event {core / events * 1e3:.3f} ms (floor {floor_per_event * 1e3:.3f} "
+        f"ms: {ratio(core / events, floor_per_event)}); per snapshot: rankers "
+        f"{rankers / snapshots * 1e3:.3f} ms (floor, each decoding and scoring: "
+        f"{ranker_floor * 1e3:.3f} ms, {ratio(rankers / snapshots, ranker_floor)}), aggregator per "
+        f"decision {aggregator / decisions * 1e3:.3f} ms (floor: combine + labels "
+        f"{floors.aggregator * 1e3:.3f} ms, {ratio(aggregator / decisions, floors.aggregator)})"
+    )
+
+
+def report(
+    got: FleetStep,
+    n: int,
+    floors: CoreFloors | None = None,
+    strategies: Mapping[str, int] | None = None,
+) -> None:
+    strategies = strategies or {}
     step = got.step
     last = step.samples[-1]
     taken = step.events_per_s
@@ -350,6 +405,8 @@ def report(got: FleetStep, n: int) -> None:
     )  # fmt: skip
     assert step.usage is not None
     print(procs.describe_usage(step.usage, indent="      "))
+    if floors is not None:
+        print(describe_floors(step, floors, strategies))
     if step.machine is not None:
         print(procs.describe_machine(step.machine, indent="      "))
 
@@ -369,7 +426,7 @@ def kafka_env(pairs: Sequence[str]) -> dict[str, str]:
 def role(process: str) -> str:
     if process.startswith("agents-"):
         return "agents"
-    if process.startswith("ranker-") or process == "aggregator":
+    if process.startswith("ranker") or process == "aggregator":
         return "core"
     if process.startswith("churn-") or process == "bench (sampling)":
         return "bench"
@@ -626,6 +683,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=20, help="per cluster")
     parser.add_argument("--agent-processes", type=int, default=4,
                         help="most agent processes; clusters are spread over them")  # fmt: skip
+    parser.add_argument("--rankers", choices=("apart", "shared"), default="apart",
+                        help="apart: a ranker process per strategy, as the chart runs them; "
+                             "shared: one process runs every strategy's ranker (each in its "
+                             "own group), one decode of each snapshot for all")  # fmt: skip
     parser.add_argument("--kafka-env", action="append", default=[], metavar="NAME=VALUE",
                         help="a PODCOST_KAFKA_* setting for every process (the fetch settings, "
                              "say); repeatable")  # fmt: skip
@@ -637,6 +698,18 @@ def main() -> None:
     if args.churn_from:
         churn_main(args)
         return
+    # The floors, measured here before the fleet starts (snapshots of the same size as the
+    # fleet's workloads, encoded as the watcher encodes them).
+    args.floors = core_floors(floor_workloads(50, args.pods))
+    print(
+        f"floors per {args.pods}-pod snapshot (process CPU, one process, no Kafka): decode "
+        f"{args.floors.decode_whole * 1e3:.3f} ms, every strategy "
+        f"{args.floors.scoring * 1e3:.3f} ms, combine + labels "
+        f"{args.floors.aggregator * 1e3:.3f} ms: the core {args.floors.core * 1e3:.3f} ms; "
+        "each ranker decoding and scoring: "
+        + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in args.floors.rankers.items())
+        + " ms"
+    )
     with contextlib.ExitStack() as stack:
         if os.environ.get("PODCOST_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):
             kubeconfig = os.environ["KUBECONFIG"]

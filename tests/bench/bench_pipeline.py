@@ -86,7 +86,7 @@ from typing import Any, BinaryIO, cast
 
 import orjson
 from kubernetes_asyncio import config
-from tests.bench import procs
+from tests.bench import floors, procs
 from tests.bench.record import record as record_row
 from tests.support.costs import CountingPods
 from tests.support.kube import KubeTestCluster
@@ -1048,7 +1048,20 @@ async def run_step(
     return step
 
 
-def report_step(step: Step) -> None:
+def watch_floor(templates: Path, args: argparse.Namespace, count: int = 5000) -> float:
+    """The watcher's floor per event: CPU seconds of ``orjson.loads`` per watch line, over
+    ``count`` lines of the churn the bench offers (the same generator and fleet)."""
+    raw = json.loads(Path(templates).read_text())
+    churn = Churn(Templates(**raw), workloads=args.workloads, pods=args.pods,
+                  namespaces=args.namespaces, nodes=args.nodes)  # fmt: skip
+    for _ in churn.fleet():
+        pass
+    start = time.time()
+    lines = [churn.next_event(start + index / 5000)[1] for index in range(count)]
+    return floors.watcher_floor(lines)
+
+
+def report_step(step: Step, watch_floor: float | None = None) -> None:
     last = step.samples[-1]
     print(
         f"  offered {step.rate:>6,.0f} events/s: took in {step.events_per_s:>6,.0f}/s, "
@@ -1064,6 +1077,14 @@ def report_step(step: Step) -> None:
     if step.usage is not None:
         print("    CPU (share of one core) and RSS per process:")
         print(procs.describe_usage(step.usage, indent="      "))
+        watcher = step.usage.get("watcher")
+        if watcher is not None and watch_floor is not None and step.events_per_s > 0:
+            per_event = watcher[0] / step.events_per_s
+            print(
+                f"      watcher CPU per event {per_event * 1e6:,.0f} us; floor (orjson.loads of "
+                f"the same watch lines) {watch_floor * 1e6:,.1f} us: "
+                f"{floors.ratio(per_event, watch_floor)} the floor"
+            )
         if step.machine is not None:
             print(procs.describe_machine(step.machine, indent="      "))
     else:
@@ -1227,6 +1248,7 @@ async def throughput_processes(
                 warm_up = time.monotonic() - started
                 print(f"\n[{mode.name}] a. throughput: {fleet} ({objects} objects); processes "
                       f"started and first decisions for all in {warm_up:.1f}s")  # fmt: skip
+                floor = watch_floor(templates, args)
                 pids = {name: p.pid for name, p in running.items()}
                 pids["churn"] = churn.pid
                 if args.broker_pid:
@@ -1237,7 +1259,7 @@ async def throughput_processes(
                         procs.CpuWatch(pids),
                     )  # fmt: skip
                     steps.append(step)
-                    report_step(step)
+                    report_step(step, floor)
                     if not all(p.alive for p in running.values()):
                         raise RuntimeError("a service process ended by itself")
         finally:

@@ -33,6 +33,7 @@ def chart_core_specs(
     *,
     partitions: int | None = None,
     aggregator: Mapping[str, Any] | None = None,
+    shared_rankers: bool = False,
 ) -> list[ServiceSpec]:
     """One spec per Deployment of the chart in core mode (one ranker per strategy of the
     default policy, and the aggregator; ``chart_specs``: the arguments and environment ``helm
@@ -40,7 +41,9 @@ def chart_core_specs(
     partitions if given, with ``aggregator`` as the chart's ``aggregator`` values if given
     (``replicaCount``, ``deadlineSeconds`` ...). One variable is added: a faust app id of this
     run's own (the chart's default would share a consumer group and changelog topics with
-    earlier runs on the same broker)."""
+    earlier runs on the same broker). ``shared_rankers``: the rankers as ONE process
+    (``rankers``: ``podcost ranker --strategy A --strategy B ...``, each strategy still in its
+    own consumer group) instead of one per strategy."""
     kafka: dict[str, Any] = {
         "bootstrapServers": brokers,
         "topics": {kind: f"bench-{run}.{kind}"
@@ -61,7 +64,20 @@ def chart_core_specs(
             env = {**spec.env, "PODCOST_AGGREGATOR_APP_ID": f"bench-{run}-aggregator"}
             spec = ServiceSpec(spec.name, spec.args, env, spec.files, spec.scratch)
         specs.append(spec)
+    rankers = [spec for spec in specs if spec.args[0] == "ranker"]
+    if shared_rankers and rankers:
+        args = ["ranker"]
+        for spec in rankers:
+            args += spec.args[1:]
+        env = {**rankers[0].env, "PODCOST_KAFKA_CLIENT_ID": "podcost-rankers"}
+        together = ServiceSpec("rankers", tuple(args), env, rankers[0].files, rankers[0].scratch)
+        specs = [spec for spec in specs if spec.args[0] != "ranker"] + [together]
     return specs
+
+
+def strategies_in(spec: ServiceSpec) -> int:
+    """How many strategies' rankers a ranker process runs (its ``--strategy`` options)."""
+    return spec.args.count("--strategy") if spec.args and spec.args[0] == "ranker" else 0
 
 
 def agent_spec(

@@ -19,6 +19,7 @@ from podcost_contracts.messages import (
     decode,
     decode_workload_record,
     encode,
+    keep_decoded_snapshots,
     snapshot_validator,
 )
 from podcost_core.aggregate import DECISION_UNREAD
@@ -132,3 +133,27 @@ def test_a_reader_that_leaves_nothing_out_shares_the_whole_decode() -> None:
     encoded = encode(WorkloadSnapshotMessage.of(snapshot, emitted_at=9.0))
     whole = decode_workload_record(encoded.value, encoded.headers)
     assert decode_workload_record(encoded.value, encoded.headers, unread=Unread()) is whole
+
+
+def test_a_decode_is_kept_for_a_reader_a_thousand_records_behind_once_asked_to_keep_that_many() -> (
+    None
+):
+    snapshot = Snapshot(workload=WORKLOAD, pods=(), annotations=OPTED_IN)
+    records = [
+        encode(WorkloadSnapshotMessage.of(replace(snapshot, version=v), emitted_at=9.0))
+        for v in range(1, 1001)
+    ]
+
+    def read_all() -> list[WorkloadSnapshotMessage]:
+        return [decode_workload_record(r.value, r.headers) for r in records]
+
+    first = read_all()
+    # By default the last 64 are kept: the first reader's decodes are gone for a late one.
+    assert read_all()[0] is not first[0]
+    keep_decoded_snapshots(1064)
+    try:
+        first = read_all()
+        assert all(a is b for a, b in zip(read_all(), first, strict=True))
+    finally:
+        keep_decoded_snapshots(64)
+    assert read_all()[0] is not first[0]

@@ -143,6 +143,9 @@ class RankerService:
         whole_snapshots: bool = False,
     ) -> None:
         self.strategy = strategy
+        self.shares_decode = whole_snapshots
+        """Whether this ranker decodes whole snapshots, one decode serving every reader of its
+        process."""
         self.unread = None if whole_snapshots else strategy.unread
         """What of a snapshot this ranker does not decode: what its strategy never reads
         (``Strategy.unread``), unless it is to decode whole snapshots (services sharing a
@@ -277,6 +280,13 @@ class RankerService:
 
     async def _rank(self, record: Record) -> _Answer | None:
         """The answer to one record, or ``None`` if there is none to publish."""
+        if self.strategy.spread and not self.shares_decode:
+            # A spread strategy never answers (the aggregator levels it), whatever the record
+            # holds: decoding it was most of this process's CPU, for nothing. The aggregator and
+            # the other rankers verify the record (and dead-letter it if it is bad). A ranker
+            # sharing its process decodes anyway: that decode is shared, and costs it nothing.
+            self.metrics.consumed.labels(record.topic, "ok").inc()
+            return None
         try:
             message = decode_workload_record(
                 record.value, record.headers, key=record.key, unread=self.unread

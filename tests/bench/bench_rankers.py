@@ -1,0 +1,147 @@
+"""Benchmark of the core's rankers alone over the real Kafka broker, at a trickle: CPU per snapshot
+of every ranker process together, beside the rankers' floor.
+
+A script, not a test (``python -m tests.bench.bench_rankers [--rate 150 --seconds 30
+--rankers apart|shared]``); it prints numbers and asserts nothing. It starts its own Kafka broker
+(``podcost_localinfra``) unless ``PODCOST_KAFKA`` points at a running one, and uses topics of
+its own.
+
+The rankers run as the chart's core mode starts them (``procs.chart_core_specs``): a
+``podcost ranker`` process per strategy of the default policy (``--rankers apart``), or one
+process running them all, each strategy in its own consumer group (``--rankers shared``). This
+process then publishes snapshots of ``--workloads`` Deployments of ``--pods`` pods (those of
+``bench_aggregator``), encoded as the watcher encodes them, at ``--rate`` snapshots/s for
+``--seconds``, one workload after another with growing versions: the trickle a core serving
+many quiet clusters sees (``bench_fleet`` at N = 50 and 400 events/s made about 150 snapshots/s).
+Measured: the ranker processes' CPU (``/proc``) from the first snapshot until every strategy has
+consumed every snapshot, per snapshot; beside it the floor (``floors.core_floors``: each ranker's
+decode and strategy, in one process without Kafka) and the ratio. The machine's load is printed:
+the ratio, not the rate, is the figure to compare between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.bench import procs
+from tests.bench.bench_aggregator import workloads
+from tests.bench.floors import core_floors, ratio
+from tests.support.services import processes
+
+from podcost_bus import BusSettings, open_bus
+from podcost_contracts.messages import WorkloadSnapshotMessage, encode
+from podcost_localinfra import build, kafka
+
+
+async def bench(brokers: str, args: argparse.Namespace) -> None:
+    run = uuid.uuid4().hex[:8]
+    core = procs.chart_core_specs(
+        build.ensure_helm(), brokers, run, shared_rankers=args.rankers == "shared"
+    )
+    specs = [spec for spec in core if procs.strategies_in(spec)]
+    strategies = {spec.name: procs.strategies_in(spec) for spec in specs}
+    env = specs[0].env
+    settings = BusSettings(
+        bootstrap_servers=brokers,
+        client_id=f"bench-{run}",
+        topic_workloads=env["PODCOST_TOPIC_WORKLOADS"],
+        topic_ranks=env["PODCOST_TOPIC_RANKS"],
+        topic_costs=env["PODCOST_TOPIC_COSTS"],
+        topic_deadletter=env["PODCOST_TOPIC_DEADLETTER"],
+    )
+    items = workloads(args.workloads, args.pods)
+    floors = core_floors(items[:50])
+    ranker_floor = sum(floors.rankers.values())
+    count = int(args.rate * args.seconds)
+    bus = open_bus(settings)
+    await bus.start()
+    try:
+        with tempfile.TemporaryDirectory(prefix="podcost-bench-rankers-") as tmp:
+            async with processes(specs, env={}, log_dir=Path(tmp), ready_timeout=600) as running:
+                cpu = procs.CpuWatch({name: p.pid for name, p in running.items()})
+                load_before = os.getloadavg()[0]
+                started = time.monotonic()
+                cpu.start()
+                for index in range(count):
+                    due = started + index / args.rate
+                    if (wait := due - time.monotonic()) > 0:
+                        await asyncio.sleep(wait)
+                    item = items[index % len(items)]
+                    item = replace(item, version=item.version + 1 + index // len(items))
+                    encoded = encode(WorkloadSnapshotMessage.of(item, emitted_at=time.time()))
+                    await bus.send(
+                        settings.topic_workloads, encoded.key, encoded.value, encoded.headers
+                    )
+                offered_s = time.monotonic() - started
+
+                async def consumed() -> float:
+                    got = 0.0
+                    for process in running.values():
+                        metrics = await process.metrics()
+                        got += procs.consumed(metrics, settings.topic_workloads)
+                    return got
+
+                wanted = count * sum(strategies.values())
+                deadline = time.monotonic() + args.drain_seconds
+                while (done := await consumed()) < wanted:
+                    if time.monotonic() > deadline:
+                        print(f"  not drained: {done:.0f} of {wanted} consumptions")
+                        break
+                    await asyncio.sleep(0.5)
+                elapsed = time.monotonic() - started
+                used = cpu.stop(elapsed)
+    finally:
+        await bus.stop()
+    seconds = sum(share for share, _ in used.values()) * elapsed
+    # Per snapshot ranked: on a loaded machine the backlog may not drain within the wait.
+    ranked = done / sum(strategies.values())
+    per_snapshot = seconds / max(ranked, 1.0)
+    print(
+        f"rankers {args.rankers} ({len(specs)} process(es), {sum(strategies.values())} "
+        f"strategies): {count} snapshots of {args.pods} pods offered at {args.rate:,.0f}/s over "
+        f"{offered_s:.1f}s, {ranked:,.0f} ranked by every strategy {elapsed - offered_s:.1f}s "
+        "after; load average "
+        f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
+    print(procs.describe_usage(used, indent="    "))
+    print(
+        f"  rankers' CPU per snapshot {per_snapshot * 1e3:.3f} ms; floor (each ranker's decode "
+        f"and strategy, one process, no Kafka) {ranker_floor * 1e3:.3f} ms: "
+        f"{ratio(per_snapshot, ranker_floor)} the floor; one decode and every strategy "
+        f"{(floors.decode_whole + floors.scoring) * 1e3:.3f} ms: "
+        f"{ratio(per_snapshot, floors.decode_whole + floors.scoring)}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--rate", type=float, default=150.0, help="snapshots/s")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--workloads", type=int, default=400)
+    parser.add_argument("--pods", type=int, default=10)
+    parser.add_argument("--drain-seconds", type=float, default=120.0)
+    parser.add_argument("--rankers", choices=("apart", "shared"), default="apart")
+    args = parser.parse_args()
+    with contextlib.ExitStack() as stack:
+        brokers = os.environ.get("PODCOST_KAFKA")
+        if not brokers:
+            run_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="podcost-")))
+            broker = kafka.start(run_dir / "kafka")
+            stack.callback(broker.stop)
+            brokers = broker.bootstrap
+        asyncio.run(bench(brokers, args))
+
+
+if __name__ == "__main__":
+    main()

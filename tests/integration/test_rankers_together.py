@@ -1,0 +1,84 @@
+"""Several strategies' rankers in one process (``podcost ranker --strategy A --strategy B``):
+each answers every snapshot in its own consumer group, as separate processes would, over the
+real broker; the process is a real ``podcost`` process (the harness of ``tests.support.services``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from aiokafka.admin import AIOKafkaAdminClient
+from tests.support.pipeline import fresh_kafka_settings
+from tests.support.services import ServiceSpec, processes, sample
+from tests.support.snapshots import snapshot
+
+from podcost_bus import open_bus
+from podcost_contracts.messages import (
+    StrategyRanksBatchMessage,
+    WorkloadSnapshotMessage,
+    decode_ranks_record,
+    encode,
+)
+
+AGE, CAP = "age", "capacity-type"
+
+
+async def test_one_process_answers_every_snapshot_for_each_of_its_strategies_in_their_own_groups(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    bus_settings = fresh_kafka_settings(kafka_bootstrap, "together")
+    spec = ServiceSpec("rankers", ("ranker", "--strategy", AGE, "--strategy", CAP), {
+        "PODCOST_KAFKA": kafka_bootstrap,
+        "PODCOST_TOPIC_WORKLOADS": bus_settings.topic_workloads,
+        "PODCOST_TOPIC_RANKS": bus_settings.topic_ranks,
+        "PODCOST_TOPIC_COSTS": bus_settings.topic_costs,
+        "PODCOST_TOPIC_DEADLETTER": bus_settings.topic_deadletter,
+        "PODCOST_KAFKA_PARTITIONS": "2",
+        "PODCOST_RANKER_GROUP": f"{bus_settings.topic_workloads}-rankers",
+    })  # fmt: skip
+    items = [snapshot(f"web-{index}", pods=4, seed=index) for index in range(3)]
+    bus = open_bus(bus_settings)
+    await bus.start()
+    try:
+        async with processes([spec], env={}, log_dir=tmp_path) as running:
+            rankers = running["rankers"]
+            for item in items:
+                encoded = encode(WorkloadSnapshotMessage.of(item, emitted_at=time.time()))
+                await (await bus.send(bus_settings.topic_workloads, encoded.key, encoded.value,
+                                      encoded.headers))  # fmt: skip
+            answered: dict[str, set[str]] = {AGE: set(), CAP: set()}
+            async with bus.consumer([bus_settings.topic_ranks], group="together-check") as reader:
+                deadline = time.monotonic() + 60
+                while any(len(keys) < len(items) for keys in answered.values()):
+                    assert time.monotonic() < deadline, f"answers so far: {answered}"
+                    for record in await reader.poll(max_wait=1.0):
+                        message = decode_ranks_record(record.value, record.headers)
+                        assert isinstance(message, StrategyRanksBatchMessage)
+                        answered[message.strategy].update(a.key for a in message.answers)
+            keys = {item.workload.key for item in items}
+            assert answered == {AGE: keys, CAP: keys}
+            metrics = await rankers.metrics()
+            # Each strategy consumed every snapshot once, as its own component.
+            for name in (AGE, CAP):
+                consumed = sample(
+                    metrics, "podcost_messages_consumed_total",
+                    component=f"ranker-{name}", topic=bus_settings.topic_workloads,
+                )  # fmt: skip
+                assert consumed == len(items)
+            groups = await asyncio.wait_for(committed_groups(kafka_bootstrap), 30)
+            prefix = f"{bus_settings.topic_workloads}-rankers"
+            assert {f"{prefix}-{AGE}", f"{prefix}-{CAP}"} <= groups
+    finally:
+        await bus.stop()
+
+
+async def committed_groups(bootstrap: str) -> set[str]:
+    """The consumer groups the broker knows."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return {group for group, _ in await admin.list_consumer_groups()}
+    finally:
+        await admin.close()
