@@ -217,7 +217,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "ranker": Command(
         "podcost.commands.ranker",
-        "Rank every workload snapshot with one strategy and publish its scores.",
+        "Rank every workload snapshot with one strategy (or several) and publish its scores.",
     ),
     "aggregator": Command(
         "podcost.commands.aggregator",
