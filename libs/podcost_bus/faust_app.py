@@ -732,8 +732,9 @@ class FaustKeyedApp(Generic[S]):
                     records = [_record(event) for event in events]
                     self._check_offsets(records)
                     batch = await process_batch(
-                        self.processor, records, self._state, decided=self._record_decided
-                    )
+                        self.processor, records, self._state, decided=self._record_decided,
+                        keys=self._keys,
+                    )  # fmt: skip
                     await self._store_batch(batch)
                     self._last_progress = time.monotonic()
                     self._in_flight = 0
@@ -832,6 +833,10 @@ class FaustKeyedApp(Generic[S]):
         for store in self._stores():
             keys.update(store)
         return keys
+
+    def state_count(self) -> int:
+        """How many keys have a state in the tables' stores (standby partitions included)."""
+        return len(self._keys())
 
     def _state(self, key: bytes | None) -> S | None:
         entry = self._entry(key)

@@ -25,12 +25,13 @@ from podcost import embedded
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherService, WatcherSettings, bootstrap
-from podcost_bus import BusError, BusSettings, Consumer, MemoryBus, open_bus
+from podcost_bus import BusError, BusSettings, Consumer, MemoryBus, Record, open_bus
 from podcost_contracts.messages import (
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
     decode,
     decode_workload_record,
+    is_live_set,
 )
 from podcost_core.victims import deletion_cost_error
 from podcost_kube.client import Kube
@@ -77,16 +78,24 @@ def _ready(watcher: WatcherService, task: asyncio.Task[None]):  # type: ignore[n
     return check
 
 
+async def _next_record(consumer: Consumer, timeout: float) -> Record:
+    """The next record that is not a live set (the watcher publishes one after each sync)."""
+    while True:
+        records = await consumer.poll(max_wait=timeout, max_records=1)
+        assert records, f"no snapshot within {timeout}s"
+        (record,) = records
+        await consumer.commit([record])
+        if not is_live_set(record.key):
+            return record
+
+
 async def _next_snapshot(consumer: Consumer, timeout: float = 30) -> WorkloadSnapshotMessage:
-    records = await consumer.poll(max_wait=timeout, max_records=1)
-    assert records, f"no snapshot within {timeout}s"
-    (record,) = records
-    await consumer.commit([record])
+    record = await _next_record(consumer, timeout)
     return decode(WorkloadSnapshotMessage, record.value, record.headers, key=record.key)
 
 
 async def _no_snapshot(consumer: Consumer, wait: float) -> None:
-    records = await consumer.poll(max_wait=wait)
+    records = [r for r in await consumer.poll(max_wait=wait) if not is_live_set(r.key)]
     assert not records, f"unexpected snapshot(s): {[r.key for r in records]}"
 
 
@@ -135,10 +144,7 @@ async def test_a_deployment_that_did_not_opt_in_is_never_published(
 async def _next_message(
     consumer: Consumer, timeout: float = 30
 ) -> WorkloadSnapshotMessage | WorkloadGoneMessage:
-    records = await consumer.poll(max_wait=timeout, max_records=1)
-    assert records, f"no message within {timeout}s"
-    (record,) = records
-    await consumer.commit([record])
+    record = await _next_record(consumer, timeout)
     return decode_workload_record(record.value, record.headers, key=record.key)
 
 
