@@ -324,6 +324,10 @@ GONE_DELETED: Final = "deleted"
 #: The ``reason`` of a :class:`WorkloadGoneMessage` that carries a cluster's live set.
 GONE_UNLISTED: Final = "not in the watcher's live set"
 
+#: The ``reason`` of an empty live set that removes a cluster from the fleet: its states are
+#: forgotten without asking its annotator (gone too) to remove their costs.
+GONE_REMOVED: Final = "cluster removed"
+
 #: The namespace and kind of the key a cluster's live set travels under
 #: (:func:`live_set_key`): no workload has them, so no workload's state is ever under it.
 LIVE_SET_NAMESPACE: Final = "podcost.dev"
@@ -364,7 +368,8 @@ class WorkloadGoneMessage(WorkloadMessage):
     its cache showed them at ``emitted_at``; every other workload of the cluster that was
     published before then is gone. Sent after each (re)sync to every partition of the
     workloads topic under :func:`live_set_key` (so a consumer older than this field drops a
-    state that nothing has: it ignores it). ``None``: a single workload is gone."""
+    state that nothing has: it ignores it). Empty, with the reason :data:`GONE_REMOVED`, it
+    removes the cluster (``podcost remove-cluster``). ``None``: a single workload is gone."""
 
     @model_validator(mode="after")
     def _live_set_of_its_cluster(self) -> Self:

@@ -159,6 +159,17 @@ when some cost could not be removed. The Helm chart runs it on uninstall. {_ENV}
 `PODCOST_ANNOTATOR_QPS`, `PODCOST_ANNOTATOR_BURST`, `PODCOST_ANNOTATOR_MAX_IN_FLIGHT` (the
 budget). Cluster access: `$KUBECONFIG`, `~/.kube/config` or the in-cluster service account.
 """,
+    "remove-cluster": f"""**Examples**
+
+```
+podcost remove-cluster prod-eu-1               # the plan: what would go, or why not
+podcost remove-cluster prod-eu-1 --yes -o json
+```
+
+Refused (exit 1) while the cluster's watcher published within `--quiet-for` (default 900 s,
+longer than the watcher's resync period) or its annotators' group has members. {_KAFKA};
+`PODCOST_AGGREGATOR_APP_ID`, `PODCOST_ANNOTATOR_GROUP`.
+""",
     "demo": """**Example**
 
 ```
@@ -219,6 +230,11 @@ COMMANDS: dict[str, Command] = {
         "podcost.commands.cleanup",
         "Remove every deletion cost podcost wrote (only its own, only where the value is still "
         "podcost's), within the annotator's write budget.",
+    ),
+    "remove-cluster": Command(
+        "podcost.commands.remove_cluster",
+        "Remove a cluster that left the fleet: its states in the aggregator, its costs topic and "
+        "its annotators' consumer group (refused while its agent still runs).",
     ),
 }
 

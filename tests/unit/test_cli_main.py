@@ -25,6 +25,7 @@ from podcost.cli import EPILOGS, EXIT_CODES, app, load_command, run_cli
 runner = CliRunner()
 COMMANDS = [
     "run", "watcher", "ranker", "aggregator", "annotator", "simulate", "explain", "demo", "cleanup",
+    "remove-cluster",
 ]  # fmt: skip
 
 

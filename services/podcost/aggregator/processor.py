@@ -65,6 +65,7 @@ from podcost_bus.messaging import dead_letter_of
 from podcost_contracts.messages import (
     CONTENT_ENCODING,
     GONE_DELETED,
+    GONE_REMOVED,
     GONE_UNLISTED,
     SCHEMA_HEADER,
     DecodeError,
@@ -499,6 +500,10 @@ class AggregationProcessor:
         outcome = self.aggregator.on_unlisted(state, listed_at=message.emitted_at)
         if outcome is not Outcome.ACCEPTED:
             return None
+        if message.reason == GONE_REMOVED:  # its agent is gone too: nobody to release to
+            self.metrics.states_forgotten.labels("removed").inc()
+            log.info("%s: its cluster is removed from the fleet: forgotten", state.key)
+            return DROP
         self.metrics.states_forgotten.labels("unlisted").inc()
         log.info("%s is not in its watcher's live set: forgotten", state.key)
         if state.latest is not None:
