@@ -404,6 +404,8 @@ class FaustKeyedApp(Generic[S]):
         self._last_progress: float | None = None
         """When a batch was last processed or a changelog record last applied (monotonic)."""
         self._stalled = False
+        self._unsettled_since: float | None = None
+        """When the app last became unable to process (``recovering_for``)."""
         """Whether the progress watchdog says the app is stalled (not ready, exiting soon)."""
         self._ends: dict[TopicPartition, int] = {}
         """The source partitions' end offsets the watchdog last asked of the broker."""
@@ -491,6 +493,13 @@ class FaustKeyedApp(Generic[S]):
     def changelog_topics(self) -> list[str]:
         """The tables' changelog topics, in the order of the processor's parts."""
         return [table.changelog_topic.get_topic_name() for table in self.tables.values()]
+
+    def recovering_for(self) -> float:
+        """Seconds the app has been unable to process since its start or a rebalance (a
+        recovery of the tables from their changelogs, a rebalance, the changelogs' metadata
+        missing), as the watchdog last saw it; 0 once it processes."""
+        since = self._unsettled_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def stalled(self) -> bool:
         """Whether the progress watchdog holds the app not ready (it exits at the stall bound)."""
@@ -615,6 +624,11 @@ class FaustKeyedApp(Generic[S]):
                 unsettled_since = None
             elif unsettled_since is None:
                 unsettled_since = now
+            # A start counts too (its first recovery): what podcost_aggregator_recovering_seconds
+            # shows.
+            self._unsettled_since = (
+                None if self._started and self._settled() else unsettled_since or began
+            )
             verdict = progress_verdict(
                 now,
                 began=began,

@@ -203,6 +203,7 @@ def bootstrap(
         stalled = transport.stalled
         metrics.aggregator_stalled.set_function(lambda: 1.0 if stalled() else 0.0)
         metrics.states.set_function(transport.state_count)
+        metrics.recovering.set_function(transport.recovering_for)
     else:
         loop = transport = KeyedConsumerLoop(
             bus, sources, config.app_id, processor, tick_s=config.tick_seconds, sleep=clock.sleep
