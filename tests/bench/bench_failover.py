@@ -55,6 +55,7 @@ from podcost_localinfra import build, kafka
 DEADLINE_S = 3600.0
 PROBE_EVERY_S = 1.0
 POLL_S = 0.2
+STABLE_S = 15.0
 CLUSTER = "bench"
 
 
@@ -221,15 +222,35 @@ async def scenario(bootstrap: str, count: int, standbys: int, pods: int, partiti
         await publish_snapshots(bus, topics.workloads, fill_snapshots(count, pods))
 
         async def held() -> float:
-            got = [await m.sample("podcost_aggregator_states") for m in members if m.alive]
+            got = []
+            for member in members:
+                if not member.alive:
+                    # Exited by itself (its watchdog, or faust's skip guard, stops it to be
+                    # restarted): restarted, as its Deployment would.
+                    print(f"    {member.spec.name} exited ({member.returncode}): restarted")
+                    await member.stop()
+                    await member.start()
+                    await member.wait_ready(timeout=300)
+                got.append(await member.sample("podcost_aggregator_states"))
             return sum(got)
 
+        # Every active state held, then the standby copies as far as they go: the sum stops
+        # growing for STABLE_S (faust keeps a standby only where another member can hold it).
+        last, stable_since = -1.0, time.monotonic()
         while True:  # polled: the states are in the processes' /metrics
-            if await held() >= count * (1 + standbys):
+            now_held = await held()
+            if now_held != last:
+                last, stable_since = now_held, time.monotonic()
+            if now_held >= count * (1 + standbys) or (
+                now_held >= count and time.monotonic() - stable_since >= STABLE_S
+            ):
                 break
+            if time.monotonic() - started > 3 * within:
+                raise RuntimeError(f"the aggregators took in {now_held:.0f} of {count} states")
             await asyncio.sleep(1.0)
         fill = time.monotonic() - started
-        print(f"  N = {count:,}, standbys {standbys}: filled in {fill:.1f}s", flush=True)
+        print(f"  N = {count:,}, standbys {standbys}: filled in {fill:.1f}s ({last:.0f} states "
+              "held, standby copies included)", flush=True)  # fmt: skip
         consumer = AIOKafkaConsumer(topics.costs_for(CLUSTER), bootstrap_servers=bootstrap,
                                     group_id=None, auto_offset_reset="latest")  # fmt: skip
         await consumer.start()
