@@ -404,6 +404,8 @@ class FaustKeyedApp(Generic[S]):
         self._last_progress: float | None = None
         """When a batch was last processed or a changelog record last applied (monotonic)."""
         self._stalled = False
+        self._unsettled_since: float | None = None
+        """When the app last became unable to process (``recovering_for``)."""
         """Whether the progress watchdog says the app is stalled (not ready, exiting soon)."""
         self._ends: dict[TopicPartition, int] = {}
         """The source partitions' end offsets the watchdog last asked of the broker."""
@@ -495,6 +497,13 @@ class FaustKeyedApp(Generic[S]):
     def assignor_topic(self) -> str:
         """faust's partition assignor leader topic (``<app id>-__assignor-__leader``)."""
         return f"{self.app_id}-__assignor-__leader"
+
+    def recovering_for(self) -> float:
+        """Seconds the app has been unable to process since its start or a rebalance (a
+        recovery of the tables from their changelogs, a rebalance, the changelogs' metadata
+        missing), as the watchdog last saw it; 0 once it processes."""
+        since = self._unsettled_since
+        return 0.0 if since is None else time.monotonic() - since
 
     def stalled(self) -> bool:
         """Whether the progress watchdog holds the app not ready (it exits at the stall bound)."""
@@ -619,6 +628,11 @@ class FaustKeyedApp(Generic[S]):
                 unsettled_since = None
             elif unsettled_since is None:
                 unsettled_since = now
+            # A start counts too (its first recovery): what podcost_aggregator_recovering_seconds
+            # shows.
+            self._unsettled_since = (
+                None if self._started and self._settled() else unsettled_since or began
+            )
             verdict = progress_verdict(
                 now,
                 began=began,
@@ -736,8 +750,9 @@ class FaustKeyedApp(Generic[S]):
                     records = [_record(event) for event in events]
                     self._check_offsets(records)
                     batch = await process_batch(
-                        self.processor, records, self._state, decided=self._record_decided
-                    )
+                        self.processor, records, self._state, decided=self._record_decided,
+                        keys=self._keys,
+                    )  # fmt: skip
                     await self._store_batch(batch)
                     self._last_progress = time.monotonic()
                     self._in_flight = 0
@@ -836,6 +851,10 @@ class FaustKeyedApp(Generic[S]):
         for store in self._stores():
             keys.update(store)
         return keys
+
+    def state_count(self) -> int:
+        """How many keys have a state in the tables' stores (standby partitions included)."""
+        return len(self._keys())
 
     def _state(self, key: bytes | None) -> S | None:
         entry = self._entry(key)

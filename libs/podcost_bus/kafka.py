@@ -260,6 +260,30 @@ class KafkaBus(Lifecycle):
     ) -> Delivery:
         return await (await self.send(topic, key, value, headers))
 
+    async def broadcast(
+        self,
+        topic: str,
+        key: str | bytes | None,
+        value: bytes,
+        headers: Mapping[str, bytes] | None = None,
+    ) -> list[Delivery]:
+        producer = self._started()
+        try:
+            partitions = sorted(await producer.partitions_for(topic))
+            acks = [
+                _delivery(
+                    await producer.send(
+                        topic, value=value, key=_key_bytes(key),
+                        headers=list((headers or {}).items()), partition=partition,
+                    ),
+                    topic,
+                )
+                for partition in partitions
+            ]  # fmt: skip
+        except KafkaError as error:
+            raise _bus_error(error, f"cannot publish to {topic!r}") from error
+        return list(await asyncio.gather(*acks))
+
     def consumer(
         self,
         topics: Sequence[str],

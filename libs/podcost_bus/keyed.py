@@ -64,6 +64,15 @@ DROP: Final = Drop.DROP
 workload is gone): the transport removes it, a faust table with a changelog tombstone."""
 
 
+@dataclass(frozen=True, slots=True)
+class EveryKey:
+    """A step's key (from :meth:`KeyedProcessor.split`) that stands for every key with a state
+    that ``select`` picks: the transport gives the step to each of them in turn (a watcher's
+    live set, which forgets the workloads it leaves out)."""
+
+    select: Callable[[bytes], bool]
+
+
 class KeyedProcessor(Protocol[S]):
     """What a keyed-state transport drives (see the module docstring for the order of calls).
     Transports call it from one task at a time."""
@@ -73,11 +82,13 @@ class KeyedProcessor(Protocol[S]):
         """The names of the parts a state is stored in (one faust table each)."""
         ...
 
-    def split(self, record: Record) -> Sequence[tuple[bytes | None, Any]]:
+    def split(self, record: Record) -> Sequence[tuple[bytes | EveryKey | None, Any]]:
         """The steps ``record`` makes, in order: per step, the key whose state it changes and
         what :meth:`on_record` is given for it. A record of one key is one step (often
         ``(record.key, record)``); one that carries several keys' data (a ranker's batch of
-        answers) is one step per key, every key one of the record's partition. A record that
+        answers) is one step per key, every key one of the record's partition; one about every
+        state it selects is one step with an :class:`EveryKey` (of keys of the record's
+        partition only). A record that
         cannot be decoded is the processor's to dead-letter: no step. Raising means the record
         cannot be processed and stops the transport."""
         ...
@@ -164,17 +175,22 @@ async def process_batch(
     stored: Callable[[bytes | None], S | None],
     *,
     decided: Callable[[], None] | None = None,
+    keys: Callable[[], Iterable[bytes | None]] = tuple,
 ) -> Batch[S]:
     """Decide every record in order (each with the state the previous record of its key left;
     ``stored`` gives a key's state before the batch), then flush: returns once every output is
     acknowledged. Persist ``Batch.states`` and commit the records only after it returns.
     ``decided`` is called after each record is decided: a batch of slow records is progress
-    record by record, not one long silence (the faust transport's watchdog)."""
+    record by record, not one long silence (the faust transport's watchdog). ``keys`` gives
+    every key with a stored state: an :class:`EveryKey` step goes to those it selects."""
     batch: Batch[S] = Batch()
     states = batch.states
     pacer = _Pacer()
     for record in records:
-        for key, step in processor.split(record):
+        steps: Sequence[tuple[Any, Any]] = processor.split(record)
+        if steps and isinstance(steps[0][0], EveryKey):
+            steps = _every(steps[0][0], steps[0][1], keys, states)
+        for key, step in steps:
             await pacer.pace()  # per step: a ranker's batch is up to 100 of them
             if key in states:
                 current = states[key]
@@ -193,6 +209,18 @@ async def process_batch(
             decided()
     await processor.flush()
     return batch
+
+
+def _every(
+    every: EveryKey,
+    step: Any,
+    keys: Callable[[], Iterable[bytes | None]],
+    states: Mapping[Any, Any],
+) -> list[tuple[bytes | None, Any]]:
+    """The steps an :class:`EveryKey` step stands for: one per key stored or changed in the
+    batch so far that it selects, in key order."""
+    picked = {key for key in (*keys(), *states) if key is not None and every.select(key)}
+    return [(key, step) for key in sorted(picked)]
 
 
 async def tick_batch(
@@ -285,7 +313,9 @@ class KeyedConsumerLoop(Generic[S]):
             if not records:
                 continue
             async with self._lock:
-                batch = await process_batch(self.processor, records, self._states.get)
+                batch = await process_batch(
+                    self.processor, records, self._states.get, keys=self._states.keys
+                )
                 # Delivered: keep the states, then commit what no waiting state needs.
                 for record in records:
                     self._uncommitted.setdefault(record.tp, deque()).append(record)

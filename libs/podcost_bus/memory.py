@@ -154,6 +154,18 @@ class MemoryBus(Lifecycle):
     ) -> Delivery:
         return await self._append_with_room(topic, key, value, headers or {})
 
+    async def broadcast(
+        self,
+        topic: str,
+        key: str | bytes | None,
+        value: bytes,
+        headers: Mapping[str, bytes] | None = None,
+    ) -> list[Delivery]:
+        return [
+            await self._append_with_room(topic, key, value, headers or {}, partition=partition)
+            for partition in range(len(self._log(topic)))
+        ]
+
     def consumer(
         self,
         topics: Sequence[str],
@@ -197,9 +209,16 @@ class MemoryBus(Lifecycle):
         return logs
 
     async def _append_with_room(
-        self, topic: str, key: str | bytes | None, value: bytes, headers: Mapping[str, bytes]
+        self,
+        topic: str,
+        key: str | bytes | None,
+        value: bytes,
+        headers: Mapping[str, bytes],
+        *,
+        partition: int | None = None,
     ) -> Delivery:
-        """Append the record once its partition has room for it (see the module docstring)."""
+        """Append the record once its partition (``partition``, or the key's) has room for it
+        (see the module docstring)."""
         key_bytes = key.encode() if isinstance(key, str) else key
         size = len(key_bytes or b"") + len(value) + sum(len(n) + len(v) for n, v in headers.items())
         if size > self._max_record_bytes:
@@ -209,11 +228,12 @@ class MemoryBus(Lifecycle):
                 retriable=False,
             )
         logs = self._log(topic)
-        partition = (
-            self.partition_of(key_bytes)
-            if key_bytes is not None
-            else next(self._unkeyed) % len(logs)
-        )
+        if partition is None:
+            partition = (
+                self.partition_of(key_bytes)
+                if key_bytes is not None
+                else next(self._unkeyed) % len(logs)
+            )
         tp = TopicPartition(topic, partition)
         waited = False
         while self._uncommitted(tp) >= self._retention:

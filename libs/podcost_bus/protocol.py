@@ -204,6 +204,18 @@ class Bus(Protocol):
         """Publish one record and wait until the bus has it (``send`` then await)."""
         ...
 
+    async def broadcast(
+        self,
+        topic: str,
+        key: str | bytes | None,
+        value: bytes,
+        headers: Mapping[str, bytes] | None = None,
+    ) -> list[Delivery]:
+        """Publish the record once to every partition of ``topic`` and wait until the bus has
+        them all: a marker every reader of the topic sees, after the records queued before it
+        on the same partition (a watcher's full set of its cluster's workloads)."""
+        ...
+
     def consumer(
         self,
         topics: Sequence[str],

@@ -321,6 +321,32 @@ class WorkloadSnapshotMessage(WorkloadMessage):
 
 #: The ``reason`` of a :class:`WorkloadGoneMessage` for a deleted workload (its pods go with it).
 GONE_DELETED: Final = "deleted"
+#: The ``reason`` of a :class:`WorkloadGoneMessage` that carries a cluster's live set.
+GONE_UNLISTED: Final = "not in the watcher's live set"
+
+#: The ``reason`` of an empty live set that removes a cluster from the fleet: its states are
+#: forgotten without asking its annotator (gone too) to remove their costs.
+GONE_REMOVED: Final = "cluster removed"
+
+#: The namespace and kind of the key a cluster's live set travels under
+#: (:func:`live_set_key`): no workload has them, so no workload's state is ever under it.
+LIVE_SET_NAMESPACE: Final = "podcost.dev"
+LIVE_SET_KIND: Final = "LiveSet"
+LIVE_SET_NAME: Final = "workloads"
+
+
+def live_set_key(cluster: str) -> WorkloadKey:
+    """The key of ``cluster``'s live set (a :class:`WorkloadGoneMessage` with ``live``)."""
+    return WorkloadKey(cluster, LIVE_SET_NAMESPACE, LIVE_SET_KIND, LIVE_SET_NAME)
+
+
+def is_live_set(key: str | bytes | None) -> bool:
+    """Whether a workloads-topic record key is a live set's (:func:`live_set_key`), not a
+    workload's: readers that want snapshots skip those records."""
+    if isinstance(key, bytes):
+        key = key.decode("utf-8", "replace")
+    parts = (key or "").split("/")
+    return len(parts) == 4 and parts[1:] == [LIVE_SET_NAMESPACE, LIVE_SET_KIND, LIVE_SET_NAME]
 
 
 class WorkloadGoneMessage(WorkloadMessage):
@@ -337,6 +363,26 @@ class WorkloadGoneMessage(WorkloadMessage):
     """Ordered with the snapshots' ``emitted_at``: it supersedes the snapshots before it."""
     changed_at: float | None = None
     """When the watcher saw the change that ended the workload (POSIX seconds)."""
+    live: tuple[str, ...] | None = None
+    """A cluster's live set: every workload of the cluster the watcher ranks (their keys), as
+    its cache showed them at ``emitted_at``; every other workload of the cluster that was
+    published before then is gone. Sent after each (re)sync to every partition of the
+    workloads topic under :func:`live_set_key` (so a consumer older than this field drops a
+    state that nothing has: it ignores it). Empty, with the reason :data:`GONE_REMOVED`, it
+    removes the cluster (``podcost remove-cluster``). ``None``: a single workload is gone."""
+
+    @model_validator(mode="after")
+    def _live_set_of_its_cluster(self) -> Self:
+        if self.live is None:
+            return self
+        cluster = self.workload.cluster
+        if self.key != live_set_key(cluster).text():
+            raise ValueError(f"a live set travels under {live_set_key(cluster).text()!r}")
+        prefix = f"{cluster}/"
+        for index, key in enumerate(self.live):
+            if not key.startswith(prefix):
+                raise ValueError(f"live.{index}: {key!r} is not a workload of {cluster!r}")
+        return self
 
 
 def decode_workload_record(

@@ -444,6 +444,20 @@ class Aggregator:
             return Outcome.STALE
         return Outcome.ACCEPTED
 
+    @staticmethod
+    def on_unlisted(state: WorkloadState, *, listed_at: float) -> Outcome:
+        """The watcher's live set of the workload's cluster, as its cache showed it at
+        ``listed_at``, leaves the workload out. ``ACCEPTED``: forget its state; ``STALE``: keep
+        it, its snapshot is later than the set (the workload came since), or, with no snapshot
+        yet, answers came after it (for a workload that came since, whose snapshot is on its
+        way)."""
+        latest = state.latest
+        if latest is not None:
+            return Outcome.STALE if latest.emitted_at >= listed_at else Outcome.ACCEPTED
+        if any(waiting.since >= listed_at for waiting in state.progress.early):
+            return Outcome.STALE
+        return Outcome.ACCEPTED
+
     def on_ranks(
         self, state: WorkloadState, *, strategy: str, version: int, scores: Scores, now: float
     ) -> Step:

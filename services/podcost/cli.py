@@ -176,6 +176,17 @@ topic with these settings and reports an existing one that differs (a warning an
 `podcost_topic_config_drift`), never changing it. Connects to nothing. `PODCOST_TOPIC_*` (the
 names), `PODCOST_KAFKA_PARTITIONS`.
 """,
+    "remove-cluster": f"""**Examples**
+
+```
+podcost remove-cluster prod-eu-1               # the plan: what would go, or why not
+podcost remove-cluster prod-eu-1 --yes -o json
+```
+
+Refused (exit 1) while the cluster's watcher published within `--quiet-for` (default 900 s,
+longer than the watcher's resync period) or its annotators' group has members. {_KAFKA};
+`PODCOST_AGGREGATOR_APP_ID`, `PODCOST_ANNOTATOR_GROUP`.
+""",
     "demo": """**Example**
 
 ```
@@ -241,6 +252,11 @@ COMMANDS: dict[str, Command] = {
         "podcost.commands.topics",
         "Print every topic podcost uses and the settings it creates them with: partitions, "
         "replicas, cleanup policy, retention and min.insync.replicas.",
+    ),
+    "remove-cluster": Command(
+        "podcost.commands.remove_cluster",
+        "Remove a cluster that left the fleet: its states in the aggregator, its costs topic and "
+        "its annotators' consumer group (refused while its agent still runs).",
     ),
 }
 

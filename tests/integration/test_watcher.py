@@ -26,12 +26,13 @@ from podcost import embedded
 from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherService, WatcherSettings, bootstrap
-from podcost_bus import BusError, BusSettings, Consumer, MemoryBus, open_bus
+from podcost_bus import BusError, BusSettings, Consumer, MemoryBus, Record, open_bus
 from podcost_contracts.messages import (
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
     decode,
     decode_workload_record,
+    is_live_set,
 )
 from podcost_core.victims import deletion_cost_error
 from podcost_kube.client import Kube
@@ -78,16 +79,24 @@ def _ready(watcher: WatcherService, task: asyncio.Task[None]):  # type: ignore[n
     return check
 
 
+async def _next_record(consumer: Consumer, timeout: float) -> Record:
+    """The next record that is not a live set (the watcher publishes one after each sync)."""
+    while True:
+        records = await consumer.poll(max_wait=timeout, max_records=1)
+        assert records, f"no snapshot within {timeout}s"
+        (record,) = records
+        await consumer.commit([record])
+        if not is_live_set(record.key):
+            return record
+
+
 async def _next_snapshot(consumer: Consumer, timeout: float = 30) -> WorkloadSnapshotMessage:
-    records = await consumer.poll(max_wait=timeout, max_records=1)
-    assert records, f"no snapshot within {timeout}s"
-    (record,) = records
-    await consumer.commit([record])
+    record = await _next_record(consumer, timeout)
     return decode(WorkloadSnapshotMessage, record.value, record.headers, key=record.key)
 
 
 async def _no_snapshot(consumer: Consumer, wait: float) -> None:
-    records = await consumer.poll(max_wait=wait)
+    records = [r for r in await consumer.poll(max_wait=wait) if not is_live_set(r.key)]
     assert not records, f"unexpected snapshot(s): {[r.key for r in records]}"
 
 
@@ -165,10 +174,7 @@ async def test_a_workload_with_an_invalid_policy_is_told_why_it_is_not_ranked(
 async def _next_message(
     consumer: Consumer, timeout: float = 30
 ) -> WorkloadSnapshotMessage | WorkloadGoneMessage:
-    records = await consumer.poll(max_wait=timeout, max_records=1)
-    assert records, f"no message within {timeout}s"
-    (record,) = records
-    await consumer.commit([record])
+    record = await _next_record(consumer, timeout)
     return decode_workload_record(record.value, record.headers, key=record.key)
 
 

@@ -24,6 +24,7 @@ from podcost_contracts.messages import (
     StrategyRanksMessage,
     decode,
     decode_ranks_record,
+    is_live_set,
 )
 from podcost_core.combine import rank
 from podcost_core.implied import drop_implied
@@ -120,8 +121,11 @@ class Reader(Generic[M]):
         records: list[Record] = []
         while len(records) < count:
             left = deadline - time.monotonic()
-            batch = await self._consumer.poll(max_wait=max(0.0, left), max_records=count)
-            records.extend(batch)
+            batch = await self._consumer.poll(
+                max_wait=max(0.0, left), max_records=count - len(records)
+            )
+            # A watcher's live set (published after each sync) is no message of any kind here.
+            records.extend(record for record in batch if not is_live_set(record.key))
             if not batch and time.monotonic() >= deadline:
                 raise AssertionError(
                     f"got {len(records)} of {count} {self.kind.KIND} messages in {timeout}s"
@@ -133,7 +137,7 @@ class Reader(Generic[M]):
 
     async def nothing_more(self, wait: float = 0.5) -> None:
         """Fail if a message comes within ``wait`` seconds (absence takes a wait to show)."""
-        extra = await self._consumer.poll(max_wait=wait)
+        extra = [r for r in await self._consumer.poll(max_wait=wait) if not is_live_set(r.key)]
         assert extra == [], f"unexpected {self.kind.KIND} messages: {len(extra)}"
 
 

@@ -763,5 +763,33 @@ def test_a_workload_gone_is_forgotten_unless_a_later_snapshot_came_since(
     assert Aggregator.on_gone(state, emitted_at=emitted_at, version=version) is outcome
 
 
+@pytest.mark.parametrize(
+    ("listed_at", "outcome"),
+    [
+        (3.0, Outcome.ACCEPTED),  # listed after its snapshot, and left out: forget it
+        (2.0, Outcome.STALE),  # listed at the very time of its snapshot: it may be new
+        (1.0, Outcome.STALE),  # a set older than its snapshot: the workload came since
+    ],
+)
+def test_a_workload_left_out_of_a_live_set_is_forgotten_unless_its_snapshot_is_later(
+    listed_at: float, outcome: Outcome
+) -> None:
+    state = Aggregator().on_snapshot(WorkloadState(KEY), snap(2), emitted_at=2.0, now=2.5).state
+    assert Aggregator.on_unlisted(state, listed_at=listed_at) is outcome
+
+
+def test_answers_without_a_snapshot_are_forgotten_by_a_later_live_set_only() -> None:
+    state = (
+        Aggregator()
+        .on_ranks(WorkloadState(KEY), strategy="age", version=2, scores={}, now=5.0)
+        .state
+    )
+    assert state.latest is None
+    assert state.progress.early
+    # Answers that came after the set may be of a workload created since: kept.
+    assert Aggregator.on_unlisted(state, listed_at=4.0) is Outcome.STALE
+    assert Aggregator.on_unlisted(state, listed_at=6.0) is Outcome.ACCEPTED
+
+
 def test_a_workload_gone_before_any_snapshot_has_nothing_to_keep() -> None:
     assert Aggregator.on_gone(WorkloadState(KEY), emitted_at=0.0, version=0) is Outcome.ACCEPTED

@@ -26,6 +26,7 @@ runner = CliRunner()
 COMMANDS = [
     "run", "watcher", "ranker", "aggregator", "annotator", "simulate", "explain", "demo", "cleanup",
     "topics",
+    "remove-cluster",
 ]  # fmt: skip
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from podcost.runtime.fleet import FleetRegistry
+from podcost.runtime.fleet import FleetKeys, FleetRegistry
 from podcost_contracts.fleet import RegistryError
 
 
@@ -70,3 +70,23 @@ def test_a_core_whose_registry_cannot_be_read_does_not_start(tmp_path: Path) -> 
     bad.write_text("not_a_name\n")
     with pytest.raises(RegistryError):
         FleetRegistry.open(bad)
+
+
+def test_a_cluster_has_left_the_fleet_once_its_registry_line_or_its_keys_are_gone(
+    tmp_path: Path,
+) -> None:
+    """What lets ``podcost remove-cluster``'s unsigned marker through to the aggregator: a
+    registry that no longer lists the cluster, or a keys file with no key of it. Without either
+    file no cluster has left (every record takes the usual checks)."""
+    assert not FleetRegistry(None).left("prod-us-1")
+    assert not FleetKeys(None).left("prod-us-1")
+    clusters = tmp_path / "clusters.txt"
+    clusters.write_text("prod-eu-1\n")
+    registry = FleetRegistry(clusters)
+    assert registry.left("prod-us-1")
+    assert not registry.left("prod-eu-1")
+    keys_file = tmp_path / "keys.txt"
+    keys_file.write_text(f"prod-eu-1 {'a' * 32}\n")
+    keys = FleetKeys(keys_file)
+    assert keys.left("prod-us-1")
+    assert not keys.left("prod-eu-1")

@@ -43,6 +43,8 @@ from podcost_contracts.messages import (
     decode_ranks_record,
     decode_workload_record,
     encode,
+    is_live_set,
+    live_set_key,
     trace_context,
 )
 from podcost_contracts.topics import DEFAULT_TOPICS, Topics
@@ -118,6 +120,25 @@ def gone(**changes: Any) -> WorkloadGoneMessage:
         "changed_at": 1_714_568_403.0,
     }
     return WorkloadGoneMessage(**(fields | changes))
+
+
+def test_a_live_set_travels_under_its_clusters_own_key_and_names_only_its_workloads() -> None:
+    key = live_set_key("prod-eu-1").text()
+    listed = gone(key=key, live=("prod-eu-1/shop/Deployment/web",))
+    assert decode_workload_record(**_record_of(listed)) == listed
+    assert is_live_set(key)
+    assert is_live_set(key.encode())
+    assert not is_live_set(KEY)
+    assert not is_live_set(None)
+    with pytest.raises(ValidationError, match="travels under"):
+        gone(live=())
+    with pytest.raises(ValidationError, match="is not a workload of"):
+        gone(key=key, live=("prod-us-1/shop/Deployment/web",))
+
+
+def _record_of(message: Message) -> dict[str, Any]:
+    encoded = encode(message)
+    return {"value": encoded.value, "headers": encoded.headers, "key": encoded.key}
 
 
 def reason_for(kind: type[Message], value: bytes, headers: dict[str, bytes] | None = None) -> str:

@@ -49,6 +49,7 @@ from podcost.runtime.telemetry import (
 from podcost_bus import BusSettings, MemoryBus, Record, publish_message
 from podcost_bus.keyed import KeyedConsumerLoop
 from podcost_contracts.messages import (
+    GONE_UNLISTED,
     TRACEPARENT,
     DeadLetter,
     DesiredCostsMessage,
@@ -62,6 +63,7 @@ from podcost_contracts.messages import (
     decode,
     decode_costs_record,
     encode,
+    live_set_key,
 )
 from podcost_core.aggregate import WorkloadState
 from podcost_core.model import PodUID, Snapshot
@@ -714,6 +716,42 @@ async def test_a_workload_gone_is_skipped_by_the_rankers_and_forgotten_by_the_ag
         await costs.nothing_more(0.2)
         await dead.nothing_more(0.2)
     assert counted(cap, "podcost_snapshots_ranked_total", strategy=CAP) == 1
+
+
+async def test_a_live_set_forgets_and_releases_only_the_workloads_it_leaves_out(
+    world: World,
+) -> None:
+    kept = replace(SNAPSHOT, workload=replace(SNAPSHOT.workload, name="kept"))
+    other = replace(SNAPSHOT, workload=replace(SNAPSHOT.workload, cluster="other"))
+    combiner = world.aggregator()
+    async with (
+        running(combiner),
+        Reader(world.bus, COSTS, DesiredCostsMessage, decoder=decode_costs_record) as costs,
+    ):
+        for item in (SNAPSHOT, kept, other):
+            await world.publish(item)
+        await eventually(lambda: len(_states(combiner)) == 3, "three states")
+        listed = WorkloadGoneMessage(
+            key=live_set_key(CLUSTER).text(), version=0, reason=GONE_UNLISTED,
+            emitted_at=START + 1, live=(kept.workload.key,),
+        )  # fmt: skip
+        encoded = encode(listed)
+        await world.bus.broadcast(TOPICS.workloads, encoded.key, encoded.value, encoded.headers)
+        # The cluster's unlisted workload goes; the listed one and another cluster's stay.
+        await eventually(
+            lambda: set(_states(combiner)) == {kept.workload.key.encode(),
+                                               other.workload.key.encode()},
+            "the unlisted state to be forgotten",
+        )  # fmt: skip
+        [release] = await costs.take(1)  # no decision before the deadline: the release alone
+        assert isinstance(release, ReleaseCostsMessage)
+        assert (release.key, release.reason) == (SNAPSHOT.workload.key, GONE_UNLISTED)
+        await costs.nothing_more(0.2)
+    # Read once per partition, counted once each; every state of them a step.
+    assert counted(combiner, "podcost_messages_consumed_total", topic=TOPICS.workloads,
+                   outcome="ok") == 3 + len(world.bus.end_offsets(TOPICS.workloads))  # fmt: skip
+    assert counted(combiner, "podcost_aggregator_states_forgotten_total", reason="unlisted") == 1
+    assert counted(combiner, "podcost_aggregator_states") == 2
 
 
 async def test_a_workload_that_opted_out_gets_a_release_of_its_pods_costs_a_deleted_one_not(

@@ -61,11 +61,13 @@ from podcost.runtime.telemetry import (
     workload_resource,
 )
 from podcost_bus import Bus, BusError, Delivery, Record
-from podcost_bus.keyed import DROP, MAX_STATE_RECORD_BYTES, Drop
+from podcost_bus.keyed import DROP, MAX_STATE_RECORD_BYTES, Drop, EveryKey
 from podcost_bus.messaging import dead_letter_of
 from podcost_contracts.messages import (
     CONTENT_ENCODING,
     GONE_DELETED,
+    GONE_REMOVED,
+    GONE_UNLISTED,
     SCHEMA_HEADER,
     DecodeError,
     DesiredCostsMessage,
@@ -86,6 +88,7 @@ from podcost_contracts.messages import (
     decode_workload_record,
     encode,
     encode_json,
+    is_live_set,
     snapshot_validator,
     trace_context,
 )
@@ -298,6 +301,8 @@ class _Step:
     message: WorkloadSnapshotMessage | WorkloadGoneMessage | StrategyRanksMessage | RankedWorkload
     strategy: str = ""
     """The strategy a batch's answer (``RankedWorkload``) is of."""
+    live: frozenset[str] = frozenset()
+    """A live set's keys (``WorkloadGoneMessage.live``)."""
 
 
 class AggregationProcessor:
@@ -357,7 +362,7 @@ class AggregationProcessor:
         """Records of unregistered clusters since the last warning about them."""
         self._unregistered_logged = float("-inf")
 
-    def split(self, record: Record) -> list[tuple[bytes | None, _Step]]:
+    def split(self, record: Record) -> list[tuple[bytes | EveryKey | None, _Step]]:
         """Decode ``record`` into its steps: one for a snapshot, a gone workload or one answer,
         one per answer of a ranker's batch, each with the key of the workload whose state it
         changes. An undecodable record, or a batch with an answer for a workload another
@@ -368,7 +373,14 @@ class AggregationProcessor:
             reason = "the record has no key (expected cluster/namespace/kind/name)"
             self._dead_letter(record, reason, None)
             return []
-        if record.topic == self.topics.workloads and not self._serves(record.key):
+        # `podcost remove-cluster`'s marker for a cluster that left the fleet (out of the
+        # registry, its keys withdrawn) is taken unsigned: only the empty live set, below.
+        removal = (
+            record.topic == self.topics.workloads
+            and is_live_set(record.key)
+            and self._left_fleet(record.key)
+        )
+        if record.topic == self.topics.workloads and not removal and not self._serves(record.key):
             # Before decoding: a flood of invented clusters costs a dead letter each, no state.
             cluster = record.key.partition(b"/")[0].decode("utf-8", "replace")
             reason = f"the cluster {cluster[:100]!r} is not in the fleet registry"
@@ -376,7 +388,11 @@ class AggregationProcessor:
             self.metrics.unregistered_records.labels(record.topic).inc()
             self._report_unregistered(reason)
             return []
-        if record.topic == self.topics.workloads and not self._signed(record, record.key):
+        if (
+            record.topic == self.topics.workloads
+            and not removal
+            and not self._signed(record, record.key)
+        ):
             cluster = record.key.partition(b"/")[0].decode("utf-8", "replace")
             reason = (
                 f"the record is not signed with a key of cluster {cluster[:100]!r} "
@@ -418,12 +434,41 @@ class AggregationProcessor:
             # every genuine snapshot stale, across restarts.
             self._dead_letter(record, future, None, outcome="future")
             return []
+        if removal and not (
+            isinstance(message, WorkloadGoneMessage)
+            and message.live == ()
+            and message.reason == GONE_REMOVED
+        ):
+            cluster = record.key.partition(b"/")[0].decode("utf-8", "replace")
+            reason = (f"the cluster {cluster[:100]!r} left the fleet: only its removal (an empty "
+                      "live set) is taken")  # fmt: skip
+            self._dead_letter(record, reason, None, outcome="unregistered")
+            return []
+        if isinstance(message, WorkloadGoneMessage) and message.live is not None:
+            return self._split_live_set(record, message)
         return [(record.key, _Step(record, message))]  # counted consumed once processed
+
+    def _split_live_set(
+        self, record: Record, message: WorkloadGoneMessage
+    ) -> list[tuple[bytes | EveryKey | None, _Step]]:
+        """A cluster's live set: one step for every state of that cluster in the record's
+        partition (the watcher sends the set to every partition)."""
+        prefix = f"{message.workload.cluster}/".encode()
+        partition_of, partition = self.partition_of, record.partition
+
+        def select(key: bytes) -> bool:
+            return key.startswith(prefix) and (
+                partition_of is None or partition_of(key) == partition
+            )
+
+        self._consumed_ok(record.topic).inc()  # the record (every state it selects is a step)
+        live = frozenset(message.live or ())
+        return [(EveryKey(select), _Step(record, message, live=live))]
 
     def _split_batch(
         self, record: Record, batch: StrategyRanksBatchMessage
-    ) -> list[tuple[bytes | None, _Step]]:
-        steps: list[tuple[bytes | None, _Step]] = []
+    ) -> list[tuple[bytes | EveryKey | None, _Step]]:
+        steps: list[tuple[bytes | EveryKey | None, _Step]] = []
         for answer in batch.answers:
             key = answer.key.encode()
             if not self._serves(key):
@@ -462,6 +507,12 @@ class AggregationProcessor:
         header = record.headers.get(SIGNATURE_HEADER)
         return self.keys.verified(cluster, key, record.value, header)
 
+    def _left_fleet(self, key: bytes) -> bool:
+        """Whether the cluster of ``key`` left the fleet: the registry no longer lists it, or the
+        keys file no longer holds a key of it."""
+        cluster = key.partition(b"/")[0].decode("utf-8", "replace")
+        return self.fleet.left(cluster) or self.keys.left(cluster)
+
     def _serves(self, key: bytes) -> bool:
         """Whether the fleet registry lists the cluster of workload key ``key``."""
         return self.fleet.serves(key.partition(b"/")[0].decode("utf-8", "replace"))
@@ -470,6 +521,8 @@ class AggregationProcessor:
         started = time.time_ns()
         record, message = step.record, step.message
         if isinstance(message, WorkloadGoneMessage):
+            if message.live is not None:
+                return self._unlisted(message, step.live, state)
             return self._gone(record, message, state)
         now = self.clock.now()
         current = state if state is not None else WorkloadState(message.key)
@@ -519,7 +572,37 @@ class AggregationProcessor:
         # A deleted workload's pods go with it: only one that opted out keeps costs to remove.
         if outcome is Outcome.ACCEPTED and latest is not None and message.reason != GONE_DELETED:
             self._queue_release(message, latest.snapshot)
-        return DROP if outcome is Outcome.ACCEPTED and state is not None else None
+        if outcome is Outcome.ACCEPTED and state is not None:
+            self.metrics.states_forgotten.labels("gone").inc()
+            return DROP
+        return None
+
+    def _unlisted(
+        self, message: WorkloadGoneMessage, live: frozenset[str], state: WorkloadState | None
+    ) -> Drop | None:
+        """A live set of the state's cluster: forget the state if the set leaves its workload
+        out (``Aggregator.on_unlisted``), and ask the annotator to remove the costs podcost
+        wrote on its pods. The set does not say whether the workload was deleted or opted out
+        while no watcher saw it; the annotator verifies each pod against its own view, and a
+        pod that is gone is left alone."""
+        if state is None or state.key in live:
+            return None
+        outcome = self.aggregator.on_unlisted(state, listed_at=message.emitted_at)
+        if outcome is not Outcome.ACCEPTED:
+            return None
+        if message.reason == GONE_REMOVED:  # its agent is gone too: nobody to release to
+            self.metrics.states_forgotten.labels("removed").inc()
+            log.info("%s: its cluster is removed from the fleet: forgotten", state.key)
+            return DROP
+        self.metrics.states_forgotten.labels("unlisted").inc()
+        log.info("%s is not in its watcher's live set: forgotten", state.key)
+        if state.latest is not None:
+            gone = WorkloadGoneMessage(
+                key=state.key, version=state.latest.version, reason=GONE_UNLISTED,
+                emitted_at=message.emitted_at, changed_at=message.changed_at,
+            )  # fmt: skip
+            self._queue_release(gone, state.latest.snapshot)
+        return DROP
 
     def _queue_release(self, message: WorkloadGoneMessage, snapshot: Snapshot) -> None:
         """Tell the annotator to remove podcost's costs from the pods of a workload that opted

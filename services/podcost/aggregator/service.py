@@ -220,10 +220,13 @@ def bootstrap(
         internal = [*transport.changelog_topics(), transport.assignor_topic()]
         stalled = transport.stalled
         metrics.aggregator_stalled.set_function(lambda: 1.0 if stalled() else 0.0)
+        metrics.states.set_function(transport.state_count)
+        metrics.recovering.set_function(transport.recovering_for)
     else:
-        transport = KeyedConsumerLoop(
+        loop = transport = KeyedConsumerLoop(
             bus, sources, config.app_id, processor, tick_s=config.tick_seconds, sleep=clock.sleep
         )
+        metrics.states.set_function(lambda: len(loop.states))
     return AggregatorService(
         processor=processor,
         transport=transport,

@@ -124,6 +124,10 @@ class FleetRegistry:
         """Whether records of ``cluster`` are processed (the file looked at again if due)."""
         return self._file is None or cluster in self._file.current()
 
+    def left(self, cluster: str) -> bool:
+        """Whether a registry is kept and no longer lists ``cluster``."""
+        return self._file is not None and cluster not in self._file.current()
+
 
 class FleetKeys:
     """Each cluster's accepted signing keys (``podcost_contracts.signing``; no file: records
@@ -148,6 +152,10 @@ class FleetKeys:
     def required(self) -> bool:
         """Whether every snapshot must be signed."""
         return self._file is not None
+
+    def left(self, cluster: str) -> bool:
+        """Whether keys are asked for and ``cluster`` has none any more."""
+        return self._file is not None and not self._file.current().get(cluster)
 
     def verified(self, cluster: str, record_key: bytes, value: bytes, header: bytes | None) -> bool:
         """Whether the record is signed with one of ``cluster``'s keys (no file: always)."""

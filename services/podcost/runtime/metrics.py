@@ -144,6 +144,21 @@ class Families:
             "not ready: records to process and none processed for half the stall bound (it "
             "exits at the bound, to be restarted).", [c], registry=r,
         )  # fmt: skip
+        self.states_forgotten = Counter(
+            "podcost_aggregator_states_forgotten", "Workload states the aggregator forgot, by "
+            "reason (gone: its watcher said the workload is gone; unlisted: its watcher's live "
+            "set after a sync left it out; removed: its cluster was removed from the fleet).",
+            [c, "reason"], registry=r,
+        )  # fmt: skip
+        self.states = Gauge(
+            "podcost_aggregator_states", "Workload states the aggregator holds (of the "
+            "partitions assigned to it, standbys included).", [c], registry=r,
+        )  # fmt: skip
+        self.recovering = Gauge(
+            "podcost_aggregator_recovering_seconds", "Seconds the aggregator has been "
+            "rebuilding its states from the changelogs (after a start or a rebalance) without "
+            "deciding for those partitions; 0 when it is not recovering.", [c], registry=r,
+        )  # fmt: skip
         self.event_to_annotation = Histogram(
             "podcost_event_to_annotation_seconds",
             "From the change that caused a snapshot to the patch that wrote its cost.",
@@ -248,6 +263,9 @@ class Metrics:
         self.api_server_failing = SingleGauge(f.api_server_failing, component)
         self.aggregator_stalled = SingleGauge(f.aggregator_stalled, component)
         self.event_to_annotation = SingleHistogram(f.event_to_annotation, component)
+        self.states_forgotten = Labelled(f.states_forgotten, component)
+        self.states = SingleGauge(f.states, component)
+        self.recovering = SingleGauge(f.recovering, component)
         self.topic_config_drift = Labelled(f.topic_config_drift, component)
         self.unregistered_records = Labelled(f.unregistered_records, component)
 

@@ -31,9 +31,12 @@ from ``changed_at`` read short.
 Workloads that go. When a workload this watcher published is no longer ranked (deleted, opted
 out, or its policy became invalid), the watcher publishes a ``WorkloadGoneMessage`` under its
 key, once: rankers skip it and the aggregator drops its state and, unless it was deleted, asks
-the annotator to remove the costs podcost wrote on its pods. (A restarted watcher publishes
-every opted-in workload again, so it knows them all; one deleted or opted out while no watcher
-ran is never said to be gone.)
+the annotator to remove the costs podcost wrote on its pods. One deleted or opted out while no
+watcher ran is never said to be gone that way: after every sync (the first list, a takeover of
+the Lease, each periodic resync) the watcher publishes its cluster's *live set*, the keys of every
+workload it ranks as its cache shows them then (a ``WorkloadGoneMessage`` with ``live``, to every
+partition of the workloads topic), and the aggregator forgets every state of the cluster the set
+leaves out that is older than the set.
 
 Publishing does not wait for each snapshot's acknowledgement: snapshots are queued on the bus
 (which keeps one workload's records in order), at most ``MAX_IN_FLIGHT`` unacknowledged, and one
@@ -96,11 +99,13 @@ from podcost.runtime.telemetry import (
 from podcost_bus import Bus, BusSettings, Delivery, open_bus
 from podcost_contracts.messages import (
     GONE_DELETED,
+    GONE_UNLISTED,
     Encoded,
     EncodeError,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
     encode,
+    live_set_key,
 )
 from podcost_contracts.signing import SIGNATURE_HEADER, read_signing_key, signature
 from podcost_contracts.topics import Topics
@@ -386,6 +391,8 @@ class WatcherService:
         self._node_load: set[WorkloadKey] = set()
         """Those whose policy reads what other pods take from their nodes
         (``reads_node_load``): touched when a pod lands on or leaves one of their nodes."""
+        self._live_set_due = asyncio.Event()
+        """A sync happened: publish the live set (:meth:`_publish_live_sets`)."""
         self._in_flight: deque[asyncio.Future[Delivery]] = deque()
         """Snapshots queued on the bus, oldest first, until acknowledged."""
         self._delivery_error: BaseException | None = None
@@ -475,6 +482,7 @@ class WatcherService:
             self._change_seen_at[key] = now
             self.debouncer.touch(key)
         self.metrics.leading.set(1)
+        self._live_set_due.set()
         log.info("leading: publishing all %d opted-in workloads once", len(keys))
 
     def _on_stopped_leading(self) -> None:
@@ -507,6 +515,7 @@ class WatcherService:
                      self.store.count("Node"))  # fmt: skip
             settle_heap()
             self._start_first_pass()
+            self._live_set_due.set()
             tasks = [
                 asyncio.create_task(self._publish_forever(), name="watcher-publish"),
                 asyncio.create_task(informer.join(), name="watcher-informer"),
@@ -514,6 +523,7 @@ class WatcherService:
                 asyncio.create_task(self._watch_outage(informer), name="watcher-outage"),
                 asyncio.create_task(trim_forever(), name="watcher-trim"),
                 asyncio.create_task(self._resync_forever(), name="watcher-resync"),
+                asyncio.create_task(self._publish_live_sets(), name="watcher-live-set"),
             ]
             if self.events is not None:
                 tasks.append(asyncio.create_task(self.events.run(), name="watcher-events"))
@@ -547,7 +557,46 @@ class WatcherService:
         for key in keys:
             self._change_seen_at.setdefault(key, now)
             self.debouncer.touch(key)
+        self._live_set_due.set()
         log.info("resync: publishing all %d opted-in workloads again", len(keys))
+
+    async def _publish_live_sets(self) -> None:
+        """After each sync, while leading, publish the live set (see the module docstring)."""
+        while True:
+            await self._live_set_due.wait()
+            self._live_set_due.clear()
+            if self.leading():
+                await self.publish_live_set()
+
+    async def publish_live_set(self) -> int:
+        """Publish the keys of every workload ranked now to every partition of the workloads
+        topic (stamped now, never below the takeover floor, as snapshots are): the aggregator
+        forgets the states of this cluster's other workloads published before. Returns how
+        many keys it held; 0, with an error logged, when the set is too large for one record
+        (nothing is forgotten then)."""
+        listed_at = max(self.clock.now(), self._floor())
+        keys = opted_in_workloads(self.store, self.rules)
+        message = WorkloadGoneMessage(
+            key=live_set_key(self.cluster).text(),
+            version=self.incarnation * VERSION_SPAN,
+            reason=GONE_UNLISTED,
+            emitted_at=listed_at,
+            changed_at=listed_at,
+            live=tuple(key.bus_key(self.cluster) for key in keys),
+        )
+        try:
+            encoded = encode(message)
+        except EncodeError as error:
+            log.error("the live set of %d workloads cannot be published (the core keeps the "
+                      "states of workloads gone while no watcher ran): %s", len(keys),
+                      error)  # fmt: skip
+            return 0
+        deliveries = await self.bus.broadcast(
+            self.topics.workloads, encoded.key, encoded.value, self._signed(encoded)
+        )
+        self.metrics.produced.labels(self.topics.workloads).inc(len(deliveries))
+        log.info("published the live set: %d workloads", len(keys))
+        return len(keys)
 
     def _start_first_pass(self) -> None:
         """Every opted-in workload is due once now (most are already, from the initial list)."""
