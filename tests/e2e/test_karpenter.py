@@ -1,0 +1,143 @@
+"""A real Karpenter (kwok provider) consolidating after the real ReplicaSet controller's scale-ins,
+with podcost steering them and without it.
+
+Karpenter runs against a control plane of its own (``tests/support/karpenter.py``), so every node
+is one it made from a NodePool (spot and on-demand in three zones, consolidation
+``WhenEmptyOrUnderutilized``). What is counted is read from the API server: Karpenter's nodes
+made and removed, the pods evicted by its drains (the Eviction API's ``DisruptionTarget``
+condition), never podcost's model.
+
+- Karpenter provisions nodes for a pending Deployment and removes them when it scales to 0.
+- The KEP-5982 shape: 20 pods Karpenter packed 4 to a node, scaled in to 10. Without podcost the
+  controller leaves every node half full and Karpenter evicts pods to consolidate; with podcost
+  (``node-consolidation``) the scale-in empties two nodes and Karpenter removes them without an
+  eviction.
+
+Long (each scenario waits for Karpenter's consolidation rounds): ``make test-long``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import pytest
+from kubernetes_asyncio import config
+from tests.conftest import IN_CI
+from tests.support import karpenter as k
+from tests.support.kube import KubeTestCluster
+
+from podcost.embedded import bootstrap
+from podcost.runtime.runner import serve
+from podcost.runtime.settings import ServiceSettings
+from podcost.watcher.service import WatcherSettings
+from podcost_bus import BusSettings, MemoryBus
+from podcost_kube.client import Kube
+from podcost_localinfra import build, process
+
+pytestmark = [pytest.mark.e2e, pytest.mark.long]
+
+CONSOLIDATE_AFTER = 5.0
+
+
+@pytest.fixture(scope="module")
+def autoscaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[k.Autoscaled]:
+    try:
+        started = k.start_autoscaled(tmp_path_factory.mktemp("karpenter"))
+    except (build.BuildError, process.StartError, OSError) as error:
+        message = f"Karpenter on its control plane is unavailable: {error}"
+        if IN_CI:
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    yield started
+    started.stop()
+
+
+@dataclass(frozen=True)
+class Loop:
+    """The Karpenter cluster as the tests drive it."""
+
+    cluster: k.Autoscaled
+    kube: KubeTestCluster
+    podcost: Kube
+
+
+@pytest.fixture(scope="module")
+async def loop(autoscaled: k.Autoscaled) -> AsyncIterator[Loop]:
+    api = await config.new_client_from_config(config_file=str(autoscaled.plane.kubeconfig))
+    async with api:
+        await k.node_class(api)
+        yield Loop(autoscaled, KubeTestCluster(api), Kube(api))
+
+
+@pytest.fixture
+async def pool(loop: Loop) -> AsyncIterator[str]:
+    """A NodePool of spot and on-demand nodes in three zones; gone with its nodes afterwards."""
+    name = f"pool-{uuid.uuid4().hex[:5]}"
+    await k.node_pool(loop.kube.api, name, consolidate_after=f"{CONSOLIDATE_AFTER:.0f}s")
+    yield name
+    await k.delete_node_pools(loop.kube.api, loop.kube)
+
+
+@contextlib.asynccontextmanager
+async def podcost_embedded(loop: Loop, namespace: str) -> AsyncIterator[None]:
+    """podcost in embedded mode (in-memory bus) watching ``namespace``, ready when it yields."""
+    pipeline = bootstrap(
+        ServiceSettings(cluster="karpenter", http_port=0),
+        BusSettings(),
+        kube=loop.podcost,
+        bus=MemoryBus(),
+        watcher_settings=WatcherSettings(
+            namespace=namespace, debounce_seconds=0.2, max_delay_seconds=1.0
+        ),
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        serve(pipeline.services, ServiceSettings(http_port=0), bus=pipeline.bus, stop=stop)
+    )
+
+    async def ready() -> bool:
+        if task.done():
+            task.result()
+        return all(service.ready() for service in pipeline.services)
+
+    try:
+        await loop.kube.wait_for(ready, "every podcost service ready", timeout=60)
+        yield
+    finally:
+        stop.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 30)
+
+
+async def test_karpenter_provisions_nodes_for_pending_pods_and_removes_them_at_zero(
+    loop: Loop, pool: str
+) -> None:
+    kube = loop.kube
+    namespace = await kube.create_namespace(f"k-{uuid.uuid4().hex[:6]}")
+    async with k.Ledger(kube, namespace) as ledger:
+        await kube.create_deployment(namespace, "web", 8, pod_spec_extra=k.pod_spec())
+        pods = await kube.wait_ready(namespace, "web", 8, timeout=180)
+        nodes = {record.name: record for record in ledger.live_nodes()}
+        assert len(nodes) == 2, nodes
+        assert all(record.pool == pool for record in nodes.values())
+        assert all(pod.node in nodes for pod in pods)
+        assert set(Counter(pod.node for pod in pods).values()) == {4}
+        assert all(r.zone in k.karpenter.ZONES and r.capacity_type for r in nodes.values())
+
+        scaled = time.monotonic()
+        await kube.scale(namespace, "web", 0)
+
+        async def none_left() -> bool:
+            return not await k.karpenter_nodes(kube)
+
+        await kube.wait_for(none_left, "Karpenter's nodes removed", timeout=180)
+        assert {r.name for r in ledger.removed(scaled)} == set(nodes)
+        assert ledger.removed_empty(scaled) == ledger.removed(scaled)
+        assert not ledger.evictions()
+    await kube.delete_namespace(namespace)

@@ -1,0 +1,309 @@
+"""Karpenter in the loop: its node pools, and a ledger of what it and the controller did.
+
+Used by the node-autoscaler e2e tests (``tests/e2e/test_karpenter.py``) and their benchmark
+(``tests/bench/bench_karpenter.py``). A control plane of its own (``cluster.start``) runs
+Karpenter with its kwok provider (``podcost_localinfra.karpenter``): every node there is one
+Karpenter made, so a scenario's node count is Karpenter's.
+
+The oracle is the API server, not podcost's model: :class:`Ledger` watches Karpenter's nodes
+(zone, capacity type, when made, when tainted ``karpenter.sh/disrupted``, when gone) and the
+scenario's pods (which node, and whether a pod went by the Eviction API — the API server marks
+such a pod ``DisruptionTarget`` / ``EvictionByEvictionAPI`` — or by the ReplicaSet controller's
+delete). A node that left without one eviction was removed empty.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client, watch
+from kubernetes_asyncio.client import ApiClient
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from podcost_localinfra import cluster, karpenter
+from tests.support.kube import CAPACITY_LABEL, ZONE_LABEL, KubeTestCluster
+
+NODEPOOL_LABEL = "karpenter.sh/nodepool"
+DISRUPTED_TAINT = "karpenter.sh/disrupted"
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+KARPENTER = ("karpenter.sh", "v1")
+KWOK = ("karpenter.kwok.sh", "v1alpha1")
+NODE_CLASS = "default"
+#: What one scenario pod requests: four fit on a node of the offered type (3.9 allocatable CPUs).
+POD_CPU = "900m"
+POD_MEMORY = "1Gi"
+EVALUATIONS = "karpenter_voluntary_disruption_decision_evaluation_duration_seconds_count"
+
+
+@dataclass(frozen=True)
+class Autoscaled:
+    """A control plane of its own with Karpenter running against it."""
+
+    plane: cluster.Cluster
+    karpenter: karpenter.Karpenter
+
+    def stop(self) -> None:
+        """Karpenter first (so it makes no node while the control plane goes), then the rest."""
+        self.karpenter.stop()
+        self.plane.stop()
+
+
+def start_autoscaled(run_dir: Path) -> Autoscaled:
+    """Start a control plane in ``run_dir/plane`` and Karpenter against it in
+    ``run_dir/karpenter``; stop what started if the rest fails."""
+    plane = cluster.start(run_dir / "plane")
+    try:
+        return Autoscaled(plane, karpenter.start(run_dir / "karpenter", plane.run_dir))
+    except BaseException:
+        plane.stop()
+        raise
+
+
+async def node_class(api: ApiClient) -> None:
+    """The KWOKNodeClass every pool uses (its CRD defaults its status to Ready)."""
+    custom = client.CustomObjectsApi(api)
+    body = {"apiVersion": "/".join(KWOK), "kind": "KWOKNodeClass", "metadata": {"name": NODE_CLASS}}
+    with contextlib.suppress(ApiException):
+        await custom.create_cluster_custom_object(*KWOK, "kwoknodeclasses", body)
+
+
+async def node_pool(
+    api: ApiClient,
+    name: str,
+    *,
+    capacity_types: Sequence[str] = ("spot", "on-demand"),
+    zones: Sequence[str] | None = None,
+    consolidate_after: str = "5s",
+    budget: str = "100%",
+    weight: int | None = None,
+    cpu_limit: str | None = None,
+) -> None:
+    """A NodePool over the KWOKNodeClass: consolidation ``WhenEmptyOrUnderutilized`` after
+    ``consolidate_after``, ``budget`` of its nodes disruptable at once, nodes of
+    ``capacity_types`` in ``zones`` (default: every zone offered)."""
+    requirements: list[dict[str, Any]] = [
+        {"key": CAPACITY_LABEL, "operator": "In", "values": list(capacity_types)}
+    ]
+    if zones:
+        requirements.append({"key": ZONE_LABEL, "operator": "In", "values": list(zones)})
+    spec: dict[str, Any] = {
+        "template": {
+            "spec": {
+                "nodeClassRef": {"group": KWOK[0], "kind": "KWOKNodeClass", "name": NODE_CLASS},
+                "requirements": requirements,
+                "expireAfter": "Never",
+            }
+        },
+        "disruption": {
+            "consolidationPolicy": "WhenEmptyOrUnderutilized",
+            "consolidateAfter": consolidate_after,
+            "budgets": [{"nodes": budget}],
+        },
+    }
+    if weight is not None:
+        spec["weight"] = weight
+    if cpu_limit is not None:
+        spec["limits"] = {"cpu": cpu_limit}
+    body = {"apiVersion": "/".join(KARPENTER), "kind": "NodePool",
+            "metadata": {"name": name}, "spec": spec}  # fmt: skip
+    await client.CustomObjectsApi(api).create_cluster_custom_object(*KARPENTER, "nodepools", body)
+
+
+async def delete_node_pools(api: ApiClient, kube: KubeTestCluster) -> None:
+    """Delete every NodePool and wait until Karpenter has removed all its nodes."""
+    custom = client.CustomObjectsApi(api)
+    pools = await custom.list_cluster_custom_object(*KARPENTER, "nodepools")
+    for pool in pools["items"]:
+        with contextlib.suppress(ApiException):
+            await custom.delete_cluster_custom_object(
+                *KARPENTER, "nodepools", pool["metadata"]["name"]
+            )
+
+    async def none_left() -> bool:
+        claims = await custom.list_cluster_custom_object(*KARPENTER, "nodeclaims")
+        return not claims["items"] and not await karpenter_nodes(kube)
+
+    await kube.wait_for(none_left, "Karpenter's nodes and NodeClaims gone", timeout=180)
+
+
+async def karpenter_nodes(kube: KubeTestCluster) -> list[Any]:
+    """The nodes Karpenter made (``V1Node``), those being deleted included."""
+    return list((await kube.core.list_node(label_selector=NODEPOOL_LABEL)).items)
+
+
+def pod_spec() -> dict[str, Any]:
+    """The scenario pods' extra spec: requests that fit four to a node."""
+    resources = {"requests": {"cpu": POD_CPU, "memory": POD_MEMORY}}
+    return {
+        "containers": [
+            {"name": "app", "image": "registry.local/podcost/app:1", "resources": resources}
+        ]
+    }
+
+
+def karpenter_evaluations(metrics_url: str) -> float:
+    """How many disruption evaluations Karpenter has made (its own counter, every method)."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(EVALUATIONS)
+    )
+
+
+@dataclass
+class NodeRecord:
+    """One node Karpenter made, as the API server told it."""
+
+    name: str
+    zone: str
+    capacity_type: str
+    pool: str
+    created: float
+    disrupted: float | None = None
+    """When it was first seen tainted ``karpenter.sh/disrupted`` (monotonic)."""
+    deleted: float | None = None
+
+
+@dataclass(frozen=True)
+class PodDeletion:
+    """One scenario pod gone: where it ran and how it went."""
+
+    name: str
+    node: str | None
+    evicted: bool
+    """Deleted through the Eviction API (Karpenter's drain), not by the ReplicaSet controller."""
+    at: float
+
+
+@dataclass
+class Ledger:
+    """What Karpenter and the controller did during a scenario (see the module docstring)."""
+
+    kube: KubeTestCluster
+    namespace: str
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    deletions: dict[str, PodDeletion] = field(default_factory=dict)
+    last_change: float = field(default_factory=time.monotonic)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    async def __aenter__(self) -> Ledger:
+        for node in await karpenter_nodes(self.kube):
+            self._node(node)
+        self._tasks = [asyncio.create_task(self._watch_nodes()),
+                       asyncio.create_task(self._watch_pods())]  # fmt: skip
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _node(self, node: Any, deleted: bool = False) -> None:
+        labels = node.metadata.labels or {}
+        name = node.metadata.name
+        now = time.monotonic()
+        record = self.nodes.get(name)
+        if record is None:
+            record = NodeRecord(
+                name, labels.get(ZONE_LABEL, ""), labels.get(CAPACITY_LABEL, ""),
+                labels.get(NODEPOOL_LABEL, ""), now,
+            )  # fmt: skip
+            self.nodes[name] = record
+            self.last_change = now
+        taints = (node.spec.taints if node.spec else None) or []
+        if record.disrupted is None and any(t.key == DISRUPTED_TAINT for t in taints):
+            record.disrupted = now
+            self.last_change = now
+        if deleted and record.deleted is None:
+            record.deleted = now
+            self.last_change = now
+
+    async def _watch_nodes(self) -> None:
+        while True:
+            stream = watch.Watch().stream(
+                self.kube.core.list_node, label_selector=NODEPOOL_LABEL, timeout_seconds=60
+            )
+            async with stream:
+                async for event in stream:
+                    self._node(event["object"], deleted=event["type"] == "DELETED")
+
+    async def _watch_pods(self) -> None:
+        while True:
+            stream = watch.Watch().stream(
+                self.kube.core.list_namespaced_pod, self.namespace, timeout_seconds=60
+            )
+            async with stream:
+                async for event in stream:
+                    if event["type"] == "DELETED":
+                        self._pod_gone(event["object"])
+
+    def _pod_gone(self, pod: Any) -> None:
+        conditions = (pod.status.conditions if pod.status else None) or []
+        evicted = any(
+            c.type == "DisruptionTarget" and c.reason == "EvictionByEvictionAPI" for c in conditions
+        )
+        name = pod.metadata.name
+        self.deletions[name] = PodDeletion(name, pod.spec.node_name, evicted, time.monotonic())
+
+    def live_nodes(self) -> list[NodeRecord]:
+        return [record for record in self.nodes.values() if record.deleted is None]
+
+    def evictions(self, since: float = 0.0) -> list[PodDeletion]:
+        return [d for d in self.deletions.values() if d.evicted and d.at >= since]
+
+    def removed(self, since: float) -> list[NodeRecord]:
+        return [r for r in self.nodes.values() if r.deleted is not None and r.deleted >= since]
+
+    def removed_empty(self, since: float) -> list[NodeRecord]:
+        """Nodes gone since ``since`` without one of the scenario's pods evicted from them."""
+        evicted_from = {d.node for d in self.evictions(since)}
+        return [r for r in self.removed(since) if r.name not in evicted_from]
+
+
+async def wait_stable(
+    ledger: Ledger,
+    metrics_url: str,
+    *,
+    quiet: float,
+    rounds: int = 2,
+    timeout: float = 600,
+) -> float:
+    """Wait until Karpenter's nodes stop changing: ``quiet`` seconds (the pool's
+    ``consolidateAfter``) since the last node made, tainted or removed, and then ``rounds``
+    more of Karpenter's own disruption evaluations without a change. Returns the monotonic time
+    of the last change."""
+    deadline = time.monotonic() + timeout
+    while True:
+        mark = ledger.last_change
+        while time.monotonic() < mark + quiet:
+            await asyncio.sleep(0.5)
+            if ledger.last_change != mark:
+                mark = ledger.last_change
+        base = await asyncio.to_thread(karpenter_evaluations, metrics_url)
+        while (
+            ledger.last_change == mark
+            and await asyncio.to_thread(karpenter_evaluations, metrics_url) < base + rounds
+        ):
+            if time.monotonic() > deadline:
+                raise AssertionError("Karpenter's node count never settled")
+            await asyncio.sleep(0.5)
+        if ledger.last_change == mark and not any(
+            r.disrupted is not None for r in ledger.live_nodes()
+        ):
+            return mark
+        if time.monotonic() > deadline:
+            raise AssertionError("Karpenter's node count never settled")
+
+
+def zone_skew(counts: Mapping[str, int]) -> int:
+    """Max minus min over the zones (a zone absent from ``counts`` counts 0)."""
+    return max(counts.values()) - min(counts.values()) if counts else 0
