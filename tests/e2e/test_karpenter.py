@@ -37,6 +37,10 @@ from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
 from podcost_bus import BusSettings, MemoryBus
+from podcost_core.convert import load_objects, snapshot_for_workload
+from podcost_core.model import CostOwner
+from podcost_core.policy import DEFAULT_POLICY, policy_from_annotations
+from podcost_core.simulate import simulate
 from podcost_kube.client import Kube
 from podcost_localinfra import build, process
 
@@ -141,3 +145,76 @@ async def test_karpenter_provisions_nodes_for_pending_pods_and_removes_them_at_z
         assert ledger.removed_empty(scaled) == ledger.removed(scaled)
         assert not ledger.evictions()
     await kube.delete_namespace(namespace)
+
+
+async def converged(loop: Loop, namespace: str, app: str, timeout: float = 90) -> None:
+    """Wait until podcost has written, on every active pod of ``app``, the cost the current
+    ranking gives it (nothing left to write)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        objects = load_objects(await loop.podcost.dump(namespace))
+        snapshot = snapshot_for_workload(objects, namespace, app, "Deployment")
+        active = [pod for pod in snapshot.pods if pod.active]
+        policy = policy_from_annotations(snapshot.annotations, default=DEFAULT_POLICY)
+        result = simulate(snapshot, len(active), time.time(), policy=policy)
+        if not result.writes and any(pod.cost_owner is CostOwner.PODCOST for pod in active):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"podcost did not converge: still to write {result.writes}")
+        await asyncio.sleep(0.25)
+
+
+async def scenario(
+    loop: Loop,
+    *,
+    replicas: int,
+    to: int,
+    podcost: bool,
+    strategies: str | None = None,
+) -> k.Outcome:
+    """A Deployment of ``replicas`` pods Karpenter provisions nodes for, scaled in to ``to``
+    with podcost (embedded, ``strategies`` as its policy) or without; Karpenter's answer."""
+    kube = loop.kube
+    namespace = await kube.create_namespace(f"k-{uuid.uuid4().hex[:6]}")
+    annotations = {"podcost.dev/strategies": strategies} if strategies else {}
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            ledger = await stack.enter_async_context(k.Ledger(kube, namespace))
+            if podcost:
+                await stack.enter_async_context(podcost_embedded(loop, namespace))
+            await kube.create_deployment(
+                namespace, "web", replicas, opt_in=podcost, annotations=annotations,
+                pod_spec_extra=k.pod_spec(),
+            )  # fmt: skip
+            await kube.wait_ready(namespace, "web", replicas, timeout=180)
+            await k.wait_stable(ledger, loop.cluster.karpenter.metrics, quiet=CONSOLIDATE_AFTER)
+            if podcost:
+                await converged(loop, namespace, "web")
+            return await k.scale_in(
+                ledger, loop.cluster.karpenter.metrics, "web", to,
+                zones=k.karpenter.ZONES, quiet=CONSOLIDATE_AFTER,
+            )  # fmt: skip
+    finally:
+        await kube.delete_namespace(namespace)
+
+
+async def test_kep_shape_podcost_lets_karpenter_remove_empty_nodes_instead_of_evicting(
+    loop: Loop, pool: str
+) -> None:
+    """20 pods on 5 nodes Karpenter made, scaled in to 10 (kubernetes/kubernetes#138718)."""
+    without = await scenario(loop, replicas=20, to=10, podcost=False)
+    await k.delete_node_pools(loop.kube.api, loop.kube)
+    await k.node_pool(loop.kube.api, pool, consolidate_after=f"{CONSOLIDATE_AFTER:.0f}s")
+    with_podcost = await scenario(
+        loop, replicas=20, to=10, podcost=True, strategies="node-consolidation"
+    )
+    print(f"\nKEP shape, without podcost: {without.row()}\nKEP shape, with podcost: "
+          f"{with_podcost.row()}")  # fmt: skip
+    assert without.nodes_before == with_podcost.nodes_before == 5
+    # podcost's scale-in empties two nodes; Karpenter removes them without an eviction.
+    assert with_podcost.removed_empty == 2, with_podcost
+    assert with_podcost.evictions == 0, with_podcost
+    assert with_podcost.nodes_after == 3, with_podcost
+    # Without it Karpenter reaches as few nodes only by evicting pods to consolidate.
+    assert without.evictions > with_podcost.evictions, without
+    assert without.removed_empty < with_podcost.removed_empty, without

@@ -307,3 +307,64 @@ async def wait_stable(
 def zone_skew(counts: Mapping[str, int]) -> int:
     """Max minus min over the zones (a zone absent from ``counts`` counts 0)."""
     return max(counts.values()) - min(counts.values()) if counts else 0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One scale-in and Karpenter's answer to it, as the API server recorded them."""
+
+    nodes_before: int
+    nodes_after: int
+    removed: int
+    removed_empty: int
+    """Nodes Karpenter removed without evicting one of the scenario's pods."""
+    evictions: int
+    """The scenario's pods Karpenter evicted (drains), after the scale-in."""
+    settle_seconds: float
+    """From the scale-in to the last change of Karpenter's nodes."""
+    pod_zone_skew: int
+    """Max minus min of the workload's pods per offered zone, once settled."""
+    deleted: frozenset[str]
+    """The pods the ReplicaSet controller deleted for the scale-in."""
+
+    def row(self) -> dict[str, float | int]:
+        return {
+            "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
+            "removed": self.removed, "removed_empty": self.removed_empty,
+            "evictions": self.evictions, "settle_s": round(self.settle_seconds, 1),
+            "pod_zone_skew": self.pod_zone_skew,
+        }  # fmt: skip
+
+
+async def scale_in(
+    ledger: Ledger,
+    metrics_url: str,
+    app: str,
+    replicas: int,
+    *,
+    zones: Sequence[str],
+    quiet: float,
+    timeout: float = 600,
+) -> Outcome:
+    """Scale ``app`` of the ledger's namespace to ``replicas``, wait until the controller is
+    done and Karpenter's nodes are stable (:func:`wait_stable`), and say what happened."""
+    kube, namespace = ledger.kube, ledger.namespace
+    before = len(ledger.live_nodes())
+    started = time.monotonic()
+    deleted = await kube.scale_and_observe(namespace, app, replicas, timeout=120)
+    last = await wait_stable(ledger, metrics_url, quiet=quiet, timeout=timeout)
+    await kube.wait_ready(namespace, app, replicas, timeout=120)
+    zone_of = {record.name: record.zone for record in ledger.live_nodes()}
+    per_zone = dict.fromkeys(zones, 0)
+    for pod in await kube.active_pods(namespace, app):
+        per_zone[zone_of[pod.node or ""]] += 1
+    return Outcome(
+        nodes_before=before,
+        nodes_after=len(ledger.live_nodes()),
+        removed=len(ledger.removed(started)),
+        removed_empty=len(ledger.removed_empty(started)),
+        evictions=len(ledger.evictions(started)),
+        settle_seconds=max(0.0, last - started),
+        pod_zone_skew=zone_skew(per_zone),
+        deleted=frozenset(deleted),
+    )
