@@ -23,11 +23,12 @@ import contextlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
-from kubernetes_asyncio import config
+from kubernetes_asyncio import client, config
 from tests.conftest import IN_CI
 from tests.support import karpenter as k
 from tests.support.kube import KubeTestCluster
@@ -164,6 +165,9 @@ async def converged(loop: Loop, namespace: str, app: str, timeout: float = 90) -
         await asyncio.sleep(0.25)
 
 
+Hook = Callable[[Loop, k.Ledger, str], Awaitable[None]]
+
+
 async def scenario(
     loop: Loop,
     *,
@@ -171,12 +175,18 @@ async def scenario(
     to: int,
     podcost: bool,
     strategies: str | None = None,
+    before_scale_in: Hook | None = None,
+    after_scale_in: Hook | None = None,
+    spread_zones: bool = False,
 ) -> k.Outcome:
     """A Deployment of ``replicas`` pods Karpenter provisions nodes for, scaled in to ``to``
-    with podcost (embedded, ``strategies`` as its policy) or without; Karpenter's answer."""
+    with podcost (embedded, ``strategies`` as its policy) or without; Karpenter's answer.
+    ``before_scale_in`` runs once the pods are placed (podcost then writes its costs before the
+    scale-in), ``after_scale_in`` once the controller has deleted its pods."""
     kube = loop.kube
     namespace = await kube.create_namespace(f"k-{uuid.uuid4().hex[:6]}")
     annotations = {"podcost.dev/strategies": strategies} if strategies else {}
+    metrics = loop.cluster.karpenter.metrics
     try:
         async with contextlib.AsyncExitStack() as stack:
             ledger = await stack.enter_async_context(k.Ledger(kube, namespace))
@@ -184,18 +194,34 @@ async def scenario(
                 await stack.enter_async_context(podcost_embedded(loop, namespace))
             await kube.create_deployment(
                 namespace, "web", replicas, opt_in=podcost, annotations=annotations,
-                pod_spec_extra=k.pod_spec(),
+                pod_spec_extra=k.pod_spec(spread_zones=spread_zones),
             )  # fmt: skip
             await kube.wait_ready(namespace, "web", replicas, timeout=180)
-            await k.wait_stable(ledger, loop.cluster.karpenter.metrics, quiet=CONSOLIDATE_AFTER)
+            await k.wait_stable(ledger, metrics, quiet=CONSOLIDATE_AFTER)
+            if before_scale_in is not None:
+                await before_scale_in(loop, ledger, namespace)
             if podcost:
                 await converged(loop, namespace, "web")
+            after = None
+            if after_scale_in is not None:
+                hook = after_scale_in
+
+                async def after() -> None:
+                    await hook(loop, ledger, namespace)
+
             return await k.scale_in(
-                ledger, loop.cluster.karpenter.metrics, "web", to,
-                zones=k.karpenter.ZONES, quiet=CONSOLIDATE_AFTER,
+                ledger, metrics, "web", to, zones=k.karpenter.ZONES, quiet=CONSOLIDATE_AFTER,
+                after_scale_in=after,
             )  # fmt: skip
     finally:
         await kube.delete_namespace(namespace)
+
+
+async def fresh_pools(loop: Loop, pools: Sequence[Mapping[str, Any]]) -> None:
+    """Remove every NodePool with its nodes, then create ``pools`` (``k.node_pool`` args)."""
+    await k.delete_node_pools(loop.kube.api, loop.kube)
+    for pool in pools:
+        await k.node_pool(loop.kube.api, consolidate_after=f"{CONSOLIDATE_AFTER:.0f}s", **pool)
 
 
 async def test_kep_shape_podcost_lets_karpenter_remove_empty_nodes_instead_of_evicting(
@@ -203,8 +229,7 @@ async def test_kep_shape_podcost_lets_karpenter_remove_empty_nodes_instead_of_ev
 ) -> None:
     """20 pods on 5 nodes Karpenter made, scaled in to 10 (kubernetes/kubernetes#138718)."""
     without = await scenario(loop, replicas=20, to=10, podcost=False)
-    await k.delete_node_pools(loop.kube.api, loop.kube)
-    await k.node_pool(loop.kube.api, pool, consolidate_after=f"{CONSOLIDATE_AFTER:.0f}s")
+    await fresh_pools(loop, [{"name": pool}])
     with_podcost = await scenario(
         loop, replicas=20, to=10, podcost=True, strategies="node-consolidation"
     )
@@ -218,3 +243,112 @@ async def test_kep_shape_podcost_lets_karpenter_remove_empty_nodes_instead_of_ev
     # Without it Karpenter reaches as few nodes only by evicting pods to consolidate.
     assert without.evictions > with_podcost.evictions, without
     assert without.removed_empty < with_podcost.removed_empty, without
+
+
+#: A spot pool Karpenter prefers, capped at two nodes, and an on-demand pool for the rest.
+MIXED_POOLS = (
+    {"name": "spot", "capacity_types": ("spot",), "weight": 50, "cpu_limit": "8"},
+    {"name": "on-demand", "capacity_types": ("on-demand",)},
+)
+
+
+async def test_spot_and_on_demand_spot_first_is_refilled_by_karpenter(loop: Loop) -> None:
+    """16 pods on 2 spot and 2 on-demand nodes, scaled in to 8. ``capacity-type`` first deletes
+    the spot pods, so Karpenter removes the two spot nodes empty; but the spot pool has room
+    again then, and Karpenter, which minimises price, replaces the on-demand nodes with spot
+    ones, evicting their pods: spot first works against Karpenter's own choice of capacity."""
+    outcomes = {}
+    for podcost in (False, True):
+        await fresh_pools(loop, MIXED_POOLS)
+        outcomes[podcost] = await scenario(
+            loop, replicas=16, to=8, podcost=podcost,
+            strategies="capacity-type | node-consolidation" if podcost else None,
+        )  # fmt: skip
+    await k.delete_node_pools(loop.kube.api, loop.kube)
+    without, with_podcost = outcomes[False], outcomes[True]
+    for name, outcome in (("without", without), ("with", with_podcost)):
+        print(f"\nspot/on-demand, {name} podcost: {outcome.row()} removed empty: "
+              f"{outcome.removed_empty_capacity} kept: {outcome.kept_capacity}")  # fmt: skip
+    assert without.nodes_before == with_podcost.nodes_before == 4
+    assert with_podcost.removed_empty_capacity == ("spot", "spot"), with_podcost
+    # Karpenter's answer: the on-demand nodes replaced by spot ones, their pods evicted.
+    assert "on-demand" not in with_podcost.kept_capacity, with_podcost
+    assert with_podcost.evictions > 0, with_podcost
+
+
+async def test_disrupted_node_podcost_deletes_its_pods_first_and_keeps_do_not_disrupt_pods(
+    loop: Loop, pool: str
+) -> None:
+    """12 pods on 3 nodes; Karpenter is draining one node (its NodeClaim deleted: tainted
+    ``karpenter.sh/disrupted``, the drain held by a PodDisruptionBudget) and two pods of another
+    node are ``do-not-disrupt`` when the Deployment scales in to 8. With ``karpenter`` first,
+    the scale-in takes the draining node's pods, so once the budget lets go there is nothing
+    left to evict, and the do-not-disrupt pods stay."""
+    kept: dict[bool, set[str]] = {}
+    custom = client.CustomObjectsApi(loop.kube.api)
+    policy = client.PolicyV1Api(loop.kube.api)
+
+    async def disrupt(loop: Loop, ledger: k.Ledger, namespace: str) -> None:
+        await policy.create_namespaced_pod_disruption_budget(namespace, {
+            "metadata": {"name": "web"},
+            "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "web"}}},
+        })  # fmt: skip
+        pods = await loop.kube.active_pods(namespace, "web")
+        nodes = sorted({pod.node or "" for pod in pods})
+        draining, keeping = nodes[0], nodes[1]
+        dnd = sorted(pod.name for pod in pods if pod.node == keeping)[:2]
+        for name in dnd:
+            await loop.kube.core.patch_namespaced_pod(
+                name, namespace, {"metadata": {"annotations": {k.DO_NOT_DISRUPT: "true"}}}
+            )
+        kept[podcost] = set(dnd)
+        claim = ledger.nodes[draining].claim
+        await custom.delete_cluster_custom_object(*k.KARPENTER, "nodeclaims", claim)
+
+        async def tainted() -> bool:
+            return ledger.nodes[draining].disrupted is not None
+
+        await loop.kube.wait_for(tainted, f"{draining} tainted karpenter.sh/disrupted", 60)
+
+    async def release(loop: Loop, ledger: k.Ledger, namespace: str) -> None:
+        await policy.delete_namespaced_pod_disruption_budget("web", namespace)
+
+    outcomes = {}
+    survivors: dict[bool, set[str]] = {}
+    for podcost in (False, True):
+        await fresh_pools(loop, [{"name": pool}])
+        outcomes[podcost] = await scenario(
+            loop, replicas=12, to=8, podcost=podcost,
+            strategies="karpenter | node-consolidation" if podcost else None,
+            before_scale_in=disrupt, after_scale_in=release,
+        )  # fmt: skip
+        survivors[podcost] = kept[podcost] - outcomes[podcost].deleted
+    without, with_podcost = outcomes[False], outcomes[True]
+    for name, outcome, flag in (("without", without, False), ("with", with_podcost, True)):
+        print(f"\ndisrupted node, {name} podcost: {outcome.row()} do-not-disrupt pods kept: "
+              f"{len(survivors[flag])}/2")  # fmt: skip
+    assert with_podcost.evictions == 0, with_podcost
+    assert survivors[True] == kept[True], (survivors, kept)
+    assert with_podcost.evictions <= without.evictions, (with_podcost, without)
+
+
+async def test_zone_balance_and_consolidation_default_policy_keeps_least_skew(
+    loop: Loop, pool: str
+) -> None:
+    """24 pods spread over 3 zones (a zone spread constraint: Karpenter makes 2 nodes in each),
+    scaled in to 12 with podcost's default policy (zone spread dominant, node consolidation
+    among its ties): the zone skew stays the least possible (0) and nodes empty inside each
+    zone, so Karpenter removes them without eviction."""
+    outcomes = {}
+    for podcost in (False, True):
+        await fresh_pools(loop, [{"name": pool}])
+        outcomes[podcost] = await scenario(
+            loop, replicas=24, to=12, podcost=podcost, spread_zones=True
+        )
+    without, with_podcost = outcomes[False], outcomes[True]
+    for name, outcome in (("without", without), ("with", with_podcost)):
+        print(f"\nzones and consolidation, {name} podcost: {outcome.row()}")
+    assert with_podcost.nodes_before == 6, with_podcost
+    assert with_podcost.pod_zone_skew == 0, with_podcost
+    assert with_podcost.evictions <= without.evictions, (with_podcost, without)
+    assert with_podcost.removed_empty >= without.removed_empty, (with_podcost, without)

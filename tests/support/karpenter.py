@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from podcost_localinfra import cluster, karpenter
-from tests.support.kube import CAPACITY_LABEL, ZONE_LABEL, KubeTestCluster
+from tests.support.kube import CAPACITY_LABEL, COST_ANNOTATION, ZONE_LABEL, KubeTestCluster
 
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
 DISRUPTED_TAINT = "karpenter.sh/disrupted"
@@ -138,23 +138,53 @@ async def karpenter_nodes(kube: KubeTestCluster) -> list[Any]:
     return list((await kube.core.list_node(label_selector=NODEPOOL_LABEL)).items)
 
 
-def pod_spec() -> dict[str, Any]:
-    """The scenario pods' extra spec: requests that fit four to a node."""
+def pod_spec(app: str = "web", *, spread_zones: bool = False) -> dict[str, Any]:
+    """The scenario pods' extra spec: requests that fit four to a node; with ``spread_zones`` a
+    zone topology spread constraint (max skew 1), which Karpenter provisions nodes to meet."""
     resources = {"requests": {"cpu": POD_CPU, "memory": POD_MEMORY}}
-    return {
+    spec: dict[str, Any] = {
         "containers": [
             {"name": "app", "image": "registry.local/podcost/app:1", "resources": resources}
         ]
     }
+    if spread_zones:
+        spec["topologySpreadConstraints"] = [
+            {"maxSkew": 1, "topologyKey": ZONE_LABEL, "whenUnsatisfiable": "DoNotSchedule",
+             "labelSelector": {"matchLabels": {"app": app}}}
+        ]  # fmt: skip
+    return spec
 
 
 def karpenter_evaluations(metrics_url: str) -> float:
-    """How many disruption evaluations Karpenter has made (its own counter, every method)."""
+    """How many disruption loops Karpenter has run through to its last method, single-node
+    consolidation, without acting (its own counter; a loop that acts stops before it)."""
     with urllib.request.urlopen(metrics_url, timeout=5) as response:
         text = response.read().decode()
     return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(EVALUATIONS)
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(EVALUATIONS) and 'consolidation_type="single"' in line
     )
+
+
+def eviction_cost(pod: Any) -> float:
+    """Karpenter's cost of evicting ``pod`` (``V1Pod``), as its ``EvictionCost`` reads the
+    pod's deletion cost and priority: ``clamp(1 + cost/2^27 + priority/2^25, -10, 10)``."""
+    cost = 1.0
+    raw = (pod.metadata.annotations or {}).get(COST_ANNOTATION)
+    if raw is not None:
+        with contextlib.suppress(ValueError):
+            cost += float(raw) / 2**27
+    if pod.spec.priority is not None:
+        cost += pod.spec.priority / 2**25
+    return min(10.0, max(-10.0, cost))
+
+
+def reschedule_cost(pods: Sequence[Any]) -> float:
+    """Karpenter's ``RescheduleDisruptionCost`` of a node running ``pods``: 1 + the sum of the
+    positive eviction costs. At 1 or below Karpenter calls the node empty (``IsEmpty``) and its
+    Emptiness method deletes it, pods and all."""
+    return 1.0 + sum(max(0.0, eviction_cost(pod)) for pod in pods)
 
 
 @dataclass
@@ -165,6 +195,8 @@ class NodeRecord:
     zone: str
     capacity_type: str
     pool: str
+    claim: str
+    """Its NodeClaim (the kwok provider names the node's hostname label after it)."""
     created: float
     disrupted: float | None = None
     """When it was first seen tainted ``karpenter.sh/disrupted`` (monotonic)."""
@@ -215,7 +247,7 @@ class Ledger:
         if record is None:
             record = NodeRecord(
                 name, labels.get(ZONE_LABEL, ""), labels.get(CAPACITY_LABEL, ""),
-                labels.get(NODEPOOL_LABEL, ""), now,
+                labels.get(NODEPOOL_LABEL, ""), labels.get("kubernetes.io/hostname", ""), now,
             )  # fmt: skip
             self.nodes[name] = record
             self.last_change = now
@@ -274,20 +306,22 @@ async def wait_stable(
     metrics_url: str,
     *,
     quiet: float,
+    since: float = 0.0,
     rounds: int = 2,
     timeout: float = 600,
 ) -> float:
     """Wait until Karpenter's nodes stop changing: ``quiet`` seconds (the pool's
-    ``consolidateAfter``) since the last node made, tainted or removed, and then ``rounds``
-    more of Karpenter's own disruption evaluations without a change. Returns the monotonic time
-    of the last change."""
+    ``consolidateAfter``) since the last node made, tainted or removed (or since ``since``, the
+    pods' last change, when later), and then ``rounds`` more of Karpenter's disruption loops
+    that found nothing to do. Returns the monotonic time of the last change."""
     deadline = time.monotonic() + timeout
     while True:
         mark = ledger.last_change
-        while time.monotonic() < mark + quiet:
+        start = max(mark, since)
+        while time.monotonic() < start + quiet:
             await asyncio.sleep(0.5)
             if ledger.last_change != mark:
-                mark = ledger.last_change
+                mark = start = ledger.last_change
         base = await asyncio.to_thread(karpenter_evaluations, metrics_url)
         while (
             ledger.last_change == mark
@@ -326,13 +360,20 @@ class Outcome:
     """Max minus min of the workload's pods per offered zone, once settled."""
     deleted: frozenset[str]
     """The pods the ReplicaSet controller deleted for the scale-in."""
+    removed_empty_capacity: tuple[str, ...] = ()
+    """The capacity types of the nodes removed empty, sorted."""
+    kept_capacity: tuple[str, ...] = ()
+    """The capacity types of the nodes left, sorted."""
+    seen_empty: int = 0
+    """Nodes still running pods of the workload after the controller's scale-in that Karpenter
+    reads as empty (their pods' deletion costs bring its reschedule cost to 1 or below)."""
 
     def row(self) -> dict[str, float | int]:
         return {
             "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
             "removed": self.removed, "removed_empty": self.removed_empty,
             "evictions": self.evictions, "settle_s": round(self.settle_seconds, 1),
-            "pod_zone_skew": self.pod_zone_skew,
+            "pod_zone_skew": self.pod_zone_skew, "seen_empty": self.seen_empty,
         }  # fmt: skip
 
 
@@ -345,14 +386,24 @@ async def scale_in(
     zones: Sequence[str],
     quiet: float,
     timeout: float = 600,
+    after_scale_in: Callable[[], Awaitable[None]] | None = None,
 ) -> Outcome:
     """Scale ``app`` of the ledger's namespace to ``replicas``, wait until the controller is
-    done and Karpenter's nodes are stable (:func:`wait_stable`), and say what happened."""
+    done (then ``after_scale_in``) and Karpenter's nodes are stable (:func:`wait_stable`), and
+    say what happened."""
     kube, namespace = ledger.kube, ledger.namespace
     before = len(ledger.live_nodes())
     started = time.monotonic()
     deleted = await kube.scale_and_observe(namespace, app, replicas, timeout=120)
-    last = await wait_stable(ledger, metrics_url, quiet=quiet, timeout=timeout)
+    by_node: dict[str, list[Any]] = {}
+    for pod in await kube.active_pods(namespace, app):
+        by_node.setdefault(pod.node or "", []).append(pod.raw)
+    seen_empty = sum(1 for pods in by_node.values() if reschedule_cost(pods) <= 1.0)
+    if after_scale_in is not None:
+        await after_scale_in()
+    last = await wait_stable(
+        ledger, metrics_url, quiet=quiet, since=time.monotonic(), timeout=timeout
+    )
     await kube.wait_ready(namespace, app, replicas, timeout=120)
     zone_of = {record.name: record.zone for record in ledger.live_nodes()}
     per_zone = dict.fromkeys(zones, 0)
@@ -367,4 +418,9 @@ async def scale_in(
         settle_seconds=max(0.0, last - started),
         pod_zone_skew=zone_skew(per_zone),
         deleted=frozenset(deleted),
+        removed_empty_capacity=tuple(
+            sorted(r.capacity_type for r in ledger.removed_empty(started))
+        ),
+        kept_capacity=tuple(sorted(r.capacity_type for r in ledger.live_nodes())),
+        seen_empty=seen_empty,
     )
