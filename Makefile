@@ -88,6 +88,7 @@ bench: setup  ## benchmarks that print numbers (not tests); records them in docs
 	$(RUN) python -m tests.bench.bench_snapshot_decode
 	$(RUN) python -m tests.bench.bench_watch_path
 	$(RUN) python -m tests.bench.bench_compression
+	$(RUN) python -m tests.bench.bench_karpenter
 	$(RUN) python -m tests.bench.record
 
 bench-table: setup  ## re-render docs/benchmarks/results.md from docs/benchmarks/results.json

@@ -28,6 +28,7 @@ from kubernetes_asyncio.client import ApiClient
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from podcost_localinfra import cluster, karpenter
+from podcost_localinfra.karpenter import ZONES as ZONES
 from tests.support.kube import CAPACITY_LABEL, COST_ANNOTATION, ZONE_LABEL, KubeTestCluster
 
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
@@ -39,6 +40,8 @@ NODE_CLASS = "default"
 #: What one scenario pod requests: four fit on a node of the offered type (3.9 allocatable CPUs).
 POD_CPU = "900m"
 POD_MEMORY = "1Gi"
+#: The window over which :attr:`Outcome.node_minutes_saved` counts, seconds.
+SAVINGS_HORIZON = 600.0
 EVALUATIONS = "karpenter_voluntary_disruption_decision_evaluation_duration_seconds_count"
 
 
@@ -364,6 +367,10 @@ class Outcome:
     """The capacity types of the nodes removed empty, sorted."""
     kept_capacity: tuple[str, ...] = ()
     """The capacity types of the nodes left, sorted."""
+    node_minutes_saved: float = 0.0
+    """Node-minutes the scale-in saved in the 10 minutes after it: each node removed counts the
+    minutes left of the 10 when it went, each node made after it (a replacement) the minutes
+    it ran."""
     seen_empty: int = 0
     """Nodes still running pods of the workload after the controller's scale-in that Karpenter
     reads as empty (their pods' deletion costs bring its reschedule cost to 1 or below)."""
@@ -374,6 +381,7 @@ class Outcome:
             "removed": self.removed, "removed_empty": self.removed_empty,
             "evictions": self.evictions, "settle_s": round(self.settle_seconds, 1),
             "pod_zone_skew": self.pod_zone_skew, "seen_empty": self.seen_empty,
+            "node_min_saved_10m": round(self.node_minutes_saved, 1),
         }  # fmt: skip
 
 
@@ -409,6 +417,11 @@ async def scale_in(
     per_zone = dict.fromkeys(zones, 0)
     for pod in await kube.active_pods(namespace, app):
         per_zone[zone_of[pod.node or ""]] += 1
+    horizon = started + SAVINGS_HORIZON
+    saved = sum(max(0.0, horizon - (r.deleted or horizon)) for r in ledger.removed(started))
+    spent = sum(
+        max(0.0, horizon - r.created) for r in ledger.nodes.values() if r.created >= started
+    )
     return Outcome(
         nodes_before=before,
         nodes_after=len(ledger.live_nodes()),
@@ -423,4 +436,5 @@ async def scale_in(
         ),
         kept_capacity=tuple(sorted(r.capacity_type for r in ledger.live_nodes())),
         seen_empty=seen_empty,
+        node_minutes_saved=(saved - spent) / 60,
     )
