@@ -9,9 +9,18 @@ condition), never podcost's model.
 
 - Karpenter provisions nodes for a pending Deployment and removes them when it scales to 0.
 - The KEP-5982 shape: 20 pods Karpenter packed 4 to a node, scaled in to 10. Without podcost the
-  controller leaves every node half full and Karpenter evicts pods to consolidate; with podcost
+  controller leaves nodes half full and Karpenter evicts pods to consolidate; with podcost
   (``node-consolidation``) the scale-in empties two nodes and Karpenter removes them without an
   eviction.
+- Spot and on-demand pools: ``capacity-type`` first frees the spot nodes, and Karpenter then
+  moves the on-demand nodes' pods to new spot nodes (evictions): measured, and asserted as
+  Karpenter's answer.
+- A node Karpenter is draining during a scale-in: with ``karpenter`` first its pods go and
+  nothing is left to evict; ``do-not-disrupt`` pods stay.
+- Zone spread and consolidation with the default policy: skew 0, nodes emptied in each zone.
+
+The scenarios themselves are ``tests/support/karpenter_scenarios.py``, shared with
+``tests/bench/bench_karpenter.py``.
 
 Long (each scenario waits for Karpenter's consolidation rounds): ``make test-long``.
 """
