@@ -131,6 +131,21 @@ async def test_kep_shape_podcost_lets_karpenter_remove_empty_nodes_instead_of_ev
     assert without.removed_empty < with_podcost.removed_empty, without
 
 
+async def test_kep_shape_over_kafka_podcost_lets_karpenter_remove_empty_nodes(
+    loop: Loop, pool: str, kafka_bootstrap: str
+) -> None:
+    """The KEP-5982 shape with podcost's services joined by the real Kafka broker."""
+    outcome = await scenario(
+        loop, replicas=20, to=10, podcost=True, strategies="node-consolidation",
+        kafka=kafka_bootstrap,
+    )  # fmt: skip
+    print(f"\nKEP shape, podcost over Kafka: {outcome.row()}")
+    assert outcome.nodes_before == 5, outcome
+    assert outcome.removed_empty == 2, outcome
+    assert outcome.evictions == 0, outcome
+    assert outcome.nodes_after == 3, outcome
+
+
 async def test_spot_and_on_demand_spot_first_is_refilled_by_karpenter(loop: Loop) -> None:
     """16 pods on 2 spot and 2 on-demand nodes, scaled in to 8. ``capacity-type`` first deletes
     the spot pods, so Karpenter removes the two spot nodes empty; but the spot pool has room

@@ -48,13 +48,22 @@ class Loop:
 
 
 @contextlib.asynccontextmanager
-async def podcost_embedded(loop: Loop, namespace: str) -> AsyncIterator[None]:
-    """podcost in embedded mode (in-memory bus) watching ``namespace``, ready when it yields."""
+async def podcost_embedded(
+    loop: Loop, namespace: str, kafka: str | None = None
+) -> AsyncIterator[None]:
+    """podcost's pipeline watching ``namespace``, ready when it yields: over an in-memory bus,
+    or with ``kafka`` (a bootstrap address) over the real broker on topics of its own."""
+    bus_settings = BusSettings()
+    if kafka is not None:
+        bus_settings = BusSettings(
+            bootstrap_servers=kafka, topic_workloads=f"w-{namespace}", topic_ranks=f"r-{namespace}",
+            topic_costs=f"c-{namespace}", topic_deadletter=f"d-{namespace}",
+        )  # fmt: skip
     pipeline = bootstrap(
         ServiceSettings(cluster="karpenter", http_port=0),
-        BusSettings(),
+        bus_settings,
         kube=loop.podcost,
-        bus=MemoryBus(),
+        bus=None if kafka is not None else MemoryBus(),
         watcher_settings=WatcherSettings(
             namespace=namespace, debounce_seconds=0.2, max_delay_seconds=1.0
         ),
@@ -108,9 +117,11 @@ async def scenario(
     before_scale_in: Hook | None = None,
     after_scale_in: Hook | None = None,
     spread_zones: bool = False,
+    kafka: str | None = None,
 ) -> k.Outcome:
     """A Deployment of ``replicas`` pods Karpenter provisions nodes for, scaled in to ``to``
-    with podcost (embedded, ``strategies`` as its policy) or without; Karpenter's answer.
+    with podcost (embedded, ``strategies`` as its policy; over the broker at ``kafka`` if given)
+    or without; Karpenter's answer.
     ``before_scale_in`` runs once the pods are placed (podcost then writes its costs before the
     scale-in), ``after_scale_in`` once the controller has deleted its pods."""
     kube = loop.kube
@@ -121,7 +132,7 @@ async def scenario(
         async with contextlib.AsyncExitStack() as stack:
             ledger = await stack.enter_async_context(k.Ledger(kube, namespace))
             if podcost:
-                await stack.enter_async_context(podcost_embedded(loop, namespace))
+                await stack.enter_async_context(podcost_embedded(loop, namespace, kafka))
             await kube.create_deployment(
                 namespace, "web", replicas, opt_in=podcost, annotations=annotations,
                 pod_spec_extra=k.pod_spec(spread_zones=spread_zones),
