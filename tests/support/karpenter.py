@@ -229,10 +229,15 @@ class Ledger:
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def __aenter__(self) -> Ledger:
-        for node in await karpenter_nodes(self.kube):
-            self._node(node)
-        self._tasks = [asyncio.create_task(self._watch_nodes()),
-                       asyncio.create_task(self._watch_pods())]  # fmt: skip
+        core = self.kube.core
+        self._tasks = [
+            asyncio.create_task(
+                self._follow(core.list_node, {"label_selector": NODEPOOL_LABEL}, self._on_node)
+            ),
+            asyncio.create_task(
+                self._follow(core.list_namespaced_pod, {"namespace": self.namespace}, self._on_pod)
+            ),
+        ]
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -241,6 +246,55 @@ class Ledger:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def _follow(
+        self,
+        listing: Callable[..., Any],
+        args: dict[str, str],
+        handle: Callable[[str, Any], None],
+    ) -> None:
+        """List, then watch from the list's resource version on, resuming each watch where the
+        last one ended, so no event is lost between two watches; relist (and reconcile) only
+        when the API server has compacted that version away."""
+        version: str | None = None
+        while True:
+            if version is None:
+                listed = await listing(**args)
+                handle("LISTED", listed.items)
+                version = listed.metadata.resource_version
+            # The API function itself (not a wrapper): the watch reads its return type from it
+            # to decode the events' objects.
+            stream = watch.Watch().stream(
+                listing, resource_version=version, timeout_seconds=60, **args
+            )
+            try:
+                async with stream:
+                    async for event in stream:
+                        if event["type"] == "ERROR":
+                            version = None
+                            break
+                        handle(event["type"], event["object"])
+                        version = event["object"].metadata.resource_version
+            except ApiException as error:
+                if error.status != 410:
+                    raise
+                version = None
+
+    def _on_node(self, kind: str, node: Any) -> None:
+        if kind == "LISTED":
+            present = {item.metadata.name for item in node}
+            for record in self.live_nodes():
+                if record.name not in present:
+                    record.deleted = time.monotonic()
+                    self.last_change = record.deleted
+            for item in node:
+                self._node(item)
+            return
+        self._node(node, deleted=kind == "DELETED")
+
+    def _on_pod(self, kind: str, pod: Any) -> None:
+        if kind == "DELETED":
+            self._pod_gone(pod)
 
     def _node(self, node: Any, deleted: bool = False) -> None:
         labels = node.metadata.labels or {}
@@ -261,25 +315,6 @@ class Ledger:
         if deleted and record.deleted is None:
             record.deleted = now
             self.last_change = now
-
-    async def _watch_nodes(self) -> None:
-        while True:
-            stream = watch.Watch().stream(
-                self.kube.core.list_node, label_selector=NODEPOOL_LABEL, timeout_seconds=60
-            )
-            async with stream:
-                async for event in stream:
-                    self._node(event["object"], deleted=event["type"] == "DELETED")
-
-    async def _watch_pods(self) -> None:
-        while True:
-            stream = watch.Watch().stream(
-                self.kube.core.list_namespaced_pod, self.namespace, timeout_seconds=60
-            )
-            async with stream:
-                async for event in stream:
-                    if event["type"] == "DELETED":
-                        self._pod_gone(event["object"])
 
     def _pod_gone(self, pod: Any) -> None:
         conditions = (pod.status.conditions if pod.status else None) or []
