@@ -14,8 +14,9 @@ TEST_TIMEOUT ?= 900
 LONG_TEST_TIMEOUT ?= 1800
 
 .DEFAULT_GOAL := help
-.PHONY: help setup tools tools-kafka tools-cluster observability-tools lint typecheck contracts \
-        check unit integration e2e test test-long bench bench-table docs docs-serve demo demo-fleet image \
+.PHONY: help setup tools tools-kafka tools-cluster observability-tools karpenter-tools lint \
+        typecheck contracts check unit integration e2e test test-long bench bench-table docs \
+        docs-serve demo demo-fleet image \
         kafka-up kafka-down cluster-up cluster-down compose-up compose-down clean
 
 help:  ## list the targets
@@ -31,6 +32,9 @@ tools: setup  ## build the Kafka broker, the control plane, helm and docker-comp
 observability-tools: setup  ## build jaeger, prometheus and promtool into ~/.cache/podcost (once; the tests that use them)
 	@$(RUN) podcost-localinfra build --only jaeger
 	@$(RUN) podcost-localinfra build --only prometheus
+
+karpenter-tools: setup  ## build Karpenter with its kwok cloud provider into ~/.cache/podcost (once; the long node-autoscaler tests and bench)
+	@$(RUN) podcost-localinfra build --only karpenter
 
 # What one target needs and nothing more: the demo and cluster-up need only the control plane,
 # kafka-up only the broker's jars (helm and docker-compose serve the chart and compose tests).
@@ -68,7 +72,7 @@ e2e: tools observability-tools  ## the whole pipeline against the real control p
 test: check tools observability-tools  ## everything CI runs: static checks, then all test tiers
 	$(RUN) pytest --timeout=$(TEST_TIMEOUT) --durations=30 tests examples/podcost-strategy-example/tests
 
-test-long: tools  ## the long runs (300 differential scenarios, 30 s API outage) and the fuzz tests at >= 100,000 cases; fails if none
+test-long: tools karpenter-tools  ## the long runs (300 differential scenarios, 30 s API outage) and the fuzz tests at >= 100,000 cases; fails if none
 	PODCOST_LONG=1 $(RUN) pytest --timeout=$(LONG_TEST_TIMEOUT) tests -m "long or fuzz"
 
 # Each benchmark records its headline figures into docs/benchmarks/results.json (tests/bench/record.py).
@@ -85,6 +89,7 @@ bench: setup  ## benchmarks that print numbers (not tests); records them in docs
 	$(RUN) python -m tests.bench.bench_watch_path
 	$(RUN) python -m tests.bench.bench_compression
 	$(RUN) python -m tests.bench.bench_failover
+	$(RUN) python -m tests.bench.bench_karpenter
 	$(RUN) python -m tests.bench.record
 
 bench-table: setup  ## re-render docs/benchmarks/results.md from docs/benchmarks/results.json

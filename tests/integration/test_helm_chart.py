@@ -148,7 +148,7 @@ CASES: dict[str, Manifest] = {
     },
     "custom-policy": {
         "kafka": KAFKA,
-        "policy": {"strategies": CUSTOM_POLICY, "nonNegativeCosts": True},
+        "policy": {"strategies": CUSTOM_POLICY, "nonNegativeCosts": False},
         "rankers": {
             "extraStrategies": ["priority-qos"],
             "overrides": {"topology-spread": {"replicaCount": 3}},
@@ -594,7 +594,7 @@ def test_a_custom_policy_reaches_the_policy_file_unchanged(
     assert _policy_in(rendered("custom-policy")) == expected
 
 
-@pytest.mark.parametrize(("case", "non_negative"), [("default", False), ("custom-policy", True)])
+@pytest.mark.parametrize(("case", "non_negative"), [("default", True), ("custom-policy", False)])
 def test_the_non_negative_costs_value_reaches_the_policy_file(
     rendered: Callable[[str], list[Manifest]], case: str, non_negative: bool, tmp_path: Path
 ) -> None:

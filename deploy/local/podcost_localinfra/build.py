@@ -15,6 +15,9 @@
   module in ``deploy/local/jaeger-build``, for the tracing tests.
 - prometheus and promtool: built by the module in ``deploy/local/prometheus-build``, for the
   alert-rule tests (``promtool test rules``) and the scraping tests.
+- karpenter-kwok: Karpenter with its kwok cloud provider (its ``kwok`` main package), built by
+  the module in ``deploy/local/karpenter-build``, with its CRDs copied from the module, for the
+  node-autoscaler tests and benchmark.
 
 Each step is idempotent: a stamp records a hash of its inputs and the step is skipped while the
 stamp matches. A file lock serialises concurrent builds (two test runs, or make and pytest);
@@ -296,6 +299,50 @@ def ensure_prometheus_tools() -> tuple[Path, Path]:
         return paths.prometheus_binary(), paths.promtool_binary()
 
 
+#: Karpenter's CRDs in its module: the kwok chart's (the core ones) and the KWOKNodeClass.
+KARPENTER_CRDS = (
+    "kwok/charts/crds/karpenter.sh_nodepools.yaml",
+    "kwok/charts/crds/karpenter.sh_nodeclaims.yaml",
+    "kwok/charts/crds/karpenter.sh_nodeoverlays.yaml",
+    "kwok/charts/crds/autoscaling.x-k8s.io_capacitybuffers.yaml",
+    "kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml",
+)
+
+
+def ensure_karpenter() -> None:
+    """karpenter-kwok in the cache's bin dir, and its CRDs in ``paths.karpenter_crds_dir()``."""
+    module = paths.LOCAL_DIR / "karpenter-build"
+    ldflags = f"-s -w -X sigs.k8s.io/karpenter/pkg/operator.Version={paths.KARPENTER_VERSION}"
+    _ensure_go_module_build(
+        "karpenter", module, ["sigs.k8s.io/karpenter/kwok"], ldflags, output="karpenter-kwok"
+    )
+    crds = paths.karpenter_crds_dir()
+    stamp = crds / ".stamp"
+    digest = _digest(module / "go.mod", *KARPENTER_CRDS)
+    if _stamp_ok(stamp, digest, [crds / Path(crd).name for crd in KARPENTER_CRDS]):
+        return
+    env = _go_env()
+    source = subprocess.run(
+        ["go", "list", "-m", "-f", "{{.Dir}}", "sigs.k8s.io/karpenter"],
+        capture_output=True, text=True, check=True, env=env, cwd=module,
+    ).stdout.strip()  # fmt: skip
+    partial = crds.with_suffix(".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    for crd in KARPENTER_CRDS:
+        shutil.copyfile(Path(source) / crd, partial / Path(crd).name)
+    (partial / ".stamp").write_text(digest)
+    shutil.rmtree(crds, ignore_errors=True)
+    partial.rename(crds)
+
+
+def ensure_karpenter_tool() -> Path:
+    """karpenter-kwok and its CRDs; returns the binary's path."""
+    with _build_lock("karpenter-build"):
+        ensure_karpenter()
+        return paths.karpenter_binary()
+
+
 def ensure_cluster_tools() -> None:
     with _build_lock():
         ensure_etcd()
@@ -314,7 +361,10 @@ DEFAULT_GROUPS = ("kafka", "cluster", "helm", "compose")
 #: Built only when named (``build --only jaeger``, ``make observability-tools``) or by the tests
 #: that use them: the demo and the local servers never need them.
 OBSERVABILITY_GROUPS = ("jaeger", "prometheus")
-TOOL_GROUPS = DEFAULT_GROUPS + OBSERVABILITY_GROUPS
+#: Built only when named (``build --only karpenter``, ``make karpenter-tools``): the long
+#: node-autoscaler tests and their benchmark.
+AUTOSCALER_GROUPS = ("karpenter",)
+TOOL_GROUPS = DEFAULT_GROUPS + OBSERVABILITY_GROUPS + AUTOSCALER_GROUPS
 
 
 def ensure_all(only: str | None = None) -> None:
@@ -331,3 +381,5 @@ def ensure_all(only: str | None = None) -> None:
         ensure_jaeger_tool()
     if only == "prometheus":
         ensure_prometheus_tools()
+    if only == "karpenter":
+        ensure_karpenter_tool()

@@ -30,6 +30,11 @@ JAEGER_VERSION = "v1.76.0"
 PROMETHEUS_MODULE_VERSION = "v0.316.0"
 PROMETHEUS_VERSION = "3.16.0"
 
+#: Must match the sigs.k8s.io/karpenter requirement in deploy/local/karpenter-build/go.mod: the
+#: newest release whose go.mod the machine's Go (1.26.8) accepts (v1.14.3 asks for 1.26.10 and
+#: v1.15.0 for 1.26.9, and the build never fetches a toolchain).
+KARPENTER_VERSION = "v1.14.1"
+
 #: deploy/local in the repo: the pom and the Go modules that describe what to build.
 LOCAL_DIR = Path(__file__).resolve().parent.parent
 
@@ -74,6 +79,17 @@ def prometheus_binary() -> Path:
 def promtool_binary() -> Path:
     """promtool, built with the Prometheus server (``build --only prometheus``)."""
     return bin_dir() / "promtool"
+
+
+def karpenter_binary() -> Path:
+    """Karpenter with its kwok cloud provider (``podcost-localinfra build --only karpenter``)."""
+    return bin_dir() / "karpenter-kwok"
+
+
+def karpenter_crds_dir() -> Path:
+    """Karpenter's CustomResourceDefinitions (NodePool, NodeClaim, ..., KWOKNodeClass), copied
+    from its module by the same build."""
+    return cache_dir() / f"karpenter-{KARPENTER_VERSION}-crds"
 
 
 def servicemonitor_crd_file() -> Path:
