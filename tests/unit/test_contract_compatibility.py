@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from typing import Any
 
@@ -74,6 +75,12 @@ def test_this_release_encodes_every_kind_as_the_previous_release_was_shown_to_re
 # --- a newer producer's additive fields ---------------------------------------------------
 
 
+@functools.cache
+def _schema(kind: str) -> dict[str, Any]:
+    """The JSON schema of ``kind``'s model (pydantic builds it anew on every call)."""
+    return contract_samples.KINDS[kind].model_json_schema()
+
+
 def _with_newer_fields(value: Any, schema: dict[str, Any], defs: dict[str, Any]) -> int:
     """Add :data:`NEWER` to every object of ``value`` that is a model (not a mapping such as
     scores or labels), following the JSON schema of the message; how many it added to."""
@@ -108,8 +115,7 @@ def _with_newer_fields(value: Any, schema: dict[str, Any], defs: dict[str, Any])
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_fields_a_newer_release_adds_at_any_level_are_ignored(kind: str) -> None:
-    model = contract_samples.KINDS[kind]
-    schema = model.model_json_schema()
+    schema = _schema(kind)
     record = copy.deepcopy(CURRENT[kind])
     payload = json.loads(record["value"])
     added = _with_newer_fields(payload, schema, schema.get("$defs", {}))
@@ -122,7 +128,7 @@ def test_fields_a_newer_release_adds_at_any_level_are_ignored(kind: str) -> None
 
 def test_the_aggregator_s_partial_read_of_a_snapshot_ignores_newer_fields_too() -> None:
     kind = WorkloadSnapshotMessage.KIND
-    schema = WorkloadSnapshotMessage.model_json_schema()
+    schema = _schema(kind)
     payload = json.loads(CURRENT[kind]["value"])
     _with_newer_fields(payload, schema, schema["$defs"])
     headers = {k: v.encode() for k, v in CURRENT[kind]["headers"].items()}
