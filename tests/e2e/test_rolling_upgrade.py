@@ -143,17 +143,14 @@ async def _dead_letters(bootstrap: str, topic: str) -> list[DeadLetter]:
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await consumer.start()
     try:
+        await consumer.topics()  # the cluster's metadata, with the topic's partitions
         partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        if not partitions:
-            await consumer.force_metadata_update()
-            partitions = [
-                TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()
-            ]
+        assert partitions, f"no dead-letter topic {topic}"
         consumer.assign(partitions)
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
         letters: list[DeadLetter] = []
-        while any(await consumer.position(tp) < end for tp, end in ends.items()):
+        while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
             for records in (await consumer.getmany(timeout_ms=500)).values():
                 for record in records:
                     headers = {name: bytes(value) for name, value in record.headers}
