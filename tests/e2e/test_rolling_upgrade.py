@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from tests.conftest import IN_CI, ControlPlane
 from tests.support import churn
 from tests.support.churn import Kubelet, Side, Watch
@@ -139,22 +139,27 @@ async def _publish_newer(bootstrap: str, run: str, topics: Mapping[str, str]) ->
 
 
 async def _dead_letters(bootstrap: str, topic: str) -> list[DeadLetter]:
-    """Every record of the dead-letter topic, decoded."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    """Every record of the dead-letter topic, decoded: read from the beginning, by a consumer of
+    no group (which is given every partition), up to the end offsets."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest")  # fmt: skip
     await consumer.start()
+    letters: list[DeadLetter] = []
+
+    async def fetch() -> None:
+        for records in (await consumer.getmany(timeout_ms=200)).values():
+            for record in records:
+                headers = {name: bytes(value) for name, value in record.headers}
+                letters.append(decode(DeadLetter, record.value or b"", headers))
+
     try:
-        await consumer.topics()  # the cluster's metadata, with the topic's partitions
-        partitions = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
-        assert partitions, f"no dead-letter topic {topic}"
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        letters: list[DeadLetter] = []
+        deadline = time.monotonic() + 60
+        while not consumer.assignment():  # the partitions come with the topic's metadata
+            assert time.monotonic() < deadline, f"no partition of {topic} assigned"
+            await fetch()
+        ends = await consumer.end_offsets(list(consumer.assignment()))
         while [tp for tp, end in ends.items() if await consumer.position(tp) < end]:
-            for records in (await consumer.getmany(timeout_ms=500)).values():
-                for record in records:
-                    headers = {name: bytes(value) for name, value in record.headers}
-                    letters.append(decode(DeadLetter, record.value or b"", headers))
+            await fetch()
         return letters
     finally:
         await consumer.stop()
