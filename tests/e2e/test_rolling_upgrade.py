@@ -30,8 +30,8 @@ previous process exited 0 on SIGTERM, each process ran the release it was meant 
 (``podcost_build_info``'s revision), and the dead-letter topic holds exactly the newer-version
 records of step 2, each with its reason: nothing of either release was refused by the other.
 
-A few minutes on this two-core machine (eleven processes, ten of them replaced), so it runs in
-``make test-long``.
+About two minutes on this two-core machine when nothing else runs (eleven processes, ten of them
+replaced), about twenty under other test runs' load, so it runs in ``make test-long``.
 """
 
 from __future__ import annotations
