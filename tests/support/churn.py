@@ -37,7 +37,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ from tests.support.kube import (
     KubeTestCluster,
     costed_by_podcost,
 )
-from tests.support.services import ServiceProcess, ServiceSpec, chart_specs
+from tests.support.services import CHART, ServiceProcess, ServiceSpec, chart_specs
 from tests.support.services import processes as started_processes
 from tests.support.tools import require_helm
 from tests.support.twin import App, Decision, Scenario, Step, newest_costs, rewinds
@@ -91,18 +91,24 @@ class Watch:
 
 
 def fleet_specs(
-    helm: Path, kafka: str, run: str, kubeconfig: Path, agent: Mapping[str, Any] | None = None
+    helm: Path,
+    kafka: str,
+    run: str,
+    kubeconfig: Path,
+    agent: Mapping[str, Any] | None = None,
+    chart: Path = CHART,
 ) -> list[ServiceSpec]:
     """Cluster ``a``'s fleet as the chart deploys it, each component its own process (``a/...``):
     the watcher and annotator of the ``agent`` mode (watching namespace ``run``, Lease
     ``<run>-watcher``, with the chart values ``agent`` over these), one ranker per strategy and
-    the faust aggregator of the ``core`` mode, on the API server of ``kubeconfig``."""
+    the faust aggregator of the ``core`` mode, on the API server of ``kubeconfig``; rendered
+    from this checkout's chart or from ``chart`` (another release's)."""
     values = {"mode": "agent", "clusterName": "a", "watch": {"namespace": run},
               "kafka": {"bootstrapServers": kafka},
               "leaderElection": {"leaseName": f"{run}-watcher"}, **(agent or {})}  # fmt: skip
     core = chart_specs(helm, {"mode": "core", "kafka": {"bootstrapServers": kafka}},
-                       prefix="a/")  # fmt: skip
-    mine = [*chart_specs(helm, values, prefix="a/"), *core]
+                       prefix="a/", chart=chart)  # fmt: skip
+    mine = [*chart_specs(helm, values, prefix="a/", chart=chart), *core]
     return [dataclasses.replace(s, env={**s.env, "KUBECONFIG": str(kubeconfig)}) for s in mine]
 
 
@@ -271,7 +277,11 @@ async def watch_costs(side: Side, watch: Watch) -> None:
         await asyncio.sleep(0.3)
 
 
-async def read_decisions(bootstrap: str, topic: str, watch: Watch) -> None:
+async def read_decisions(
+    bootstrap: str, topic: str, watch: Watch, skip: Collection[bytes] = ()
+) -> None:
+    """Every decision of ``topic`` into ``watch``; records keyed by one of ``skip`` (which the
+    test published to be refused) are left out."""
     consumer = AIOKafkaConsumer(
         topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
         enable_auto_commit=False, fetch_max_wait_ms=50, metadata_max_age_ms=1000,
@@ -282,6 +292,8 @@ async def read_decisions(bootstrap: str, topic: str, watch: Watch) -> None:
             batches = await consumer.getmany(timeout_ms=200)
             for records in batches.values():
                 for record in records:
+                    if record.key in skip:
+                        continue
                     headers = {name: bytes(value) for name, value in record.headers}
                     message = decode(DesiredCostsMessage, record.value or b"", headers,
                                      key=record.key)  # fmt: skip

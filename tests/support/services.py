@@ -71,6 +71,9 @@ class ServiceSpec:
     module: str = "podcost"
     """What ``python -m`` runs: the podcost CLI, or another entry point that bootstraps the
     real services (the benchmarks' agent processes, ``tests.bench.bench_agent``)."""
+    python: str | None = None
+    """The interpreter that runs it: another release's environment (the rolling-upgrade test's
+    previous release), or ``None`` for this checkout's."""
 
 
 # --- the chart -----------------------------------------------------------------------------------
@@ -97,9 +100,11 @@ def chart_specs(
     *,
     prefix: str = "",
     namespace: str = NAMESPACE,
+    chart: Path = CHART,
 ) -> list[ServiceSpec]:
     """One spec per container of every Deployment ``helm template`` renders with ``values``
-    (over :func:`one_replica_each`).
+    (over :func:`one_replica_each`; of this checkout's chart, or of ``chart``: another
+    release's).
 
     A spec is named ``<prefix><component>`` (``watcher``, ``annotator``, ``aggregator``,
     ``ranker-<strategy>``; ``/<container>`` added when a pod has several containers), and a
@@ -108,7 +113,7 @@ def chart_specs(
     ``metadata.namespace`` get local values; other ``valueFrom`` (Secrets) are left out.
     """
     rendered = subprocess.run(
-        [str(helm), "template", RELEASE, str(CHART), "--namespace", namespace, "--values", "-"],
+        [str(helm), "template", RELEASE, str(chart), "--namespace", namespace, "--values", "-"],
         input=yaml.safe_dump(one_replica_each(values)), capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip
@@ -285,7 +290,7 @@ class ServiceProcess:
         self.port = free_port()
         with self.log_path.open("ab") as log:
             self._process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", self.spec.module, *self.spec.args,
+                self.spec.python or sys.executable, "-m", self.spec.module, *self.spec.args,
                 env=self.environment(), stdin=asyncio.subprocess.DEVNULL,
                 stdout=log, stderr=asyncio.subprocess.STDOUT,
             )  # fmt: skip
