@@ -16,7 +16,7 @@ encode)::
 It encodes the samples of ``tests/unit/data/contracts/inputs.json`` with the previous release
 (``previous.json``) and with this checkout (``current.json``), and checks, with the previous
 release's own decoders, that it reads every current encoding: the promise of
-``docs/operating/upgrades.md``.
+``docs/guides/compatibility.md``.
 """
 
 from __future__ import annotations

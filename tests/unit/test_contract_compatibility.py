@@ -1,4 +1,4 @@
-"""The compatibility promise of ``docs/operating/upgrades.md``, held by the message contracts.
+"""The compatibility promise of ``docs/guides/compatibility.md``, held by the message contracts.
 
 - Every kind as the previous release (``tests/previous-release.toml``) encodes it is read by this
   one, through the reader its consumers use (``tests/unit/data/contracts/previous.json``, written
@@ -67,7 +67,7 @@ def test_this_release_encodes_every_kind_as_the_previous_release_was_shown_to_re
     current = contract_samples.encode_all({kind: INPUTS[kind]})[kind]
     assert current == CURRENT[kind], (
         f"the {kind} encoding changed: check that the change is additive "
-        f"(docs/operating/upgrades.md) and regenerate the fixtures ({REGENERATE}), which "
+        f"(docs/guides/compatibility.md) and regenerate the fixtures ({REGENERATE}), which "
         "checks that the previous release reads it"
     )
 
