@@ -1,7 +1,7 @@
 """Karpenter in the loop: its node pools, and a ledger of what it and the controller did.
 
-Used by the node-autoscaler e2e tests (``tests/e2e/test_karpenter_consolidation.py``) and their benchmark
-(``tests/bench/bench_karpenter.py``). A control plane of its own (``cluster.start``) runs
+Used by the node-autoscaler e2e tests (``tests/e2e/test_karpenter_consolidation.py``) and their
+benchmark (``tests/bench/bench_karpenter.py``). A control plane of its own (``cluster.start``) runs
 Karpenter with its kwok provider (``podcost_localinfra.karpenter``): every node there is one
 Karpenter made, so a scenario's node count is Karpenter's.
 

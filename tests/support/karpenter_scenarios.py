@@ -1,8 +1,8 @@
 """Karpenter scenarios: a Deployment Karpenter provisions nodes for, scaled in with podcost
 (embedded) or without it, and Karpenter's answer as :class:`tests.support.karpenter.Outcome`.
 
-Used by the node-autoscaler e2e tests (``tests/e2e/test_karpenter_consolidation.py``) and their benchmark
-(``tests/bench/bench_karpenter.py``), so both run the very same scenarios.
+Used by the node-autoscaler e2e tests (``tests/e2e/test_karpenter_consolidation.py``) and their
+benchmark (``tests/bench/bench_karpenter.py``), so both run the very same scenarios.
 """
 
 from __future__ import annotations
