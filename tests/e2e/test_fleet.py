@@ -42,6 +42,7 @@ from tests.support.services import (
     ServiceProcess,
     ServiceSpec,
     assert_alive,
+    chart_policy,
     chart_specs,
     parse_metrics,
     processes,
@@ -147,7 +148,8 @@ async def _left_to_write(cluster: Cluster, namespace: str) -> dict[str, Any]:
     for app in LAYOUTS[cluster.name]:
         snapshot = snapshot_for_workload(objects, namespace, app, "Deployment")
         active = [pod for pod in snapshot.pods if pod.active]
-        policy = policy_from_annotations(snapshot.annotations, default=DEFAULT_POLICY)
+        # The chart's policy file is every component's default.
+        policy = policy_from_annotations(snapshot.annotations, default=chart_policy())
         result = simulate(snapshot, len(active), time.time(), policy=policy)
         if result.writes:  # a pod without the annotation may keep the 0 it reads as
             left[app] = {"writes": result.writes}
@@ -179,10 +181,12 @@ async def _pod_requests(cluster: Cluster) -> dict[str, float]:
 
 
 def _consumed(metrics: Mapping[str, float]) -> dict[tuple[str, str], float]:
-    """The annotator's records consumed, by (topic, outcome)."""
+    """The annotator's records consumed, by (topic, outcome); the series it starts at 0 (so an
+    alert sees the first increase) count only once they counted something."""
     return {
         (labels["topic"], labels["outcome"]): value
         for labels, value in series(metrics, "podcost_messages_consumed_total")
+        if value
     }
 
 

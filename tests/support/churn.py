@@ -48,7 +48,6 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from podcost_contracts.messages import DesiredCostsMessage, decode
 from podcost_contracts.topics import Topics
 from podcost_core.convert import load_objects, snapshot_for_workload
-from podcost_core.policy import DEFAULT_POLICY
 from podcost_core.simulate import simulate
 from podcost_kube.client import Kube
 from tests.support.kube import (
@@ -58,7 +57,7 @@ from tests.support.kube import (
     KubeTestCluster,
     costed_by_podcost,
 )
-from tests.support.services import CHART, ServiceProcess, ServiceSpec, chart_specs
+from tests.support.services import CHART, ServiceProcess, ServiceSpec, chart_policy, chart_specs
 from tests.support.services import processes as started_processes
 from tests.support.tools import require_helm
 from tests.support.twin import App, Decision, Scenario, Step, newest_costs, rewinds
@@ -234,7 +233,8 @@ async def left_to_write(side: Side, apps: Sequence[str]) -> dict[str, Any]:
     for app in apps:
         snapshot = snapshot_for_workload(objects, side.namespace, app, "Deployment")
         active = [pod for pod in snapshot.pods if pod.active]
-        result = simulate(snapshot, len(active), time.time(), policy=DEFAULT_POLICY)
+        # Every side runs the chart's processes: its policy file is their default.
+        result = simulate(snapshot, len(active), time.time(), policy=chart_policy())
         if result.writes:  # a pod without the annotation may keep the 0 it reads as
             left[app] = {"writes": dict(result.writes)}
     return left

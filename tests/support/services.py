@@ -41,6 +41,8 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from podcost_core.policy import Policy, policy_from_data
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "podcost"
 RELEASE = "podcost"
@@ -82,6 +84,15 @@ class ServiceSpec:
 #: partition share); the tests run one of each unless their values ask for more, so that a test
 #: of the whole pipeline does not start every process twice.
 REPLICATED = ("watcher", "annotator", "aggregator", "rankers", "embedded")
+
+
+def chart_policy() -> Policy:
+    """The cluster default policy the chart's values render (``policy-configmap.yaml``): what
+    every component of a chart-rendered fleet loads from ``PODCOST_POLICY_FILE``."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["policy"]
+    document = {"version": 1, "strategies": values["strategies"],
+                "non_negative_costs": bool(values.get("nonNegativeCosts", False))}  # fmt: skip
+    return policy_from_data(document, source="the chart's policy")
 
 
 def one_replica_each(values: Mapping[str, Any]) -> dict[str, Any]:
