@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from tests.unit.snapshots import PROPERTY
 
@@ -119,6 +119,8 @@ def test_scale_is_the_affine_map_normalize_applies(
     st.lists(st.floats(-1e6, 1e6), max_size=30),
     st.one_of(st.none(), st.floats(1e-3, 1e6)),
 )
+@example([0.0, 2.2250738585072014e-308], None)
+@example([0.0, -2.2250738585072014e-308], None)
 def test_normalize_is_the_rule_written_out_with_min_and_max(
     values: list[float], threshold: float | None
 ) -> None:
@@ -131,6 +133,11 @@ def test_normalize_is_the_rule_written_out_with_min_and_max(
     if not values or (threshold is None and low == high):
         expected = [0] * len(values)
     else:
+        if not math.isfinite(MAX_SCORE / (high - low)):
+            # A subnormal span (scores within 1e-308 of each other): the same proportions, scaled
+            # by a power of two (exact), so the factor is finite.
+            up = 2.0**600
+            values_, low, high = [value * up for value in values_], low * up, high * up
         factor = MAX_SCORE / (high - low)
         expected = [math.floor((value - low) * factor + 0.5) for value in values_]
     assert normalize(values, threshold) == expected
