@@ -50,7 +50,7 @@ from tests.support import churn
 from tests.support.churn import Kubelet, Side, Watch
 from tests.support.kube import KubeTestCluster
 from tests.support.previous import Previous, PreviousUnavailable, ensure_previous
-from tests.support.services import ServiceProcess, ServiceSpec, chart_specs, series
+from tests.support.services import ServiceProcess, ServiceSpec, chart_policy, chart_specs, series
 from tests.support.services import processes as started_processes
 from tests.support.tools import require_helm
 from tests.support.twin import Scenario, Step, scenario
@@ -203,18 +203,23 @@ async def test_a_fleet_upgraded_one_deployment_at_a_time_under_churn_ends_as_its
         previous.commit[:12],
         previous.python,
     )
-    now = {s.name: s for s in _release(churn.fleet_specs(helm, kafka_bootstrap, run, plane_a),
+    # The previous release writes costs in the wide band (its chart had no non-negative
+    # default): this release keeps that policy, so the upgrade changes the version alone.
+    same = {"policy": {"nonNegativeCosts": False}}
+    now = {s.name: s for s in _release(churn.fleet_specs(helm, kafka_bootstrap, run, plane_a,
+                                                         common=same),
                                        THIS_REVISION, None)}  # fmt: skip
     order = rollout_order([spec.name for spec in was])
     assert sorted(now) == sorted(order), "this release deploys other components: add them here"
     twin = chart_specs(helm, {"mode": "all", "clusterName": "b", "watch": {"namespace": run},
-                              "leaderElection": {"leaseName": f"{run}-watcher"}},
+                              "leaderElection": {"leaseName": f"{run}-watcher"}, **same},
                        prefix="b/")  # fmt: skip
     twin = _release([dataclasses.replace(s, env={**s.env, "KUBECONFIG": str(plane_b)})
                      for s in twin], THIS_REVISION, None)  # fmt: skip
     plan = _with_churn(scenario(SEED, ("a/watcher",)), len(order))
     apps = [app.name for app in plan.apps]
-    a, b = Side("a", kube, run), Side("b", second_kube, run)
+    wide = chart_policy(non_negative=False)
+    a, b = Side("a", kube, run, policy=wide), Side("b", second_kube, run, policy=wide)
     await asyncio.gather(a.kube.create_namespace(run), b.kube.create_namespace(run))
     logs = tmp_path / "this-release"
     try:

@@ -48,6 +48,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from podcost_contracts.messages import DesiredCostsMessage, decode
 from podcost_contracts.topics import Topics
 from podcost_core.convert import load_objects, snapshot_for_workload
+from podcost_core.policy import Policy
 from podcost_core.simulate import simulate
 from podcost_kube.client import Kube
 from tests.support.kube import (
@@ -74,6 +75,8 @@ class Side:
     namespace: str
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
     nodes: list[str] = field(default_factory=list)
+    policy: Policy | None = None
+    """The default policy its processes load; ``None``: the chart's (:func:`chart_policy`)."""
 
 
 @dataclass
@@ -96,17 +99,20 @@ def fleet_specs(
     kubeconfig: Path,
     agent: Mapping[str, Any] | None = None,
     chart: Path = CHART,
+    common: Mapping[str, Any] | None = None,
 ) -> list[ServiceSpec]:
     """Cluster ``a``'s fleet as the chart deploys it, each component its own process (``a/...``):
     the watcher and annotator of the ``agent`` mode (watching namespace ``run``, Lease
     ``<run>-watcher``, with the chart values ``agent`` over these), one ranker per strategy and
     the faust aggregator of the ``core`` mode, on the API server of ``kubeconfig``; rendered
-    from this checkout's chart or from ``chart`` (another release's)."""
+    from this checkout's chart or from ``chart`` (another release's), with the values
+    ``common`` in both modes."""
     values = {"mode": "agent", "clusterName": "a", "watch": {"namespace": run},
               "kafka": {"bootstrapServers": kafka},
-              "leaderElection": {"leaseName": f"{run}-watcher"}, **(agent or {})}  # fmt: skip
-    core = chart_specs(helm, {"mode": "core", "kafka": {"bootstrapServers": kafka}},
-                       prefix="a/", chart=chart)  # fmt: skip
+              "leaderElection": {"leaseName": f"{run}-watcher"}, **(common or {}),
+              **(agent or {})}  # fmt: skip
+    core = chart_specs(helm, {"mode": "core", "kafka": {"bootstrapServers": kafka},
+                              **(common or {})}, prefix="a/", chart=chart)  # fmt: skip
     mine = [*chart_specs(helm, values, prefix="a/", chart=chart), *core]
     return [dataclasses.replace(s, env={**s.env, "KUBECONFIG": str(kubeconfig)}) for s in mine]
 
@@ -234,7 +240,7 @@ async def left_to_write(side: Side, apps: Sequence[str]) -> dict[str, Any]:
         snapshot = snapshot_for_workload(objects, side.namespace, app, "Deployment")
         active = [pod for pod in snapshot.pods if pod.active]
         # Every side runs the chart's processes: its policy file is their default.
-        result = simulate(snapshot, len(active), time.time(), policy=chart_policy())
+        result = simulate(snapshot, len(active), time.time(), policy=side.policy or chart_policy())
         if result.writes:  # a pod without the annotation may keep the 0 it reads as
             left[app] = {"writes": dict(result.writes)}
     return left

@@ -86,12 +86,14 @@ class ServiceSpec:
 REPLICATED = ("watcher", "annotator", "aggregator", "rankers", "embedded")
 
 
-def chart_policy() -> Policy:
+def chart_policy(non_negative: bool | None = None) -> Policy:
     """The cluster default policy the chart's values render (``policy-configmap.yaml``): what
-    every component of a chart-rendered fleet loads from ``PODCOST_POLICY_FILE``."""
+    every component of a chart-rendered fleet loads from ``PODCOST_POLICY_FILE``; with
+    ``non_negative``, as rendered with ``policy.nonNegativeCosts`` set so."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())["policy"]
+    wanted = values.get("nonNegativeCosts", False) if non_negative is None else non_negative
     document = {"version": 1, "strategies": values["strategies"],
-                "non_negative_costs": bool(values.get("nonNegativeCosts", False))}  # fmt: skip
+                "non_negative_costs": bool(wanted)}  # fmt: skip
     return policy_from_data(document, source="the chart's policy")
 
 
