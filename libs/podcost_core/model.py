@@ -1,9 +1,10 @@
 """The workload snapshot: the one value every strategy, the combiner and the victim model read.
 
-Built once at the boundary from raw Kubernetes JSON (``podcost_core.convert``) or decoded from a
-bus message; never holds a client-library object. Everything here is a frozen, slotted dataclass
-so that a snapshot can be shared between strategies without copies and validated/serialised by
-pydantic's ``TypeAdapter`` (``podcost_core.convert.SNAPSHOT_ADAPTER``) without a second schema.
+Built once at the boundary from raw Kubernetes JSON (``podcost_core.snapshots``, from pods and
+nodes as ``podcost_core.tomodel`` reads them) or decoded from a bus message; never holds a
+client-library object. Everything here is a frozen, slotted dataclass so that a snapshot can be
+shared between strategies without copies and validated/serialised by pydantic's ``TypeAdapter``
+(``podcost_core.snapshots.SNAPSHOT_ADAPTER``) without a second schema.
 
 Times are POSIX seconds (``float``). The API server stores object timestamps with one-second
 precision; the victim model relies on that.

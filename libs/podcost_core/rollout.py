@@ -33,8 +33,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
-from podcost_core.convert import ClusterObjects, parse_time
+from podcost_core.kubejson import parse_time
 from podcost_core.model import Snapshot
+from podcost_core.snapshots import ClusterObjects
 
 DESIRED_REPLICAS = "deployment.kubernetes.io/desired-replicas"
 MAX_REPLICAS = "deployment.kubernetes.io/max-replicas"

@@ -241,7 +241,7 @@ def simulate(
     ``rollout`` (``rollout.rollout_for``) lets a Deployment mid-rollout be scaled: its
     ``replicas`` is then the Deployment's new ``spec.replicas``, split as the deployment
     controller splits it. ``setters``: per pod, the field managers that own its cost
-    (``convert.cost_managers``), to name who set the costs podcost keeps; ``adopt_kept``: the
+    (``kubejson.cost_managers``), to name who set the costs podcost keeps; ``adopt_kept``: the
     result is the outcome with them adopted (see the module docstring).
     """
     result = _simulate_once(

@@ -1,7 +1,7 @@
 """The Kubernetes adapter: the only module of podcost that imports kubernetes-asyncio.
 
 Services and commands call it to reach a cluster; what comes back is the raw JSON the API serves
-(the shapes ``kubectl get -o json`` prints), which ``podcost_core.convert`` turns into the model,
+(the shapes ``kubectl get -o json`` prints), which ``podcost_core.tomodel`` turns into the model,
 so no client-library object ever reaches the core. Cluster access follows every Kubernetes tool:
 ``$KUBECONFIG`` (or ``~/.kube/config``), else the in-cluster service account.
 """

@@ -29,11 +29,11 @@ Objects stay raw JSON from the socket to the store: responses are read with
 its cache of keys shares one string per key name across objects), never deserialised into
 client-library models (``tests/bench/bench_informer.py`` measures why). Of each object's
 ``managedFields`` the store keeps only who owns the deletion cost
-(``podcost_core.convert.slim_managed_fields``), as client-go informers are told to drop them with
+(``podcost_core.projection.slim_managed_fields``), as client-go informers are told to drop them with
 a transform: all podcost reads of them, and a third of a pod's JSON (more of a node's). Of a pod
 it keeps only the fields podcost reads, with its repeated strings interned and its parts equal
 to other pods' (labels, owner, containers, tolerations, conditions...) shared with them
-(``podcost_core.convert.project_pod``): most of a pod's spec and status is read by nothing. Of
+(``podcost_core.projection.project_pod``): most of a pod's spec and status is read by nothing. Of
 a node it keeps all but the status fields nothing reads (``project_node``: of its status only
 the allocatable resources), of a ReplicaSet or a Deployment all but its pod template, kept as a
 digest that tells templates apart, and its well-formed conditions (``project_workload``): 0.4 KB
@@ -57,7 +57,7 @@ import aiohttp
 import orjson
 
 from podcost_core.backoff import Backoff
-from podcost_core.convert import (
+from podcost_core.projection import (
     SharedParts,
     project_node,
     project_pod,
@@ -150,7 +150,7 @@ PAGE_SIZE = 100
 def _kept(kind: str, obj: RawObject, shared: SharedParts) -> RawObject:
     """What the store keeps of ``obj``: without the managedFields nobody reads, and of a pod
     only what podcost reads, its parts equal to other pods' shared with them
-    (``podcost_core.convert.project_pod``); of a node all but the status fields nothing reads
+    (``podcost_core.projection.project_pod``); of a node all but the status fields nothing reads
     (``project_node``), of a ReplicaSet or a Deployment all but its pod template, kept as a
     digest, and its well-formed status conditions (``project_workload``)."""
     slim = slim_managed_fields(obj)

@@ -31,15 +31,11 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
-from podcost_core.convert import (
-    NodeUsage,
-    PodSpecJSON,
-    node_from_json,
-    node_usage,
-    pod_from_json,
-    pod_requests,
-)
+from podcost_core.kubejson import PodSpecJSON
 from podcost_core.model import Node, Pod, Resources
+from podcost_core.quantities import pod_requests
+from podcost_core.snapshots import NodeUsage, node_usage
+from podcost_core.tomodel import node_from_json, pod_from_json
 from podcost_kube.store import Change, ChangeType
 
 #: Distinct sums of requests kept to share; when full, forgotten (the shared ones stay so).

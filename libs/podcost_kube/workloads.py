@@ -21,23 +21,14 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from podcost_core.convert import (
-    ClusterObjects,
+from podcost_core.kubejson import (
     ConversionError,
     LabelSelectorJSON,
     NodeJSON,
-    NodeShare,
-    NodeUsage,
     ObjectMetaJSON,
     PodJSON,
-    UnknownWorkload,
     WorkloadJSON,
-    cost_owner,
-    node_from_json,
-    node_share,
-    pod_from_json,
     selector_matches,
-    snapshot_for_workload,
 )
 from podcost_core.model import (
     DELETION_COST_ANNOTATION,
@@ -54,7 +45,16 @@ from podcost_core.policy import (
     PolicyError,
     policy_from_annotations,
 )
+from podcost_core.snapshots import (
+    ClusterObjects,
+    NodeShare,
+    NodeUsage,
+    UnknownWorkload,
+    node_share,
+    snapshot_for_workload,
+)
 from podcost_core.strategies.registry import Registry
+from podcost_core.tomodel import cost_owner, node_from_json, pod_from_json
 from podcost_kube.podcache import PodCache
 from podcost_kube.store import Change, ChangeType, RawObject, Store, controller_of, object_key
 

@@ -34,7 +34,7 @@ from typer.exceptions import TyperException
 
 from podcost.commands.startup import EXIT_BAD_CONFIG, EXIT_FAILED
 from podcost.runtime.version import build, package_version
-from podcost_core.convert import ConversionError
+from podcost_core.kubejson import ConversionError
 from podcost_core.policy import PolicyError
 from podcost_core.strategies.registry import (
     BUILTIN,

@@ -63,7 +63,7 @@ from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherService, WatcherSettings
 from podcost.watcher.service import bootstrap as bootstrap_watcher
 from podcost_bus import Bus, BusSettings, Consumer, Record, open_bus
-from podcost_core.convert import SharedParts
+from podcost_core.projection import SharedParts
 from podcost_kube.client import Kube, connect
 from podcost_kube.informer import apply_event, decode_event
 from podcost_kube.store import Change, Store

@@ -39,8 +39,8 @@ from kubernetes_asyncio import client, config, watch
 from tests.bench.bench_store_memory import store_bytes
 from tests.support.kube import KubeTestCluster
 
-from podcost_core.convert import SharedParts, project_pod, slim_managed_fields
 from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER
+from podcost_core.projection import SharedParts, project_pod, slim_managed_fields
 from podcost_kube.client import Kube
 from podcost_kube.informer import WORKLOAD_RESOURCES, Informer, decode_event
 from podcost_kube.podcache import PodCache
@@ -288,7 +288,7 @@ async def measure(api: client.ApiClient, kube: KubeTestCluster, namespace: str, 
     snapshot = workload_snapshot(store, key)
     print(f"  {len(snapshot.pods)} pods on {len(snapshot.nodes)} nodes: {seconds * 1000:.1f} ms "
           f"(of which gathering the objects from the cache {gather * 1000:.1f} ms; the rest is "
-          f"podcost_core.convert)")  # fmt: skip
+          f"podcost_core.snapshots)")  # fmt: skip
     pods = PodCache()
     cold = timed_sync(lambda: workload_snapshot(store, key, pods=PodCache()))
     assert workload_snapshot(store, key, pods=pods) == snapshot  # warms the cache

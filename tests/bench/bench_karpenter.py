@@ -35,9 +35,9 @@ from tests.support import karpenter as k
 from tests.support.karpenter_scenarios import Loop, fresh_pools, scenario
 from tests.support.kube import KubeTestCluster
 
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.policy import Policy, StrategySpec
 from podcost_core.simulate import simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_kube.client import Kube
 
 PODCOST_POLICY = "karpenter | node-consolidation"

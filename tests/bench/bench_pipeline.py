@@ -107,9 +107,9 @@ from podcost_bus import Bus, BusSettings, Consumer, open_bus
 from podcost_contracts.messages import DesiredCostsMessage, decode
 from podcost_contracts.topics import Topics
 from podcost_core.combine import answers_needed
-from podcost_core.convert import SharedParts
 from podcost_core.model import DELETION_COST_ANNOTATION
 from podcost_core.policy import DEFAULT_POLICY
+from podcost_core.projection import SharedParts
 from podcost_kube.client import Kube, PodGone
 from podcost_kube.informer import (
     POD,

@@ -40,14 +40,14 @@ from tests.support.served import (
     served_replicaset,
 )
 
-from podcost_core.convert import (
+from podcost_core.projection import (
     SharedParts,
-    pod_from_json,
     project_node,
     project_pod,
     project_workload,
     slim_managed_fields,
 )
+from podcost_core.tomodel import pod_from_json
 from podcost_kube.podcache import PodCache
 from podcost_kube.store import ChangeType, Store
 

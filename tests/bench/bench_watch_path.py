@@ -39,7 +39,7 @@ from tests.bench.record import record
 
 from podcost.annotator.plan import Scope
 from podcost.annotator.view import ClusterView
-from podcost_core.convert import SharedParts
+from podcost_core.projection import SharedParts
 from podcost_kube.informer import POD, Resource, apply_event, decode_event
 from podcost_kube.store import Store
 

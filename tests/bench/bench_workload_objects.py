@@ -36,12 +36,8 @@ from typing import Any
 
 from tests.support.served import served_pod
 
-from podcost_core.convert import (
-    SharedParts,
-    project_pod,
-    slim_managed_fields,
-    snapshot_for_workload,
-)
+from podcost_core.projection import SharedParts, project_pod, slim_managed_fields
+from podcost_core.snapshots import snapshot_for_workload
 from podcost_kube import workloads
 from podcost_kube.podcache import PodCache
 from podcost_kube.store import ChangeType, RawObject, Store

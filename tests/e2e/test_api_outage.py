@@ -27,10 +27,10 @@ from podcost.annotator.settings import AnnotatorSettings
 from podcost.embedded import bootstrap
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.model import DELETION_COST_ANNOTATION
 from podcost_core.policy import DEFAULT_POLICY
 from podcost_core.simulate import simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_kube.client import Kube
 from podcost_localinfra import cluster
 

@@ -29,8 +29,8 @@ from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import ATTR_COST, ATTR_POD, ATTR_RESULT, SPAN_PATCH, setup_tracing
 from podcost.watcher.service import WatcherSettings
 from podcost_bus import BusSettings, MemoryBus
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.policy import DEFAULT_POLICY
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_kube.client import Kube, KubeError
 
 pytestmark = pytest.mark.e2e

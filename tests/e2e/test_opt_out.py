@@ -28,10 +28,11 @@ from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
 from podcost_bus import BusSettings, MemoryBus
-from podcost_core.convert import cost_managers, load_objects, snapshot_for_workload
+from podcost_core.kubejson import cost_managers
 from podcost_core.model import FIELD_MANAGER
 from podcost_core.policy import DEFAULT_POLICY, policy_from_annotations
 from podcost_core.simulate import simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_kube.client import Kube
 
 pytestmark = pytest.mark.e2e

@@ -32,9 +32,9 @@ from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
 from podcost_bus import BusSettings, MemoryBus
 from podcost_contracts.messages import DesiredCostsMessage, decode_costs_record
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.policy import DEFAULT_POLICY, policy_from_annotations
 from podcost_core.simulate import simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_kube.client import Kube
 
 pytestmark = pytest.mark.e2e

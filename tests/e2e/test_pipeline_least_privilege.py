@@ -34,9 +34,9 @@ from tests.support.kube import KubeTestCluster
 from tests.support.least_privilege import ServiceAccount, install
 from tests.support.tools import require_helm
 
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.policy import DEFAULT_POLICY, policy_from_annotations
 from podcost_core.simulate import simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_kube.client import Kube
 
 pytestmark = pytest.mark.e2e

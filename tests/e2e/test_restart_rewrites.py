@@ -32,9 +32,9 @@ from tests.conftest import ControlPlane
 from tests.support.kube import COST_ANNOTATION, KubeTestCluster
 from tests.support.services import ServiceProcess, ServiceSpec
 
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.policy import DEFAULT_POLICY, policy_from_annotations
 from podcost_core.simulate import simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_kube.client import Kube
 
 pytestmark = pytest.mark.e2e

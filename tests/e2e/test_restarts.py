@@ -25,9 +25,9 @@ from podcost.runtime.runner import Service
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
 from podcost_bus import Bus, BusSettings, MemoryBus
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.policy import DEFAULT_POLICY
 from podcost_core.simulate import simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_kube.client import Kube
 
 pytestmark = pytest.mark.e2e

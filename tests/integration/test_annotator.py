@@ -33,8 +33,8 @@ from podcost.annotator.view import InformerView
 from podcost.runtime.settings import ServiceSettings
 from podcost_bus import Bus, BusSettings, KafkaBus, MemoryBus
 from podcost_contracts.messages import DeadLetter, decode
-from podcost_core.convert import cost_owner
 from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner
+from podcost_core.tomodel import cost_owner
 from podcost_kube.client import Kube, PodGone
 
 pytestmark = pytest.mark.integration

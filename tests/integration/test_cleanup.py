@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from podcost.annotator.cleanup import Outcome, clean_up
 from podcost.annotator.settings import AnnotatorSettings
 from podcost.cli import app
-from podcost_core.convert import cost_managers
+from podcost_core.kubejson import cost_managers
 from podcost_kube.client import CostChanged, Kube
 
 pytestmark = pytest.mark.integration

@@ -19,9 +19,9 @@ from collections import Counter
 import pytest
 from tests.support.kube import KubeTestCluster
 
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.policy import DEFAULT_POLICY, STRATEGIES, policy_from_annotations
 from podcost_core.simulate import simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_core.strategies.karpenter import DISRUPTED_TAINT, DO_NOT_DISRUPT
 from podcost_kube.client import Kube
 

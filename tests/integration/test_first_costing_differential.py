@@ -30,10 +30,10 @@ import pytest
 from tests.support.kube import KubeTestCluster
 
 from podcost.annotator.plan import write_priority
-from podcost_core.convert import pod_from_json
 from podcost_core.implied import drop_implied
 from podcost_core.labels import CurrentCost, Labelling, current_costs, label_costs
 from podcost_core.model import Pod, PodUID, Snapshot, WorkloadRef
+from podcost_core.tomodel import pod_from_json
 from podcost_core.urgency import first_wrong
 from podcost_core.victims import NowWindow, clockless_key, pods_to_delete
 

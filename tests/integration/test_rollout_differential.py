@@ -53,9 +53,9 @@ from typing import Any
 import pytest
 from tests.support.kube import KubeTestCluster
 
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.rollout import Rollout, rollout_for, settled_sizes
 from podcost_core.simulate import SimulationError, simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_core.victims import NowWindow
 from podcost_kube.client import Kube
 

@@ -25,7 +25,7 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 from tests.support.kube import KubeTestCluster
 
-from podcost_core.convert import pod_from_json
+from podcost_core.tomodel import pod_from_json
 from podcost_core.victims import NowWindow, deletion_cost_error, pods_to_delete
 
 pytestmark = pytest.mark.integration

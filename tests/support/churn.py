@@ -47,9 +47,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from podcost_contracts.messages import DesiredCostsMessage, decode
 from podcost_contracts.topics import Topics
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.policy import Policy
 from podcost_core.simulate import simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_kube.client import Kube
 from tests.support.kube import (
     CAPACITY_LABEL,

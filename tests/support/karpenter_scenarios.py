@@ -20,10 +20,10 @@ from podcost.runtime.runner import serve
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
 from podcost_bus import BusSettings, MemoryBus
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.model import CostOwner
 from podcost_core.policy import DEFAULT_POLICY, policy_from_annotations
 from podcost_core.simulate import simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_kube.client import Kube
 from tests.support import karpenter as k
 from tests.support.kube import KubeTestCluster

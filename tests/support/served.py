@@ -1,7 +1,7 @@
 """Pods as the API server serves a Deployment's pods that kwok runs: every field of a real pod
 (the service-account volume, default tolerations, managedFields of the controller manager, kwok
 and podcost, the four conditions, container statuses), for measuring and checking what the
-informer keeps of them (``podcost_core.convert.project_pod``).
+informer keeps of them (``podcost_core.projection.project_pod``).
 
 The shape is that of a ``kubectl get pod -o json --show-managed-fields`` of a kube-apiserver
 1.3x with kwok; values vary per pod (name, uid, version, volume suffix, IPs, times) as they do

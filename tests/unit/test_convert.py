@@ -12,24 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from podcost_core.convert import (
-    SNAPSHOT_ADAPTER,
-    ConversionError,
-    UnknownWorkload,
-    compute_qos,
-    cost_managers,
-    invalid_deletion_cost,
-    load_objects,
-    node_from_json,
-    parse_quantity,
-    parse_time,
-    pod_from_json,
-    pod_requests,
-    quantity_milli,
-    quantity_value,
-    slim_managed_fields,
-    snapshot_for_workload,
-)
+from podcost_core.kubejson import ConversionError, cost_managers, parse_time
 from podcost_core.model import (
     DELETION_COST_ANNOTATION,
     AffinityTerm,
@@ -47,6 +30,21 @@ from podcost_core.model import (
     Toleration,
     WorkloadRef,
 )
+from podcost_core.projection import slim_managed_fields
+from podcost_core.quantities import (
+    compute_qos,
+    parse_quantity,
+    pod_requests,
+    quantity_milli,
+    quantity_value,
+)
+from podcost_core.snapshots import (
+    SNAPSHOT_ADAPTER,
+    UnknownWorkload,
+    load_objects,
+    snapshot_for_workload,
+)
+from podcost_core.tomodel import invalid_deletion_cost, node_from_json, pod_from_json
 
 DATA = Path(__file__).parent / "data"
 T0 = 1_714_564_800.0  # 2024-05-01T12:00:00Z

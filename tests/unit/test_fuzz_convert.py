@@ -24,17 +24,12 @@ from hypothesis import strategies as st
 from tests.support.fuzz import fuzz, mutated_json
 
 from podcost_contracts.messages import EncodeError, WorkloadSnapshotMessage, decode, encode
-from podcost_core import convert
-from podcost_core.convert import (
-    ConversionError,
-    load_objects,
-    node_from_json,
-    parse_quantity,
-    parse_time,
-    pod_from_json,
-    snapshot_for_workload,
-)
+from podcost_core import quantities
+from podcost_core.kubejson import ConversionError, parse_time
 from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER
+from podcost_core.quantities import parse_quantity
+from podcost_core.snapshots import load_objects, snapshot_for_workload
+from podcost_core.tomodel import node_from_json, pod_from_json
 from podcost_core.victims import INT32_MAX, INT32_MIN, deletion_cost_error, parse_deletion_cost
 
 DUMP: dict[str, Any] = json.loads(
@@ -210,8 +205,8 @@ def test_any_deletion_cost_string_is_read_as_the_controller_reads_it(value: str)
         assert parse_deletion_cost(value) == Decimal(value)
 
 
-# Every case the fuzzing found, kept as a table (the fixes are in podcost_core.convert and
-# podcost_core.victims).
+# Every case the fuzzing found, kept as a table (the fixes are in podcost_core.quantities,
+# podcost_core.kubejson and podcost_core.victims).
 FOUND_COSTS = [
     pytest.param("1" * 5000, "value out of int32 range", id="5000 digits (int() raised)"),
     pytest.param("-" + "1" * 5000, "value out of int32 range", id="-5000 digits"),
@@ -255,9 +250,9 @@ def test_only_short_quantity_strings_are_kept_parsed() -> None:
     # Parsed quantities are cached per string; a long one (hand-made: the API server serves
     # canonical forms) would make the cache hold megabytes, so it is parsed every time.
     padded = "0" * 100_000 + "3"
-    kept = convert._cached_quantity_text.cache_info().currsize
+    kept = quantities._cached_quantity_text.cache_info().currsize
     assert parse_quantity(padded) == 3
-    assert convert._cached_quantity_text.cache_info().currsize == kept
+    assert quantities._cached_quantity_text.cache_info().currsize == kept
     assert parse_quantity("123m") is parse_quantity("123m")  # short: parsed once, handed out
 
 

@@ -1,5 +1,5 @@
 """Other workloads' pods landing on or leaving a workload's nodes: which changes move
-a node's load in a snapshot (``podcost_core.convert.node_share``,
+a node's load in a snapshot (``podcost_core.snapshots.node_share``,
 ``podcost_kube.workloads.nodes_with_moved_load``), and which policies read it
 (``podcost_core.policy.reads_node_load``). The watcher re-publishes a workload whose policy reads
 it when a pod's share of one of its nodes moves; these tests hold both halves to what a
@@ -18,7 +18,6 @@ from tests.support.snapshots import large_snapshot
 from tests.unit.rawobjects import NS, T, raw_deployment, raw_node, raw_pod, raw_replicaset
 from tests.unit.rawobjects import owner as owner_ref
 
-from podcost_core.convert import node_share
 from podcost_core.model import Resources, Snapshot
 from podcost_core.policy import (
     DEFAULT_POLICY,
@@ -27,6 +26,7 @@ from podcost_core.policy import (
     StrategySpec,
     reads_node_load,
 )
+from podcost_core.snapshots import node_share
 from podcost_core.strategies import node_consolidation
 from podcost_core.strategies.registry import BUILTIN, BUILTIN_REGISTRY
 from podcost_kube.podcache import PodCache

@@ -33,20 +33,18 @@ from tests.support.served import (
     served_replicaset,
 )
 
-from podcost_core.convert import (
-    _WORKLOAD,
-    ConversionError,
+from podcost_core.kubejson import WORKLOAD_ADAPTER, ConversionError, validate
+from podcost_core.model import Resources
+from podcost_core.projection import (
     SharedParts,
-    _validate,
-    node_from_json,
     project_node,
     project_pod,
     project_workload,
     slim_managed_fields,
     template_digest,
 )
-from podcost_core.model import Resources
 from podcost_core.rollout import rollout_from_json
+from podcost_core.tomodel import node_from_json
 from podcost_kube.store import ChangeType, Store, object_key, resource_version
 from podcost_kube.workloads import (
     DEPLOYMENT,
@@ -108,7 +106,7 @@ def _node_readings(raw: Any) -> list[object]:
 def _workload_readings(raw: Any) -> list[object]:
     kind = raw.get("kind") if isinstance(raw, dict) else None
     readers: list[Callable[[], object]] = [
-        lambda: _validate(_WORKLOAD, raw, "workload") and None,
+        lambda: validate(WORKLOAD_ADAPTER, raw, "workload") and None,
         lambda: workload_of_replicaset(raw),
         lambda: object_key(str(kind), raw),
         lambda: resource_version(raw),

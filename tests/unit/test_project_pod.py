@@ -28,19 +28,11 @@ from tests.support.fuzz import fuzz, mutated_json
 from tests.support.served import edit, served_pod
 
 from podcost.annotator.plan import pod_state
-from podcost_core.convert import (
-    ConversionError,
-    SharedParts,
-    cost_managers,
-    cost_owner,
-    own_cost,
-    pod_from_json,
-    pod_requests,
-    pod_requests_inputs,
-    project_pod,
-    slim_managed_fields,
-)
+from podcost_core.kubejson import ConversionError, cost_managers
 from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER
+from podcost_core.projection import SharedParts, project_pod, slim_managed_fields
+from podcost_core.quantities import pod_requests, pod_requests_inputs
+from podcost_core.tomodel import cost_owner, own_cost, pod_from_json
 from podcost_kube.informer import POD, WatchEvent, apply_event
 from podcost_kube.store import ChangeType, Store, object_key, resource_version
 from podcost_kube.workloads import (

@@ -14,7 +14,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.support.pods import NOW, pod
 
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.model import ReplicaSetInfo, Snapshot, WorkloadRef
 from podcost_core.rollout import (
     Rollout,
@@ -25,6 +24,7 @@ from podcost_core.rollout import (
     settled_sizes,
 )
 from podcost_core.simulate import simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 
 DATA = Path(__file__).parent / "data"
 

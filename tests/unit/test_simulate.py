@@ -11,10 +11,10 @@ import pytest
 from tests.support.pods import NOW, READY, pod
 
 from podcost_core.combine import rank
-from podcost_core.convert import snapshot_for_workload
 from podcost_core.model import Node, NodeName, ReplicaSetInfo, Snapshot, WorkloadRef
 from podcost_core.policy import DEFAULT_POLICY, load_policy_file
 from podcost_core.simulate import SimulationError, scaling_replicaset, simulate
+from podcost_core.snapshots import snapshot_for_workload
 from podcost_core.victims import NowWindow
 
 DATA = Path(__file__).parent / "data"

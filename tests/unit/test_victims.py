@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.support.pods import CREATED, NOW, READY, pod
 
-from podcost_core.convert import pod_from_json
 from podcost_core.model import Phase, Pod, ReplicaSetInfo, Snapshot, WorkloadRef
+from podcost_core.tomodel import pod_from_json
 from podcost_core.victims import (
     BURST_REPLICAS,
     NowWindow,

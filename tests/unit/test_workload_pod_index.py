@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from podcost_core.convert import ClusterObjects
+from podcost_core.snapshots import ClusterObjects
 from podcost_kube.store import ChangeType, Store
 from podcost_kube.workloads import (
     DEPLOYMENT,

@@ -26,18 +26,12 @@ from tests.unit.rawobjects import (
     raw_replicaset,
 )
 
-from podcost_core.convert import (
-    SharedParts,
-    UnknownWorkload,
-    load_objects,
-    node_from_json,
-    pod_from_json,
-    pod_requests,
-    project_pod,
-    snapshot_for_workload,
-)
 from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, Pod, Resources
 from podcost_core.policy import DEFAULT_POLICY, Policy, StrategySpec
+from podcost_core.projection import SharedParts, project_pod
+from podcost_core.quantities import pod_requests
+from podcost_core.snapshots import UnknownWorkload, load_objects, snapshot_for_workload
+from podcost_core.tomodel import node_from_json, pod_from_json
 from podcost_kube.podcache import PodCache
 from podcost_kube.store import Change, ChangeType, Store
 from podcost_kube.workloads import (

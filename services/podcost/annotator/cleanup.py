@@ -1,7 +1,7 @@
 """Removing the deletion costs podcost wrote: ``podcost cleanup`` and the chart's uninstall hook.
 
 :func:`clean_up` lists the pods of the cluster (or of one namespace), keeps those whose deletion
-cost podcost's own field manager alone owns (``podcost_core.convert.own_cost``: an adopted
+cost podcost's own field manager alone owns (``podcost_core.tomodel.own_cost``: an adopted
 manager's, a person's or an unknown writer's cost is never touched) and removes each with one
 guarded PATCH (``Kube.remove_deletion_cost_if_unchanged``: a JSON patch that tests the pod's uid
 and the value as listed before it removes the annotation), so a cost someone changed meanwhile
@@ -32,7 +32,8 @@ from podcost.annotator.plan import Retry, gives_up
 from podcost.annotator.settings import AnnotatorSettings
 from podcost.runtime.retry import DEFAULT_BACKOFF
 from podcost_core.backoff import Backoff, Random
-from podcost_core.convert import ObjectMetaJSON, own_cost
+from podcost_core.kubejson import ObjectMetaJSON
+from podcost_core.tomodel import own_cost
 from podcost_kube.client import CostChanged, KubeError, PodGone
 
 log = logging.getLogger("podcost.cleanup")

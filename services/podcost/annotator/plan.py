@@ -38,8 +38,9 @@ from enum import StrEnum
 from typing import Any, Generic, TypeVar, cast
 
 from podcost_contracts.messages import WorkloadKey as BusKey
-from podcost_core.convert import ObjectMetaJSON, cost_owner
+from podcost_core.kubejson import ObjectMetaJSON
 from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, PodUID
+from podcost_core.tomodel import cost_owner
 from podcost_core.victims import deletion_cost_error, parse_deletion_cost
 from podcost_kube.store import Store
 from podcost_kube.workloads import OptInRules, WorkloadKey, owning_workload, workload_policy

@@ -175,8 +175,9 @@ from podcost_contracts.messages import (
 )
 from podcost_contracts.stamps import future_stamp
 from podcost_core.backoff import Random
-from podcost_core.convert import ObjectMetaJSON, own_cost
+from podcost_core.kubejson import ObjectMetaJSON
 from podcost_core.model import DELETION_COST_ANNOTATION, PodUID
+from podcost_core.tomodel import own_cost
 from podcost_kube.client import CostChanged, Kube, KubeError, PodGone, connect
 from podcost_kube.events import EventRecorder, ObjectRef
 

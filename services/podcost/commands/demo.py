@@ -47,10 +47,10 @@ from podcost.embedded import Pipeline, bootstrap
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
 from podcost_bus import BusSettings, MemoryBus
-from podcost_core.convert import load_objects, snapshot_for_workload
 from podcost_core.model import Snapshot
 from podcost_core.policy import DEFAULT_POLICY, policy_from_annotations
 from podcost_core.simulate import simulate
+from podcost_core.snapshots import load_objects, snapshot_for_workload
 from podcost_kube.client import Kube, connect
 
 log = logging.getLogger("podcost.demo")

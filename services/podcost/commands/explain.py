@@ -49,12 +49,13 @@ from podcost_contracts.messages import DecodeError, DesiredCostsMessage, Invalid
 from podcost_contracts.messages import WorkloadKey as BusKey
 from podcost_core.aggregate import Decision
 from podcost_core.combine import ScoreContractError, rank
-from podcost_core.convert import ConversionError, ObjectMetaJSON, cost_owner
 from podcost_core.explain import Placement
 from podcost_core.implied import drop_implied
+from podcost_core.kubejson import ConversionError, ObjectMetaJSON
 from podcost_core.labels import band_for, current_costs, label_costs
 from podcost_core.model import DELETION_COST_ANNOTATION
 from podcost_core.policy import PolicyError
+from podcost_core.tomodel import cost_owner
 from podcost_kube.client import Kube, KubeError, PodGone, connect
 from podcost_kube.store import Store
 from podcost_kube.workloads import workload_policy, workload_snapshot, workloads_of_pod

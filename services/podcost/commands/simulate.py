@@ -25,18 +25,13 @@ from rich.table import Table
 
 from podcost.commands.options import DEFAULT_OUTPUT, OutputOption, emit
 from podcost_core.combine import ScoreContractError
-from podcost_core.convert import (
-    ClusterObjects,
-    ConversionError,
-    cost_managers,
-    load_objects,
-    pod_from_json,
-    snapshot_for_workload,
-)
+from podcost_core.kubejson import ConversionError, cost_managers
 from podcost_core.model import DEFAULT_ADOPTED_MANAGERS, FIELD_MANAGER, PodUID, Snapshot
 from podcost_core.policy import Policy, PolicyError, load_policy_file, policy_from_annotations
 from podcost_core.rollout import rollout_for
 from podcost_core.simulate import NO_DOMAIN, SimulationError, SimulationResult, simulate
+from podcost_core.snapshots import ClusterObjects, load_objects, snapshot_for_workload
+from podcost_core.tomodel import pod_from_json
 
 EXIT_BAD_INPUT = 2
 

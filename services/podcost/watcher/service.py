@@ -110,9 +110,10 @@ from podcost_contracts.messages import (
 from podcost_contracts.signing import SIGNATURE_HEADER, read_signing_key, signature
 from podcost_contracts.topics import Topics
 from podcost_core.backoff import Backoff
-from podcost_core.convert import ConversionError, LabelSelectorJSON, invalid_deletion_cost
+from podcost_core.kubejson import ConversionError, LabelSelectorJSON
 from podcost_core.model import DELETION_COST_ANNOTATION, Pod
 from podcost_core.policy import PolicyError, load_policy_file, reads_node_load
+from podcost_core.tomodel import invalid_deletion_cost
 from podcost_kube.client import Kube
 from podcost_kube.debounce import Debouncer, Emission
 from podcost_kube.events import EventRecorder, EventType, ObjectRef
