@@ -44,7 +44,7 @@ class UnknownWorkload(ConversionError):
     """The requested workload is not in the objects given."""
 
 
-#: Validates and (de)serialises a whole snapshot; the bus payloads and ``simulate`` use it.
+#: Validates and (de)serialises a whole snapshot with pydantic, from the model's own dataclasses.
 SNAPSHOT_ADAPTER: TypeAdapter[Snapshot] = TypeAdapter(Snapshot)
 
 
