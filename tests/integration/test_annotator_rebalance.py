@@ -110,7 +110,7 @@ async def test_an_annotator_writes_nothing_queued_for_a_partition_a_rebalance_to
         tasks.append(asyncio.create_task(fast.run(), name="annotator-b"))
 
         def split() -> bool:
-            consumer_a, consumer_b = slow._consumer, fast._consumer
+            consumer_a, consumer_b = slow.consumer, fast.consumer
             return (
                 consumer_a is not None
                 and consumer_b is not None
@@ -119,8 +119,8 @@ async def test_an_annotator_writes_nothing_queued_for_a_partition_a_rebalance_to
             )
 
         await eventually(split, "the rebalance to give each annotator a partition", WAIT_S)
-        assert fast._consumer is not None
-        (moved_tp,) = fast._consumer.assignment()
+        assert fast.consumer is not None
+        (moved_tp,) = fast.consumer.assignment()
         moved = names[moved_tp.partition]
         kept = names[1 - moved_tp.partition]
         assert slow.depth > 0, "A wrote everything before the rebalance: the test proves nothing"

@@ -1,11 +1,12 @@
 """How fast the annotator talks to the API server and reads the bus: pure arithmetic on time.
 
-``AnnotatorService`` (``podcost.annotator.service``) asks :class:`TokenBucket` how long each
-request must wait, :class:`WaterMarks` when to pause and resume its consumer, and
-:class:`Outage` whether the API server has been failing long enough for readiness to say so
-(how long a retry waits is ``podcost_core.backoff``). None of them sleeps or reads a clock: the
-caller passes "now" in and does the waiting, through a :class:`Clock` that
-tests replace with a fake one.
+The annotator's writer (``podcost.annotator.writer``) asks :class:`TokenBucket` how long each
+request must wait and tells :class:`Outage` what became of each request, its backlog
+(``podcost.annotator.backlog``) asks :class:`WaterMarks` when to pause and resume its consumer,
+and readiness (``AnnotatorService.ready``) asks :class:`Outage` whether the API server has been
+failing long enough to say so (how long a retry waits is ``podcost_core.backoff``). None of
+them sleeps or reads a clock: the caller passes "now" in and does the waiting, through a
+:class:`Clock` that tests replace with a fake one.
 """
 
 from __future__ import annotations

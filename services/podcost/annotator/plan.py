@@ -1,7 +1,9 @@
 """The annotator's decisions, free of I/O: which cost to write to which pod, and when not to.
 
-``AnnotatorService`` (``podcost.annotator.service``) is the only caller; the unit tests drive
-everything here directly. Three pieces:
+The annotator's parts are the callers: ``intake`` (``verify``, the version guard,
+``superseded``), ``backlog`` (the write queue, the ledger, ``write_priority``) and ``writer``
+(``pod_state``, ``decide``, ``verify``, ``gives_up``; ``cleanup`` uses ``gives_up`` too). The
+unit tests drive everything here directly. The pieces:
 
 - :func:`decide`: given the cost a pod should carry and the pod as the API holds it now
   (:class:`PodState`, read by :func:`pod_state` from the pod's JSON), write, leave it (already

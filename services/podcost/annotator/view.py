@@ -1,16 +1,17 @@
 """The annotator's own view of its own cluster: what it checks a decision against before it
 writes (``plan.verify``).
 
-``AnnotatorService`` (``podcost.annotator.service``) runs one and asks it, for every pod a
-decision names, whether the pod exists with that uid, which workload owns it, and whether that
-workload is opted in. :class:`InformerView` keeps it current with an informer
-(``podcost_kube.informer.Informers``) over the pods, ReplicaSets and Deployments of the
-annotator's scope (one per watched namespace, or one over all; and the namespaces, when a
-namespace selector opts workloads in): the same lists and watches the watcher makes, with the
-same RBAC, so the annotator trusts nothing it reads on the bus; of the objects' metadata only
-(``PartialObjectMetadata``), which is all the checks read. The
-base :class:`ClusterView` is a view its owner keeps current: through :meth:`ClusterView.apply`
-(the unit tests do), or a ``Store`` another informer of the same process fills.
+``AnnotatorService`` (``podcost.annotator.service``) runs one, and its intake and writer
+(``intake.Verifier``, ``writer``) ask it, for every pod a decision names, whether the pod exists
+with that uid, which workload owns it, and whether that workload is opted in.
+:class:`InformerView` keeps it current with an informer (``podcost_kube.informer.Informers``)
+over the pods, ReplicaSets and Deployments of the annotator's scope (one per watched namespace,
+or one over all; and the namespaces, when a namespace selector opts workloads in): the same
+lists and watches the watcher makes, with the same RBAC, so the annotator trusts nothing it
+reads on the bus; of the objects' metadata only (``PartialObjectMetadata``), which is all the
+checks read. The base :class:`ClusterView` is a view its owner keeps current: through
+:meth:`ClusterView.apply` (the unit tests do), or a ``Store`` another informer of the same
+process fills.
 
 It also remembers the uids of the last ``DELETED_MEMORY`` pods it saw deleted, so that a
 decision about a pod deleted since (a scale-in, the usual race) ends as ``gone``, as before,
