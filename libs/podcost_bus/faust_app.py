@@ -128,6 +128,7 @@ What podcost relies on, and why it is arranged so:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -587,9 +588,27 @@ class FaustKeyedApp(Generic[S]):
             done, _ = await asyncio.wait({stopping}, timeout=self._stop_timeout_s)
         if stopping in done:
             stopping.result()
+        else:
+            log.error("%s: faust still did not stop; exiting without it", self.app_id)
+            stopping.cancel()
+        await self._end_consumer_thread()
+
+    async def _end_consumer_thread(self) -> None:
+        """Ends faust's consumer thread if faust's stop left it running (a stop that gave up, a
+        start that hung in the thread): a service exits then and the thread with it, but in a
+        process that goes on (an app run in-process) it would go on fetching for good, and
+        aiokafka shuffles with the process's global ``random`` at every fetch."""
+        consumer = self.app._consumer
+        service: Any = getattr(consumer, "_thread", None) if consumer is not None else None
+        worker = getattr(service, "_thread", None)
+        if service is None or worker is None or not worker.is_alive():
             return
-        log.error("%s: faust still did not stop; exiting without it", self.app_id)
-        stopping.cancel()
+        log.error("%s: faust's consumer thread outlived its stop; ending it", self.app_id)
+        with contextlib.suppress(RuntimeError):  # its loop already closed: it is ending
+            service._stopped_set()
+        await asyncio.to_thread(worker.join, self._stop_timeout_s)
+        if worker.is_alive():
+            log.error("%s: faust's consumer thread did not end", self.app_id)
 
     async def _watch(self) -> str:
         """The watchdog: seeks a stalled recovery again, and returns why the app must exit when

@@ -461,9 +461,11 @@ async def test_an_app_that_does_not_start_within_its_bound_exits_stalled(kafka: 
     app = kafka.app(Remember(), stop_timeout_s=5.0, start_timeout_s=0.5)
     with pytest.raises(faust_app.Stalled, match="not started"):
         await asyncio.wait_for(app.run(), timeout=60.0)
-    # Whether faust stopped or not, its consumer thread never keeps the process from exiting.
+    # Whether faust stopped or not, its consumer thread never keeps the process from exiting,
+    # nor goes on consuming in a process that goes on.
     worker = app.app.consumer._thread._thread
     assert worker.daemon
+    assert not worker.is_alive()
 
 
 async def test_a_recovery_that_gets_none_of_its_changelog_records_seeks_them_again_and_ends(
