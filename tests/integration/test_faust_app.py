@@ -468,6 +468,20 @@ async def test_an_app_that_does_not_start_within_its_bound_exits_stalled(kafka: 
     assert not worker.is_alive()
 
 
+async def test_a_stop_faust_never_ends_still_ends_its_consumer_thread(
+    kafka: Kafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = kafka.app(Remember(), stop_timeout_s=1.0)
+    task = await started(app)
+    worker = app.app.consumer._thread._thread
+    assert worker.is_alive()
+    never = asyncio.Event()
+    monkeypatch.setattr(app.app, "stop", never.wait)  # faust's stop hangs for good
+    await stopped(task)
+    # The app gave up on faust, and its consumer thread does not go on fetching in this process.
+    assert not worker.is_alive()
+
+
 async def test_a_recovery_that_gets_none_of_its_changelog_records_seeks_them_again_and_ends(
     kafka: Kafka, monkeypatch: pytest.MonkeyPatch
 ) -> None:
