@@ -47,6 +47,7 @@ from podcost_core.convert import (
 )
 from podcost_core.model import Resources
 from podcost_core.rollout import rollout_from_json
+from podcost_kube.snapshots import workload_snapshot
 from podcost_kube.store import ChangeType, Store, object_key, resource_version
 from podcost_kube.workloads import (
     DEPLOYMENT,
@@ -58,7 +59,6 @@ from podcost_kube.workloads import (
     workload_change_matters,
     workload_of_replicaset,
     workload_policy,
-    workload_snapshot,
 )
 
 DUMP: dict[str, Any] = json.loads(

@@ -39,13 +39,13 @@ from podcost_core.convert import (
 from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, Pod, Resources
 from podcost_core.policy import DEFAULT_POLICY, Policy, StrategySpec
 from podcost_kube.podcache import PodCache
+from podcost_kube.snapshots import convert_snapshot_pods, workload_snapshot
 from podcost_kube.store import Change, ChangeType, Store
 from podcost_kube.workloads import (
     DEPLOYMENT,
     REPLICASET,
     OptInRules,
     WorkloadKey,
-    convert_snapshot_pods,
     is_own_cost_write,
     node_change_matters,
     opted_in_workloads,
@@ -53,7 +53,6 @@ from podcost_kube.workloads import (
     resolve_policy,
     touched_by,
     workload_policy,
-    workload_snapshot,
 )
 
 DATA = Path(__file__).parent / "data"
