@@ -1,12 +1,13 @@
 """The words of the informer cache: a raw object, where it lives (:class:`ObjectKey`), the
-:class:`Change` a write makes of it, its resourceVersion, metadata and controller, and which
-workload a key names (:class:`WorkloadKey`).
+:class:`Change` a write makes of it, its resourceVersion, and which workload a key names
+(:class:`WorkloadKey`).
 
 Imported by the cache (``podcost_kube.store``), by what builds a workload's snapshot from it
 (``podcost_kube.snapshots``), by the watcher's decisions over it (``podcost_kube.workloads``) and
 by its cache of converted pods (``podcost_kube.podcache``); it imports none of them, so each
 reads these the same way. Objects are as the API serves them
-(``kubectl get -o json`` shapes) and taken as read-only: a malformed one reads as empty.
+(``kubectl get -o json`` shapes) and taken as read-only. How objects name each other (their
+controller, a selector) is read in ``podcost_kube.snapshots``, which follows those names.
 """
 
 from __future__ import annotations
@@ -79,28 +80,6 @@ def resource_version(obj: Mapping[str, Any]) -> str:
     """``metadata.resourceVersion``; ``""`` when absent."""
     version = obj.get("metadata", {}).get("resourceVersion", "")
     return str(version)
-
-
-def metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``obj``'s metadata; empty when it has none, or none that is a map."""
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The owner reference with ``controller: true``, if any."""
-    meta = obj.get("metadata")
-    for ref in (meta.get("ownerReferences") if isinstance(meta, Mapping) else None) or []:
-        if isinstance(ref, Mapping) and ref.get("controller"):
-            return ref
-    return None
-
-
-def same_object(ref: Mapping[str, Any], obj: Mapping[str, Any]) -> bool:
-    """Whether the owner reference ``ref`` may name ``obj``: their uids agree, or one is
-    missing (the name was checked, or is checked, by the caller)."""
-    uid, ref_uid = metadata(obj).get("uid"), ref.get("uid")
-    return not (uid and ref_uid) or uid == ref_uid
 
 
 DEPLOYMENT = "Deployment"

@@ -1,12 +1,14 @@
-"""What a workload's snapshot is built from, in one place: the indexes of the informer cache
-that find a workload's objects, and the builder that reads them.
+"""What a workload's snapshot is built from, in one place: how objects name each other, the
+indexes of the informer cache that find a workload's objects, and the builder that reads them.
 
 The watcher service asks :func:`workload_snapshot` for each workload it publishes (after
 ``podcost_kube.workloads.workload_policy`` says it is ranked), and :func:`convert_snapshot_pods`
 for the pods of its first pass; ``podcost explain`` asks for one snapshot. The builder
 (:func:`workload_objects`) finds the workload's ReplicaSets, pods and nodes through
-:class:`WorkloadIndexes`, reads the objects themselves from the cache, and hands them to
-``podcost_core.convert.snapshot_for_workload``, which makes the model of them.
+:class:`WorkloadIndexes`, takes the objects themselves from the cache (``Store.get``), and hands
+them to ``podcost_core.convert.snapshot_for_workload``, which makes the model of them. Read it
+top to bottom: the references (:func:`controller_of`, :func:`selector_of`), the index entries,
+:class:`WorkloadIndexes`, the builder.
 
 :class:`WorkloadIndexes` holds pods by the node they are bound to, and within their namespace by
 their controller and by their set of labels, so that a snapshot finds its pods without reading
@@ -16,8 +18,8 @@ ReplicaSets by their controller too, and a stamp per node that changes with its 
 (``podcost_kube.store.Store``) owns one and keeps it current on every write
 (:meth:`WorkloadIndexes.index`, :meth:`~WorkloadIndexes.reindex`,
 :meth:`~WorkloadIndexes.unindex`); the watcher's decisions over a change
-(``podcost_kube.workloads``) read its pods by node too. This module imports no store (the store
-imports it): the builder reads the cache through :class:`Cache`.
+(``podcost_kube.workloads``) read its pods by node and the references too. This module imports
+no store (the store imports it): the builder reads the cache through :class:`Cache`.
 
 Pure (no I/O, no client library, no clock: the caller passes "now"). Objects are shared with
 the cache, not copied: read-only here.
@@ -44,22 +46,44 @@ from podcost_core.convert import (
     snapshot_for_workload,
 )
 from podcost_core.model import Resources, Snapshot
-from podcost_kube.objects import (
-    DEPLOYMENT,
-    REPLICASET,
-    ObjectKey,
-    RawObject,
-    WorkloadKey,
-    controller_of,
-    metadata,
-    same_object,
-)
+from podcost_kube.objects import DEPLOYMENT, REPLICASET, ObjectKey, RawObject, WorkloadKey
 from podcost_kube.podcache import PodCache
 
 #: Where every cache takes its node stamps from (:meth:`WorkloadIndexes.node_stamp`): one count
 #: for all the caches of the process, so that no two, nor two states of one node's pods, share
 #: a stamp.
 _STAMPS = itertools.count(1)
+
+# --- how objects name each other --------------------------------------------------------------
+
+
+def metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``obj``'s metadata; empty when it has none, or none that is a map."""
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The owner reference with ``controller: true``, if any."""
+    meta = obj.get("metadata")
+    for ref in (meta.get("ownerReferences") if isinstance(meta, Mapping) else None) or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return ref
+    return None
+
+
+def same_object(ref: Mapping[str, Any], obj: Mapping[str, Any]) -> bool:
+    """Whether the owner reference ``ref`` may name ``obj``: their uids agree, or one is
+    missing (the name was checked, or is checked, by the caller)."""
+    uid, ref_uid = metadata(obj).get("uid"), ref.get("uid")
+    return not (uid and ref_uid) or uid == ref_uid
+
+
+def selector_of(workload: Mapping[str, Any]) -> LabelSelectorJSON | None:
+    """``spec.selector`` of a ReplicaSet or Deployment; ``None`` when it has none that is a map."""
+    selector = workload.get("spec", {}).get("selector")
+    return cast(LabelSelectorJSON, selector) if isinstance(selector, Mapping) else None
+
 
 # --- the index entries -------------------------------------------------------------------------
 
@@ -484,12 +508,6 @@ class Cache(Protocol):
     def get(self, kind: str, namespace: str, name: str) -> RawObject | None: ...
 
     def objects(self, kind: str, namespace: str | None = None) -> list[RawObject]: ...
-
-
-def selector_of(workload: Mapping[str, Any]) -> LabelSelectorJSON | None:
-    """``spec.selector`` of a ReplicaSet or Deployment; ``None`` when it has none that is a map."""
-    selector = workload.get("spec", {}).get("selector")
-    return cast(LabelSelectorJSON, selector) if isinstance(selector, Mapping) else None
 
 
 #: What :func:`workload_objects` asks for a node's usage: the node, its stamp

@@ -13,8 +13,8 @@ Every write also keeps the cache's :attr:`Store.indexes` current: the pods by no
 and label set, and the ReplicaSets by controller, that a snapshot finds its objects through
 (``podcost_kube.snapshots.WorkloadIndexes``, where they are defined with the builder that reads
 them). The words of the cache (``RawObject``, ``ObjectKey``, ``Change``, ``ChangeType``,
-``object_key``, ``resource_version``, ``controller_of``) are defined in ``podcost_kube.objects``
-and can be imported from here too.
+``object_key``, ``resource_version``) are defined in ``podcost_kube.objects`` and can be
+imported from here too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from podcost_kube.objects import (
     ChangeType,
     ObjectKey,
     RawObject,
-    controller_of,
     key_text,
     object_key,
     resource_version,
@@ -40,7 +39,6 @@ __all__ = [
     "ObjectKey",
     "RawObject",
     "Store",
-    "controller_of",
     "object_key",
     "resource_version",
 ]

@@ -46,8 +46,8 @@ from podcost_core.strategies.registry import Registry
 from podcost_kube.objects import DEPLOYMENT as DEPLOYMENT
 from podcost_kube.objects import REPLICASET as REPLICASET
 from podcost_kube.objects import WorkloadKey as WorkloadKey
-from podcost_kube.objects import controller_of, metadata, object_key, same_object
-from podcost_kube.snapshots import selector_of
+from podcost_kube.objects import object_key
+from podcost_kube.snapshots import controller_of, metadata, same_object, selector_of
 from podcost_kube.store import Change, ChangeType, Store
 
 #: Metadata that changes with every write and says nothing about the object.

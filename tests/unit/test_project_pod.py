@@ -42,8 +42,7 @@ from podcost_core.convert import (
 )
 from podcost_core.model import DELETION_COST_ANNOTATION, FIELD_MANAGER
 from podcost_kube.informer import POD, WatchEvent, apply_event
-from podcost_kube.objects import controller_of
-from podcost_kube.snapshots import workload_snapshot
+from podcost_kube.snapshots import controller_of, workload_snapshot
 from podcost_kube.store import ChangeType, Store, object_key, resource_version
 from podcost_kube.workloads import (
     DEPLOYMENT,
