@@ -50,7 +50,7 @@ class Store:
     (:attr:`indexes`), kept current on every write."""
 
     _objects: dict[str, dict[str, dict[str, RawObject]]] = field(default_factory=dict)
-    """kind → namespace → name → object."""
+    """kind → namespace → name → object; shared with :attr:`indexes`, so never rebound."""
     indexes: WorkloadIndexes = field(init=False)
     """Pods by node, controller and label set, ReplicaSets by controller, node stamps
     (``podcost_kube.snapshots``)."""
