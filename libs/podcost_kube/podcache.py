@@ -7,7 +7,7 @@ equal requests are summed once; what a node's pods request is summed once per st
 A node change re-publishes every workload with pods on that node, and each snapshot shows all of
 a workload's pods and sums the requests of every pod on their nodes: without the cache, every
 one of them is validated and converted again although none changed.
-``podcost_kube.workloads.workload_snapshot`` converts through :meth:`PodCache.convert`,
+``podcost_kube.snapshots.workload_snapshot`` converts through :meth:`PodCache.convert`,
 :meth:`PodCache.requests` and :meth:`PodCache.node`; the watcher's informer handler calls
 :meth:`PodCache.observe` with every change, so a deleted pod's or node's entries go with it.
 
@@ -36,7 +36,7 @@ from podcost_core.model import Node, Pod, Resources
 from podcost_core.quantities import pod_requests
 from podcost_core.snapshots import NodeUsage, node_usage
 from podcost_core.tomodel import node_from_json, pod_from_json
-from podcost_kube.store import Change, ChangeType
+from podcost_kube.objects import Change, ChangeType
 
 #: Distinct sums of requests kept to share; when full, forgotten (the shared ones stay so).
 AMOUNTS_LIMIT = 4096
@@ -97,7 +97,8 @@ class PodCache:
         self._nodes: dict[str, tuple[str, Node]] = {}
         """Per node name: the version converted, and the node without its requested sums."""
         self._usage: dict[str, tuple[int, NodeUsage]] = {}
-        """Per node name: the stamp of its pods (``Store.node_stamp``) and what they request."""
+        """Per node name: the stamp of its pods (``WorkloadIndexes.node_stamp``) and what they
+        request."""
         self._on_convert = on_convert
         self._amounts: dict[Resources, Resources] = {}
         """Each distinct sum of requests once, for the pods that request it to share."""
@@ -209,8 +210,8 @@ class PodCache:
 
     def node_usage(self, node: str, stamp: int, pods: Sequence[Mapping[str, Any]]) -> NodeUsage:
         """``node_usage(pods)`` of the pods bound to ``node``, summed once per ``stamp`` of
-        them (``Store.node_stamp``, unique in the process: it changes with any of the node's
-        pods). A snapshot shows the nodes of its workload's pods with what every pod on them
+        them (``WorkloadIndexes.node_stamp``, unique in the process: it changes with any of the
+        node's pods). A snapshot shows the nodes of its workload's pods with what every pod on them
         requests: without this, each snapshot summed its nodes' pods again, 30 nodes of 30 pods
         for a 30-pod Deployment spread over them, whose 29 other Deployments' snapshots summed
         the same pods (``tests/bench/bench_workload_objects.py``)."""

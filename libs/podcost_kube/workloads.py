@@ -1,43 +1,35 @@
 """The watcher's decisions over the informer cache: which workloads a change touches, whether a
-change matters at all (podcost's own cost writes do not: no feedback loop), whether a workload
-is opted in and with what policy, and its snapshot.
+change matters at all (podcost's own cost writes do not: no feedback loop), and whether a
+workload is opted in and with what policy.
 
 Pure functions over raw Kubernetes JSON and a :class:`~podcost_kube.store.Store`: no I/O, no
-client library, no clock (the caller passes "now"). The watcher service calls
-:func:`touched_by` from its informer handler and feeds the keys to its debouncer; for every
-emission it calls :func:`workload_policy` and :func:`workload_snapshot`; on becoming the leader
+client library, no clock. The watcher service calls :func:`touched_by` from its informer handler
+and feeds the keys to its debouncer; for every emission it calls :func:`workload_policy`, then
+``podcost_kube.snapshots.workload_snapshot`` for the workloads it ranks; on becoming the leader
 (with leader election on) it touches every :func:`opted_in_workloads`. The annotator verifies
 each decision with :func:`owning_workload` and :func:`workload_policy` over its own informer
 view (``podcost.annotator.plan.verify``), so both decide opt-in by the same rules. The raw JSON
-becomes the model only through ``podcost_core.convert``.
+becomes the model only through ``podcost_core.tomodel`` and ``podcost_core.snapshots``.
 
 A workload is a Deployment, or a ReplicaSet that no Deployment controls (a ReplicaSet controlled
-by a Deployment carries the Deployment's annotations, but the Deployment is the workload).
+by a Deployment carries the Deployment's annotations, but the Deployment is the workload). Its
+key (:class:`WorkloadKey`) and the two kinds are defined in ``podcost_kube.objects`` and can be
+imported from here too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 from podcost_core.kubejson import (
     ConversionError,
     LabelSelectorJSON,
-    NodeJSON,
     ObjectMetaJSON,
-    PodJSON,
-    WorkloadJSON,
     selector_matches,
 )
-from podcost_core.model import (
-    DELETION_COST_ANNOTATION,
-    CostOwner,
-    Pod,
-    Resources,
-    Snapshot,
-    WorkloadRef,
-)
+from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, Pod
 from podcost_core.policy import (
     ENABLED,
     LABLABS_ENABLED,
@@ -46,49 +38,24 @@ from podcost_core.policy import (
     policy_from_annotations,
 )
 from podcost_core.snapshots import (
-    ClusterObjects,
     NodeShare,
-    NodeUsage,
-    UnknownWorkload,
     node_share,
-    snapshot_for_workload,
 )
 from podcost_core.strategies.registry import Registry
 from podcost_core.tomodel import cost_owner, node_from_json, pod_from_json
-from podcost_kube.podcache import PodCache
-from podcost_kube.store import Change, ChangeType, RawObject, Store, controller_of, object_key
-
-DEPLOYMENT = "Deployment"
-REPLICASET = "ReplicaSet"
+from podcost_kube.objects import DEPLOYMENT as DEPLOYMENT
+from podcost_kube.objects import REPLICASET as REPLICASET
+from podcost_kube.objects import WorkloadKey as WorkloadKey
+from podcost_kube.objects import object_key
+from podcost_kube.snapshots import controller_of, metadata, same_object, selector_of
+from podcost_kube.store import Change, ChangeType, Store
 
 #: Metadata that changes with every write and says nothing about the object.
 NOISE_FIELDS = ("resourceVersion", "managedFields", "generation")
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class WorkloadKey:
-    """Which workload: the debouncer's key and, with a cluster name, the bus key."""
-
-    namespace: str
-    kind: str
-    """``Deployment`` or ``ReplicaSet``."""
-    name: str
-
-    def bus_key(self, cluster: str) -> str:
-        """``cluster/namespace/kind/name``, as ``WorkloadRef.key``."""
-        return f"{cluster}/{self.namespace}/{self.kind}/{self.name}"
-
-    def ref(self, cluster: str, uid: str = "") -> WorkloadRef:
-        return WorkloadRef(cluster, self.namespace, self.kind, self.name, uid)
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
 def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    annotations = _meta(obj).get("annotations")
+    annotations = metadata(obj).get("annotations")
     return annotations if isinstance(annotations, Mapping) else {}
 
 
@@ -97,17 +64,12 @@ def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
 
 def workload_of_replicaset(replicaset: Mapping[str, Any]) -> WorkloadKey:
     """The Deployment that controls ``replicaset``, else the ReplicaSet itself."""
-    meta = _meta(replicaset)
+    meta = metadata(replicaset)
     namespace = str(meta.get("namespace", ""))
     ref = controller_of(replicaset)
     if ref is not None and ref.get("kind") == DEPLOYMENT:
         return WorkloadKey(namespace, DEPLOYMENT, str(ref.get("name", "")))
     return WorkloadKey(namespace, REPLICASET, str(meta.get("name", "")))
-
-
-def _same_object(ref: Mapping[str, Any], obj: Mapping[str, Any]) -> bool:
-    uid, ref_uid = _meta(obj).get("uid"), ref.get("uid")
-    return not (uid and ref_uid) or uid == ref_uid
 
 
 def workloads_of_pod(store: Store, pod: Mapping[str, Any]) -> set[WorkloadKey]:
@@ -118,32 +80,27 @@ def workloads_of_pod(store: Store, pod: Mapping[str, Any]) -> set[WorkloadKey]:
     controls (an orphan the ReplicaSet controller may adopt, or a bystander it counts) concerns
     every workload with a live ReplicaSet in the namespace whose selector matches its labels.
     """
-    meta = _meta(pod)
+    meta = metadata(pod)
     namespace = str(meta.get("namespace", ""))
     ref = controller_of(pod)
     if ref is not None and ref.get("kind") == REPLICASET:
         replicaset = store.get(REPLICASET, namespace, str(ref.get("name", "")))
-        if replicaset is None or not _same_object(ref, replicaset):
+        if replicaset is None or not same_object(ref, replicaset):
             return set()
         return {workload_of_replicaset(replicaset)}
     labels = meta.get("labels") or {}
     return {
         workload_of_replicaset(replicaset)
         for replicaset in store.objects(REPLICASET, namespace)
-        if _meta(replicaset).get("deletionTimestamp") is None
-        and selector_matches(_selector(replicaset), labels)
+        if metadata(replicaset).get("deletionTimestamp") is None
+        and selector_matches(selector_of(replicaset), labels)
     }
-
-
-def _selector(workload: Mapping[str, Any]) -> LabelSelectorJSON | None:
-    selector = workload.get("spec", {}).get("selector")
-    return cast(LabelSelectorJSON, selector) if isinstance(selector, Mapping) else None
 
 
 def workloads_on_node(store: Store, node: str) -> set[WorkloadKey]:
     """Every workload with a pod bound to ``node``."""
     found: set[WorkloadKey] = set()
-    for pod in store.pods_on_node(node):
+    for pod in store.indexes.pods_on_node(node):
         found |= workloads_of_pod(store, pod)
     return found
 
@@ -153,9 +110,9 @@ def workloads_in_namespace(store: Store, namespace: str | None) -> set[WorkloadK
     ReplicaSets no Deployment owns."""
     found = {
         WorkloadKey(
-            str(_meta(deployment).get("namespace", "")),
+            str(metadata(deployment).get("namespace", "")),
             DEPLOYMENT,
-            str(_meta(deployment).get("name", "")),
+            str(metadata(deployment).get("name", "")),
         )
         for deployment in store.objects(DEPLOYMENT, namespace)
     }
@@ -182,13 +139,13 @@ def owning_workload(store: Store, pod: Mapping[str, Any]) -> PodOwner:
     Unlike :func:`workloads_of_pod` (what a snapshot shows, orphans a selector matches
     included), only ownership counts: the annotator asks this before it writes a pod's cost.
     """
-    namespace = str(_meta(pod).get("namespace", ""))
+    namespace = str(metadata(pod).get("namespace", ""))
     ref = controller_of(pod)
     if ref is None or ref.get("kind") != REPLICASET or ref.get("apiVersion") != "apps/v1":
         return PodOwner(None)
     name = str(ref.get("name", ""))
     replicaset = store.get(REPLICASET, namespace, name)
-    if replicaset is None or _meta(replicaset).get("uid") != ref.get("uid"):
+    if replicaset is None or metadata(replicaset).get("uid") != ref.get("uid"):
         return PodOwner(None, missing=f"{REPLICASET} {namespace}/{name}")
     key = workload_of_replicaset(replicaset)
     if key.kind == DEPLOYMENT:
@@ -197,7 +154,7 @@ def owning_workload(store: Store, pod: Mapping[str, Any]) -> PodOwner:
         if (
             deployment is None
             or owner_ref is None
-            or _meta(deployment).get("uid") != owner_ref.get("uid")
+            or metadata(deployment).get("uid") != owner_ref.get("uid")
         ):
             return PodOwner(None, missing=f"{DEPLOYMENT} {namespace}/{key.name}")
     return PodOwner(key)
@@ -208,7 +165,7 @@ def owning_workload(store: Store, pod: Mapping[str, Any]) -> PodOwner:
 
 def _without_noise(obj: Mapping[str, Any], *, drop_cost: bool = False) -> dict[str, Any]:
     """``obj`` without ``NOISE_FIELDS`` in its metadata (and without the cost annotation)."""
-    meta = {key: value for key, value in _meta(obj).items() if key not in NOISE_FIELDS}
+    meta = {key: value for key, value in metadata(obj).items() if key not in NOISE_FIELDS}
     if drop_cost and DELETION_COST_ANNOTATION in meta.get("annotations", {}):
         annotations = dict(meta["annotations"])
         del annotations[DELETION_COST_ANNOTATION]
@@ -220,7 +177,7 @@ def _without_noise(obj: Mapping[str, Any], *, drop_cost: bool = False) -> dict[s
 
 
 def _cost_owner(obj: Mapping[str, Any], adopt: Collection[str] = ()) -> CostOwner:
-    return cost_owner(cast(ObjectMetaJSON, _meta(obj)), adopt)
+    return cost_owner(cast(ObjectMetaJSON, metadata(obj)), adopt)
 
 
 def is_own_cost_write(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
@@ -372,8 +329,8 @@ def touched_by(
                 return frozenset()
             return frozenset(workloads_on_node(store, change.key.name))
         case "Namespace":
-            old_labels = _meta(old).get("labels") if old is not None else None
-            new_labels = _meta(new).get("labels") if new is not None else None
+            old_labels = metadata(old).get("labels") if old is not None else None
+            new_labels = metadata(new).get("labels") if new is not None else None
             if change.type is ChangeType.MODIFIED and old_labels == new_labels:
                 return frozenset()
             return frozenset(workloads_in_namespace(store, change.key.name))
@@ -384,7 +341,7 @@ def touched_by(
 def nodes_with_moved_load(change: Change) -> tuple[str, ...]:
     """The nodes whose sums in a snapshot (``Node.requested``, ``Node.daemon_pods``) a pod
     change alters: the node it was bound to and the one it is bound to, when its share
-    (``podcost_core.convert.node_share``: bound, active, its request fields) differs between
+    (``podcost_core.snapshots.node_share``: bound, active, its request fields) differs between
     the two versions; nothing for any other kind, or a pod whose share did not move (a status
     update, a label change, podcost's own cost write)."""
     if change.kind != "Pod":
@@ -413,7 +370,7 @@ def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
     static pod, those for which the node holds no other pods (their utilization tie-break reads
     its requests). ``store`` must already hold the change.
 
-    Counted as a snapshot counts them (``podcost_core.convert._nodes_for``): a node's active
+    Counted as a snapshot counts them (``podcost_core.snapshots._nodes_for``): a node's active
     pods less its daemon pods less the workload's own active pods there.
     """
     if change.kind != "Pod":
@@ -435,7 +392,7 @@ def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
         others = 0
         own: dict[WorkloadKey, int] = {}
         first: set[WorkloadKey] | None = None
-        for pod in store.pods_on_node(node):
+        for pod in store.indexes.pods_on_node(node):
             share = node_share(pod)
             if share is None or share[0] != node or share[2]:
                 continue
@@ -556,7 +513,7 @@ def workload_policy(
     if workload is None:
         return WorkloadPolicy(False, "workload not found")
     namespace = store.get("Namespace", "", key.namespace)
-    labels = (_meta(namespace).get("labels") or {}) if namespace is not None else None
+    labels = (metadata(namespace).get("labels") or {}) if namespace is not None else None
     return resolve_policy(_annotations(workload), labels, rules)
 
 
@@ -570,267 +527,4 @@ def opted_in_workloads(store: Store, rules: OptInRules = OptInRules()) -> list[W
         key
         for key in workloads_in_namespace(store, None)
         if workload_policy(store, key, rules).enabled
-    )
-
-
-# --- snapshots ---------------------------------------------------------------------------------
-
-
-#: What :func:`workload_objects` asks for a node's usage: the node, its stamp
-#: (``Store.node_stamp``) and its pods (``PodCache.node_usage``).
-UsageOf = Callable[[str, int, Sequence[RawObject]], NodeUsage]
-
-
-def workload_objects(
-    store: Store, key: WorkloadKey, *, with_nodes: bool = True, usage: UsageOf | None = None
-) -> ClusterObjects:
-    """The objects the snapshot of ``key`` is built from, and no others.
-
-    The workload; the ReplicaSets of its namespace related to it (``_replicasets_related``);
-    the pods its ReplicaSets control or whose labels one of their selectors matches (adoptable
-    orphans and bystanders); the nodes of those pods and every pod on those nodes (for
-    ``Node.requested``; not with ``with_nodes=False``, which leaves the snapshot's pods as they
-    are and its nodes without what they hold). With ``usage``, each node's usage is asked of it
-    and handed over (``ClusterObjects.node_usage``), so that the snapshot does not sum it again.
-    Objects come from the API, so they are taken as they are; ``pod_from_json`` validates every
-    pod it converts.
-
-    The pods are found through the store's indexes (by controller, and one selector run per
-    distinct label set, only on the label sets holding a label the selectors require when each
-    requires one: :func:`_required_pairs`), not by reading every pod of the namespace. A
-    namespace holding a pod the indexes cannot stand for, or an object that makes the indexed
-    way fail, is read pod by pod as before (:func:`_workload_objects_by_scan`): the answer, or
-    the error, is the same.
-    """
-    if store.pods_indexed(key.namespace):
-        try:
-            return _workload_objects_indexed(store, key, with_nodes=with_nodes, usage=usage)
-        except Exception:  # a malformed object (or no workload): the scan answers or raises
-            pass
-    return _workload_objects_by_scan(store, key, with_nodes=with_nodes, usage=usage)
-
-
-def _pod_rules(
-    store: Store, key: WorkloadKey
-) -> tuple[ClusterObjects, set[Any], list[LabelSelectorJSON | None]]:
-    """The workload's objects without pods or nodes, the uids of the ReplicaSets whose pods are
-    the workload's, and the selectors of the ReplicaSets related to it."""
-    workload = store.get(key.kind, key.namespace, key.name)
-    if workload is None:
-        raise UnknownWorkload(f"no {key.kind} {key.namespace}/{key.name} in the cache")
-    objects = ClusterObjects()
-    replicasets = _replicasets_related(store, key, workload)
-    for rs in replicasets:
-        objects.replicasets[(key.namespace, _name(rs))] = cast(WorkloadJSON, rs)
-    # The ReplicaSets whose pods the workload owns, and those whose selectors count (for a
-    # ReplicaSet, every ReplicaSet of its controller: the ReplicaSet controller relates them).
-    if key.kind == DEPLOYMENT:
-        objects.deployments[(key.namespace, key.name)] = cast(WorkloadJSON, workload)
-        mine = [rs for rs in replicasets if _controlled_by(rs, DEPLOYMENT, workload)]
-        related = mine
-    else:
-        mine = [workload]
-        owner = controller_of(workload)
-        related = [
-            rs
-            for rs in replicasets
-            if owner is not None
-            and (ref := controller_of(rs)) is not None
-            and _same_ref(ref, owner)
-        ] or mine
-    uids = {_meta(rs).get("uid") for rs in mine}
-    selectors = [_selector(rs) for rs in related]
-    return objects, uids, selectors
-
-
-def _replicasets_related(store: Store, key: WorkloadKey, workload: RawObject) -> list[RawObject]:
-    """The ReplicaSets of the namespace that a snapshot of ``key`` may read, sorted by name:
-    for a Deployment, those whose controller reference names it; for a ReplicaSet, itself and
-    those whose controller reference names its controller (the ReplicaSet controller relates
-    them). Found through the store's index of ReplicaSets by controller, a superset that the
-    reference checks here and in ``snapshot_for_workload`` narrow as they did over every
-    ReplicaSet of the namespace (which a namespace of 1,334 Deployments made most of a
-    snapshot's time); every ReplicaSet of the namespace where the index cannot say."""
-    if key.kind == DEPLOYMENT:
-        meta = _meta(workload)
-        found = store.controlled_by(REPLICASET, key.namespace, meta.get("name"), meta.get("uid"))
-    else:
-        owner = controller_of(workload)
-        found = (
-            []
-            if owner is None
-            else store.controlled_by(REPLICASET, key.namespace, owner.get("name"), owner.get("uid"))
-        )
-        if found is not None and not any(rs is workload for rs in found):
-            found = sorted([*found, workload], key=_name)
-    return store.objects(REPLICASET, key.namespace) if found is None else found
-
-
-def _workload_objects_indexed(
-    store: Store, key: WorkloadKey, *, with_nodes: bool = True, usage: UsageOf | None = None
-) -> ClusterObjects:
-    objects, uids, selectors = _pod_rules(store, key)
-    found: dict[str, RawObject] = {}
-    for uid in uids:
-        found.update(store.pods_controlled_by(key.namespace, REPLICASET, uid))
-    pairs = _required_pairs(selectors)
-    groups = (
-        store.pod_label_sets(key.namespace)
-        if pairs is None
-        else store.pod_label_sets_with(key.namespace, pairs)
-    )
-    for labels, pods in groups:
-        if any(selector_matches(selector, labels) for selector in selectors):
-            found.update(pods)
-    nodes: set[str] = set()
-    for name in sorted(found):
-        pod = found[name]
-        objects.pods[(key.namespace, name)] = cast(PodJSON, pod)
-        node = pod.get("spec", {}).get("nodeName")
-        if node:
-            nodes.add(node)
-    if with_nodes:
-        _add_nodes(store, objects, nodes, usage)
-    return objects
-
-
-def _required_pairs(selectors: list[LabelSelectorJSON | None]) -> set[tuple[str, str]] | None:
-    """A label and value each of ``selectors`` requires (the first of its ``matchLabels``; a
-    missing selector matches nothing and requires none), so that only the label sets holding
-    one of them need its check: a namespace of 1,334 Deployments has as many label sets, and
-    the check of each was a third of a snapshot's time. ``None`` when a selector requires none
-    that way (``matchExpressions`` alone, or empty, or malformed): every label set is checked."""
-    pairs: set[tuple[str, str]] = set()
-    for selector in selectors:
-        if selector is None:
-            continue
-        wanted = selector.get("matchLabels") if isinstance(selector, Mapping) else None
-        if not isinstance(wanted, Mapping) or not wanted:
-            return None
-        label, value = next(iter(wanted.items()))
-        if not (isinstance(label, str) and isinstance(value, str)):
-            return None
-        pairs.add((label, value))
-    return pairs
-
-
-def _workload_objects_by_scan(
-    store: Store, key: WorkloadKey, *, with_nodes: bool = True, usage: UsageOf | None = None
-) -> ClusterObjects:
-    """:func:`workload_objects` reading every pod of the namespace: what it did before the
-    store's pod indexes, and what it still does where they cannot stand for every pod."""
-    objects, uids, selectors = _pod_rules(store, key)
-    nodes: set[str] = set()
-    for pod in store.objects("Pod", key.namespace):
-        ref = controller_of(pod)
-        labels = _meta(pod).get("labels") or {}
-        if (ref is not None and ref.get("kind") == REPLICASET and ref.get("uid") in uids) or any(
-            selector_matches(selector, labels) for selector in selectors
-        ):
-            objects.pods[(key.namespace, _name(pod))] = cast(PodJSON, pod)
-            node = pod.get("spec", {}).get("nodeName")
-            if node:
-                nodes.add(node)
-    if with_nodes:
-        _add_nodes(store, objects, nodes, usage)
-    return objects
-
-
-def _add_nodes(
-    store: Store, objects: ClusterObjects, nodes: set[str], usage: UsageOf | None = None
-) -> None:
-    """Add ``nodes`` and every pod bound to them (for ``Node.requested``), and with ``usage``
-    each node's usage."""
-    for node in sorted(nodes):
-        raw_node = store.get("Node", "", node)
-        if raw_node is not None:
-            objects.nodes[node] = cast(NodeJSON, raw_node)
-        on_node = store.keyed_pods_on_node(node)
-        for namespace, name, pod in on_node:
-            objects.pods.setdefault((namespace, name), cast(PodJSON, pod))
-        if usage is not None:
-            objects.node_usage[node] = usage(
-                node, store.node_stamp(node), [pod for _, _, pod in on_node]
-            )
-
-
-def _controlled_by(obj: Mapping[str, Any], kind: str, owner: Mapping[str, Any]) -> bool:
-    ref = controller_of(obj)
-    return (
-        ref is not None
-        and ref.get("kind") == kind
-        and ref.get("name") == _meta(owner).get("name")
-        and _same_object(ref, owner)
-    )
-
-
-def _same_ref(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    if a.get("kind") != b.get("kind"):
-        return False
-    if a.get("uid") and b.get("uid"):
-        return bool(a.get("uid") == b.get("uid"))
-    return bool(a.get("name") == b.get("name"))
-
-
-def _name(obj: RawObject) -> str:
-    return str(_meta(obj).get("name", ""))
-
-
-def workload_snapshot(
-    store: Store,
-    key: WorkloadKey,
-    *,
-    cluster: str = "local",
-    version: int = 0,
-    taken_at: float = 0.0,
-    pods: PodCache | None = None,
-) -> Snapshot:
-    """The whole current view of workload ``key``, as ``snapshot_for_workload`` builds it, with
-    the per-workload ``version`` and ``taken_at`` ("now") the caller gives; pods are converted
-    through ``pods`` when given (the watcher's cache).
-
-    Raises ``UnknownWorkload`` when the workload is not in the store, ``ConversionError`` when
-    an object cannot be read.
-    """
-    objects = workload_objects(store, key, usage=pods.node_usage if pods is not None else None)
-    snapshot = snapshot_for_workload(
-        objects,
-        key.namespace,
-        key.name,
-        key.kind,
-        cluster,
-        convert_pod=pods.convert if pods is not None else pod_from_json,
-        requests_of=pods.requests if pods is not None else None,
-        convert_node=pods.node if pods is not None else None,
-    )
-    return replace(snapshot, version=version, taken_at=taken_at)
-
-
-def _no_sum(raw: Mapping[str, Any]) -> Resources:
-    return Resources()
-
-
-def convert_snapshot_pods(store: Store, key: WorkloadKey, pods: PodCache) -> None:
-    """Convert through ``pods`` exactly the pods :func:`workload_snapshot` of ``key`` converts
-    (and reports), without summing the requests of the other pods on their nodes, and build no
-    snapshot: what the watcher's first pass does for every workload before it publishes any.
-
-    Summing, as a snapshot does, the requests of the pods on its nodes that no snapshot has
-    converted yet keeps a summed entry per pod in ``pods`` until that pod is converted
-    (``PodCache.requests``): thousands of short-lived entries, while the first pass converts,
-    strewn among the ``Pod`` objects the cache keeps, left holes the allocator could not give
-    back (10,000 pods: 1.2 MB of free pool blocks, ``tests.bench.bench_scale --service watcher
-    --heap-dump``). Once every pod of the pass is converted, publishing sums each pod's
-    requests from its ``Pod``. Nor are the nodes read: the pods a snapshot converts are those of
-    the workload's ReplicaSets and selectors, whatever their nodes hold.
-
-    Raises ``UnknownWorkload`` without the workload, ``ConversionError`` for a pod it cannot
-    read."""
-    snapshot_for_workload(
-        workload_objects(store, key, with_nodes=False),
-        key.namespace,
-        key.name,
-        key.kind,
-        convert_pod=pods.convert,
-        requests_of=_no_sum,
     )

@@ -44,14 +44,9 @@ from podcost_core.projection import SharedParts, project_pod, slim_managed_field
 from podcost_kube.client import Kube
 from podcost_kube.informer import WORKLOAD_RESOURCES, Informer, decode_event
 from podcost_kube.podcache import PodCache
+from podcost_kube.snapshots import workload_objects, workload_snapshot
 from podcost_kube.store import Change, ChangeType, Store
-from podcost_kube.workloads import (
-    DEPLOYMENT,
-    WorkloadKey,
-    touched_by,
-    workload_objects,
-    workload_snapshot,
-)
+from podcost_kube.workloads import DEPLOYMENT, WorkloadKey, touched_by
 from podcost_localinfra import cluster
 
 

@@ -15,9 +15,10 @@ Deployments of ``--replicas`` pods each, all in one namespace, one ReplicaSet pe
   watcher: no pod converted again), i.e. what the watcher spends per emitted workload;
 - ``workload_snapshot`` as it is and as it was before the watcher's cache kept each node's usage
   (``PodCache.node_usage``), the store indexed ReplicaSets by controller
-  (``Store.controlled_by``) and label sets by label (``Store.pod_label_sets_with``): every pod on
-  the snapshot's nodes summed again, every ReplicaSet of the namespace read, every label set of
-  the namespace checked (the same snapshot, asserted).
+  (``WorkloadIndexes.controlled_by``) and label sets by label
+  (``WorkloadIndexes.pod_label_sets_with``): every pod on the snapshot's nodes summed again,
+  every ReplicaSet of the namespace read, every label set of the namespace checked (the same
+  snapshot, asserted).
 
 It prints milliseconds per workload and the ratio, and the time to fill the store.
 """
@@ -38,17 +39,16 @@ from tests.support.served import served_pod
 
 from podcost_core.projection import SharedParts, project_pod, slim_managed_fields
 from podcost_core.snapshots import snapshot_for_workload
-from podcost_kube import workloads
+from podcost_kube import snapshots
 from podcost_kube.podcache import PodCache
-from podcost_kube.store import ChangeType, RawObject, Store
-from podcost_kube.workloads import (
-    DEPLOYMENT,
-    REPLICASET,
-    WorkloadKey,
+from podcost_kube.snapshots import (
+    WorkloadIndexes,
     _workload_objects_by_scan,
     workload_objects,
     workload_snapshot,
 )
+from podcost_kube.store import ChangeType, RawObject, Store
+from podcost_kube.workloads import DEPLOYMENT, REPLICASET, WorkloadKey
 
 NAMESPACE = "bench"
 DUMP = Path(__file__).parents[1] / "unit" / "data" / "shop-dump.json"
@@ -176,24 +176,24 @@ def bench(pods: int, replicas: int, pods_per_node: int, sample: int) -> None:
         workload_snapshot(store, key, pods=cache)
 
     def snapshot_by_scan(key: WorkloadKey) -> Any:
-        indexed = workloads.workload_objects
-        workloads.workload_objects = _workload_objects_by_scan  # what workload_snapshot calls
+        indexed = snapshots.workload_objects
+        snapshots.workload_objects = _workload_objects_by_scan  # what workload_snapshot calls
         try:
             return workload_snapshot(store, key, pods=cache)
         finally:
-            workloads.workload_objects = indexed
+            snapshots.workload_objects = indexed
 
     def snapshot_before(key: WorkloadKey) -> Any:
         """``workload_snapshot`` without the node usage kept, the ReplicaSets' index and the
         label sets looked up by a label their selectors require."""
-        indexed, pairs = Store.controlled_by, workloads._required_pairs
-        Store.controlled_by = lambda *args: None  # type: ignore[assignment,method-assign]
-        workloads._required_pairs = lambda selectors: None
+        indexed, pairs = WorkloadIndexes.controlled_by, snapshots._required_pairs
+        WorkloadIndexes.controlled_by = lambda *args: None  # type: ignore[assignment,method-assign]
+        snapshots._required_pairs = lambda selectors: None
         try:
             objects = workload_objects(store, key)
         finally:
-            Store.controlled_by = indexed  # type: ignore[method-assign]
-            workloads._required_pairs = pairs
+            WorkloadIndexes.controlled_by = indexed  # type: ignore[method-assign]
+            snapshots._required_pairs = pairs
         snapshot = snapshot_for_workload(
             objects, key.namespace, key.name, key.kind, convert_pod=cache.convert,
             requests_of=cache.requests, convert_node=cache.node,

@@ -30,13 +30,13 @@ from podcost_core.snapshots import node_share
 from podcost_core.strategies import node_consolidation
 from podcost_core.strategies.registry import BUILTIN, BUILTIN_REGISTRY
 from podcost_kube.podcache import PodCache
+from podcost_kube.snapshots import workload_snapshot
 from podcost_kube.store import Change, ChangeType, Store
 from podcost_kube.workloads import (
     DEPLOYMENT,
     WorkloadKey,
     node_load_neighbours,
     nodes_with_moved_load,
-    workload_snapshot,
 )
 
 WEB = WorkloadKey(NS, DEPLOYMENT, "web")
@@ -295,20 +295,20 @@ def test_a_nodes_usage_kept_by_the_cache_is_what_summing_its_pods_gives(
 
 def test_a_nodes_stamp_moves_with_its_pods_and_no_other() -> None:
     store = _store(db=False)
-    stamps = {node: store.node_stamp(node) for node in NODES}
+    stamps = {node: store.indexes.node_stamp(node) for node in NODES}
     assert all(stamps.values())
     assert len(set(stamps.values())) == len(NODES)
-    assert store.node_stamp("n9") == 0  # no pod there
+    assert store.indexes.node_stamp("n9") == 0  # no pod there
     moved = raw_pod("web-b", app="web", rs="web-1", node="n3")
     moved["metadata"]["resourceVersion"] = "2"
     store.apply("Pod", ChangeType.MODIFIED, moved)  # n2 → n3
-    now = {node: store.node_stamp(node) for node in NODES}
+    now = {node: store.indexes.node_stamp(node) for node in NODES}
     assert (now["n1"], now["n4"]) == (stamps["n1"], stamps["n4"])
     assert now["n2"] > stamps["n2"]
     assert now["n3"] > stamps["n3"]
     store.apply("Pod", ChangeType.DELETED, raw_pod("web-a", app="web", rs="web-1", node="n1"))
-    assert store.node_stamp("n1") == 0  # its last pod left
-    assert Store().node_stamp("n1") == 0
+    assert store.indexes.node_stamp("n1") == 0  # its last pod left
+    assert Store().indexes.node_stamp("n1") == 0
     other = Store()
     other.apply("Pod", ChangeType.ADDED, raw_pod("x", app="x", rs=None, node="n2"))
-    assert other.node_stamp("n2") not in set(now.values())  # one count for every store
+    assert other.indexes.node_stamp("n2") not in set(now.values())  # one count for every store

@@ -45,6 +45,7 @@ from podcost_core.projection import (
 )
 from podcost_core.rollout import rollout_from_json
 from podcost_core.tomodel import node_from_json
+from podcost_kube.snapshots import workload_snapshot
 from podcost_kube.store import ChangeType, Store, object_key, resource_version
 from podcost_kube.workloads import (
     DEPLOYMENT,
@@ -56,7 +57,6 @@ from podcost_kube.workloads import (
     workload_change_matters,
     workload_of_replicaset,
     workload_policy,
-    workload_snapshot,
 )
 
 DUMP: dict[str, Any] = json.loads(

@@ -34,17 +34,16 @@ from podcost_core.projection import SharedParts, project_pod, slim_managed_field
 from podcost_core.quantities import pod_requests, pod_requests_inputs
 from podcost_core.tomodel import cost_owner, own_cost, pod_from_json
 from podcost_kube.informer import POD, WatchEvent, apply_event
+from podcost_kube.snapshots import controller_of, workload_snapshot
 from podcost_kube.store import ChangeType, Store, object_key, resource_version
 from podcost_kube.workloads import (
     DEPLOYMENT,
     REPLICASET,
     WorkloadKey,
     _pod_status_view,
-    controller_of,
     is_own_cost_write,
     owning_workload,
     pod_change_matters,
-    workload_snapshot,
     workloads_of_pod,
 )
 
@@ -385,8 +384,8 @@ def test_the_stores_answer_the_same_about_every_pod() -> None:
     raw, projected = _store(False), _store(True)
     assert list(raw.keys("Pod")) == list(projected.keys("Pod"))
     for node in ("node-a1", "node-a2", "node-b1", "node-c1"):
-        assert [object_key("Pod", p) for p in raw.pods_on_node(node)] == [
-            object_key("Pod", p) for p in projected.pods_on_node(node)
+        assert [object_key("Pod", p) for p in raw.indexes.pods_on_node(node)] == [
+            object_key("Pod", p) for p in projected.indexes.pods_on_node(node)
         ]
     for pod, kept in zip(raw.objects("Pod"), projected.objects("Pod"), strict=True):
         assert workloads_of_pod(raw, pod) == workloads_of_pod(projected, kept)

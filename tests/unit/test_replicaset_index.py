@@ -1,8 +1,8 @@
-"""The store's index of ReplicaSets by controller (``Store.controlled_by``) and the snapshots
-built through it: a snapshot reads only the ReplicaSets whose controller reference could name
-its workload (or, for a ReplicaSet, its controller), where it read every ReplicaSet of the
-namespace before (``tests/bench/bench_workload_objects.py``: most of a snapshot's time in a
-namespace of 1,334 Deployments). On random stores whose ReplicaSets name their controllers by
+"""The store's index of ReplicaSets by controller (``WorkloadIndexes.controlled_by``) and the
+snapshots built through it: a snapshot reads only the ReplicaSets whose controller reference
+could name its workload (or, for a ReplicaSet, its controller), where it read every ReplicaSet
+of the namespace before (``tests/bench/bench_workload_objects.py``: most of a snapshot's time in
+a namespace of 1,334 Deployments). On random stores whose ReplicaSets name their controllers by
 uid and name, by name alone, by a uid of another object, by a name that is not the owner's, or
 in references that cannot be keys, every workload's snapshot (or error) and its pods and nodes
 are those of the store read without the index, and the index equals that of a store built
@@ -29,14 +29,9 @@ from tests.unit.test_workload_pod_index import (
     uid,
 )
 
+from podcost_kube.snapshots import WorkloadIndexes, workload_objects, workload_snapshot
 from podcost_kube.store import ChangeType, Store
-from podcost_kube.workloads import (
-    DEPLOYMENT,
-    REPLICASET,
-    WorkloadKey,
-    workload_objects,
-    workload_snapshot,
-)
+from podcost_kube.workloads import DEPLOYMENT, REPLICASET, WorkloadKey
 
 REFERENCES = ("uid and name", "uid and name", "name only", "another uid", "another name",
               "not a controller", "none", "irregular")  # fmt: skip
@@ -108,7 +103,7 @@ def outcome(store: Store, key: WorkloadKey) -> Any:
         return type(error), str(error)
 
 
-def read_all(self: Store, *args: Any) -> None:
+def read_all(self: WorkloadIndexes, *args: Any) -> None:
     return None  # "read them all": every ReplicaSet of the namespace, as before the index
 
 
@@ -118,7 +113,7 @@ def controlled(store: Store) -> Any:
 
     return {
         where: (names(index.by_uid), names(index.by_name), index.irregular)
-        for where, index in store._controlled.items()
+        for where, index in store.indexes._controlled.items()
     }
 
 
@@ -130,7 +125,7 @@ def test_every_snapshot_is_the_one_read_from_every_replicaset_of_its_namespace(
     store = build(ops)
     through_index = {key: outcome(store, key) for key in keys(store)}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(Store, "controlled_by", read_all)
+        patch.setattr(WorkloadIndexes, "controlled_by", read_all)
         assert through_index == {key: outcome(store, key) for key in keys(store)}
     assert controlled(store) == controlled(rebuilt(store))
 
@@ -153,20 +148,20 @@ def test_the_index_finds_a_deployments_replicasets_by_uid_or_by_name() -> None:
     def names(found: list[dict[str, Any]] | None) -> list[str] | None:
         return None if found is None else [rs["metadata"]["name"] for rs in found]
 
-    assert names(store.controlled_by(REPLICASET, "a", "web", "u-web")) == [
+    assert names(store.indexes.controlled_by(REPLICASET, "a", "web", "u-web")) == [
         "by-both",
         "by-name",
         "by-uid",
     ]
-    assert names(store.controlled_by(REPLICASET, "a", "web", "")) == [
+    assert names(store.indexes.controlled_by(REPLICASET, "a", "web", "")) == [
         "by-both",
         "by-name",
     ]
-    assert names(store.controlled_by(REPLICASET, "b", "web", "u-web")) == []
-    assert store.controlled_by(REPLICASET, "a", ["web"], "u-web") is None
+    assert names(store.indexes.controlled_by(REPLICASET, "b", "web", "u-web")) == []
+    assert store.indexes.controlled_by(REPLICASET, "a", ["web"], "u-web") is None
     add("odd", {"name": "web", "uid": {"not": "a key"}})
-    assert store.controlled_by(REPLICASET, "a", "web", "u-web") is None
+    assert store.indexes.controlled_by(REPLICASET, "a", "web", "u-web") is None
     store.apply(REPLICASET, ChangeType.DELETED, {"metadata": {"name": "odd", "namespace": "a"}})
     for name in ("by-both", "by-name", "by-uid", "other"):
         store.apply(REPLICASET, ChangeType.DELETED, {"metadata": {"name": name, "namespace": "a"}})
-    assert store._controlled == {}
+    assert store.indexes._controlled == {}

@@ -56,10 +56,10 @@ def test_pods_are_indexed_by_the_node_they_are_bound_to() -> None:
     store = Store()
     store.apply("Pod", ChangeType.ADDED, pod("a", "1", node=None))
     store.apply("Pod", ChangeType.ADDED, pod("b", "1", node="n1"))
-    assert [p["metadata"]["name"] for p in store.pods_on_node("n1")] == ["b"]
+    assert [p["metadata"]["name"] for p in store.indexes.pods_on_node("n1")] == ["b"]
     store.apply("Pod", ChangeType.MODIFIED, pod("a", "2", node="n1"))  # bound by the scheduler
     store.apply("Pod", ChangeType.DELETED, pod("b", "2"))
-    assert [p["metadata"]["name"] for p in store.pods_on_node("n1")] == ["a"]
+    assert [p["metadata"]["name"] for p in store.indexes.pods_on_node("n1")] == ["a"]
 
 
 def test_a_relist_reports_only_what_changed_while_the_watch_was_down() -> None:
@@ -73,7 +73,8 @@ def test_a_relist_reports_only_what_changed_while_the_watch_was_down() -> None:
         (ChangeType.ADDED, "new"),
     ]
     assert sorted(p["metadata"]["name"] for p in store.objects("Pod")) == ["changed", "new", "same"]
-    assert [p["metadata"]["name"] for p in store.pods_on_node("n1")] == ["changed", "new", "same"]
+    on_node = store.indexes.pods_on_node("n1")
+    assert [p["metadata"]["name"] for p in on_node] == ["changed", "new", "same"]
 
 
 def test_a_relist_with_an_object_whose_name_is_not_text_keeps_every_object() -> None:
@@ -144,8 +145,8 @@ def test_the_pod_indexes_hold_two_pointers_a_pod_in_name_order_not_a_map_by_name
         obj = pod(name, "1", node="n1", app="web")
         obj["metadata"]["ownerReferences"] = owner
         store.apply("Pod", ChangeType.ADDED, obj)
-    index = store._pods_by_namespace["ns"]
-    entries = [store._pods_by_node["n1"]["ns"], *index.by_controller.values()]
+    index = store.indexes._pods_by_namespace["ns"]
+    entries = [store.indexes._pods_by_node["n1"]["ns"], *index.by_controller.values()]
     entries += [group.pods for group in index.by_labels.values()]
     assert len(entries) == 3
     by_name = dict.fromkeys(names)
@@ -155,8 +156,9 @@ def test_the_pod_indexes_hold_two_pointers_a_pod_in_name_order_not_a_map_by_name
         for part in (entry.names, entry.pods):
             assert sys.getsizeof(part) <= sys.getsizeof([None] * 40) < sys.getsizeof(by_name) / 2
     store.apply("Pod", ChangeType.DELETED, pod("p07", "2"))
-    assert [p["metadata"]["name"] for p in store.pods_on_node("n1")] == names[:7] + names[8:]
-    assert [name for _, name, _ in store.keyed_pods_on_node("n1")] == names[:7] + names[8:]
+    on_node = store.indexes.pods_on_node("n1")
+    assert [p["metadata"]["name"] for p in on_node] == names[:7] + names[8:]
+    assert [name for _, name, _ in store.indexes.keyed_pods_on_node("n1")] == names[:7] + names[8:]
     # An update that leaves the pod in the same entries takes the old one's place in each.
     update = pod("p03", "3", node="n1", app="web")
     update["metadata"]["ownerReferences"] = owner

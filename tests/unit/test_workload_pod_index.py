@@ -15,15 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from podcost_core.snapshots import ClusterObjects
-from podcost_kube.store import ChangeType, Store
-from podcost_kube.workloads import (
-    DEPLOYMENT,
-    REPLICASET,
-    WorkloadKey,
+from podcost_kube.snapshots import (
     _workload_objects_by_scan,
     _workload_objects_indexed,
     workload_objects,
 )
+from podcost_kube.store import ChangeType, Store
+from podcost_kube.workloads import DEPLOYMENT, REPLICASET, WorkloadKey
 
 NAMESPACES = ("a", "b")
 LABEL_KEYS = ("app", "tier", "pod-template-hash")
@@ -248,7 +246,7 @@ def indexes(store: Store) -> Any:
             set(index.irregular),
             {pair: (len(held), frozenset(held)) for pair, held in index.by_pair.items()},
         )
-        for namespace, index in store._pods_by_namespace.items()
+        for namespace, index in store.indexes._pods_by_namespace.items()
     }
 
 
@@ -268,7 +266,7 @@ def test_the_indexes_find_exactly_the_pods_the_scan_of_the_namespace_finds(
     operations: list[tuple[Any, ...]],
 ) -> None:
     store = build(operations)
-    assert all(store.pods_indexed(namespace) for namespace in NAMESPACES)
+    assert all(store.indexes.pods_indexed(namespace) for namespace in NAMESPACES)
     for key in keys(store)[:-1]:
         expected = ordered(_workload_objects_by_scan(store, key))
         assert ordered(_workload_objects_indexed(store, key)) == expected  # no fallback
@@ -282,7 +280,7 @@ def test_label_sets_looked_up_by_a_required_label_find_what_the_scan_finds(
     operations: list[tuple[Any, ...]],
 ) -> None:
     """Every selector with ``matchLabels``: only the label sets holding one of the labels they
-    require are checked (``Store.pod_label_sets_with``), and they find the same pods."""
+    require are checked (``WorkloadIndexes.pod_label_sets_with``), and they find the same pods."""
     store = build(operations)
     for key in keys(store)[:-1]:
         assert ordered(_workload_objects_indexed(store, key)) == ordered(
@@ -331,18 +329,19 @@ def test_a_pod_moved_to_another_label_set_leaves_the_old_one() -> None:
     moved = {**meta, "resourceVersion": "3", "labels": {"app": "y"}}
     store.apply("Pod", ChangeType.MODIFIED, {"metadata": moved})
     assert [
-        (dict(labels), [name for name, _ in pods]) for labels, pods in store.pod_label_sets("a")
+        (dict(labels), [name for name, _ in pods])
+        for labels, pods in store.indexes.pod_label_sets("a")
     ] == [({"app": "y"}, ["p"])]
     store.apply("Pod", ChangeType.DELETED, {"metadata": moved})
-    assert list(store.pod_label_sets("a")) == []
-    assert store._pods_by_namespace == {}
+    assert list(store.indexes.pod_label_sets("a")) == []
+    assert store.indexes._pods_by_namespace == {}
 
 
 def test_a_namespace_with_an_irregular_pod_is_not_indexed_until_it_goes() -> None:
     store = Store()
     odd = {"name": "odd", "namespace": "a", "resourceVersion": "1", "labels": {"app": 1}}
     store.apply("Pod", ChangeType.ADDED, {"metadata": odd})
-    assert not store.pods_indexed("a")
-    assert store.pods_indexed("b")
+    assert not store.indexes.pods_indexed("a")
+    assert store.indexes.pods_indexed("b")
     store.replace("Pod", [], namespace="a")
-    assert store.pods_indexed("a")
+    assert store.indexes.pods_indexed("a")

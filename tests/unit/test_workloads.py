@@ -33,13 +33,13 @@ from podcost_core.quantities import pod_requests
 from podcost_core.snapshots import UnknownWorkload, load_objects, snapshot_for_workload
 from podcost_core.tomodel import node_from_json, pod_from_json
 from podcost_kube.podcache import PodCache
+from podcost_kube.snapshots import convert_snapshot_pods, workload_snapshot
 from podcost_kube.store import Change, ChangeType, Store
 from podcost_kube.workloads import (
     DEPLOYMENT,
     REPLICASET,
     OptInRules,
     WorkloadKey,
-    convert_snapshot_pods,
     is_own_cost_write,
     node_change_matters,
     opted_in_workloads,
@@ -47,7 +47,6 @@ from podcost_kube.workloads import (
     resolve_policy,
     touched_by,
     workload_policy,
-    workload_snapshot,
 )
 
 DATA = Path(__file__).parent / "data"

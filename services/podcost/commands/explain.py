@@ -57,8 +57,9 @@ from podcost_core.model import DELETION_COST_ANNOTATION
 from podcost_core.policy import PolicyError
 from podcost_core.tomodel import cost_owner
 from podcost_kube.client import Kube, KubeError, PodGone, connect
+from podcost_kube.snapshots import workload_snapshot
 from podcost_kube.store import Store
-from podcost_kube.workloads import workload_policy, workload_snapshot, workloads_of_pod
+from podcost_kube.workloads import workload_policy, workloads_of_pod
 
 COMMAND = "explain"
 DEFAULT_URL = "http://127.0.0.1:8080"

@@ -120,16 +120,15 @@ from podcost_kube.events import EventRecorder, EventType, ObjectRef
 from podcost_kube.informer import NAMESPACE, SERVICE_BACKOFF, WORKLOAD_RESOURCES, Informers
 from podcost_kube.leader import LeaderElector, check_timing
 from podcost_kube.podcache import PodCache
+from podcost_kube.snapshots import convert_snapshot_pods, workload_snapshot
 from podcost_kube.store import Change, Store
 from podcost_kube.workloads import (
     OptInRules,
     WorkloadKey,
-    convert_snapshot_pods,
     node_load_neighbours,
     opted_in_workloads,
     touched_by,
     workload_policy,
-    workload_snapshot,
 )
 
 log = logging.getLogger("podcost.watcher")
