@@ -40,7 +40,7 @@ from podcost_core.victims import NowWindow, clockless_key, pods_to_delete
 pytestmark = pytest.mark.integration
 
 LANES = 3
-SCENARIOS = 15
+SCENARIOS = 9
 
 
 @dataclass

@@ -9,7 +9,7 @@ the scheduler could not place. The controller's state is read back from the API,
 the two must agree exactly; where Kubernetes' own sort leaves a tie, the model names the tied
 pods and how many of them go, and the real choice must be drawn from exactly those.
 
-30 scenarios run in ``make test``; the ``long``-marked variant runs 300 (``make test-long``).
+20 scenarios run in ``make test``; the ``long``-marked variant runs 300 (``make test-long``).
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def _describe(raw: list[dict[str, Any]]) -> str:
 @pytest.mark.parametrize(
     "scenarios",
     [
-        pytest.param(30, id="30", marks=pytest.mark.timeout(600)),
+        pytest.param(20, id="20", marks=pytest.mark.timeout(600)),
         pytest.param(300, id="300", marks=[pytest.mark.long, pytest.mark.timeout(1800)]),
     ],
 )
