@@ -116,8 +116,8 @@ BATCH_MAX = 250
 BATCH_WITHIN_S = 0.02
 
 #: How long a changelog partition may stay behind its highwater, during a recovery, without
-#: one more record applied before it is sought again to the next offset it needs (see the
-#: module docstring), and how often that is checked.
+#: one more record applied before it is sought again to the next offset it needs
+#: (``faust_adaptations.seek_stalled_recovery``), and how often that is checked.
 RECOVERY_STALL_S = 10.0
 RECOVERY_CHECK_S = 1.0
 
