@@ -5,144 +5,77 @@ reads the source topics (the aggregator's: workloads and ranks) in batches, one 
 part, keyed by the record key, holds the states (restored from the tables' changelog topics after
 a restart or a rebalance), and a timer lets the processor act on deadlines. The aggregator
 service builds it in Kafka mode; its tests start it in-process against the real broker.
-
-What podcost relies on, and why it is arranged so:
+Where podcost repairs faust (its consumer, flow control, producer metadata, stop, recovery) is
+``podcost_bus.faust_adaptations``, one class or function per defect; this module is podcost's
+use of faust:
 
 - **Batches, acked when the next one is asked for** (``Stream.take_events``): up to
   :data:`BATCH_MAX` records, or what came within :data:`BATCH_WITHIN_S`. The agent runs
   ``podcost_bus.keyed.process_batch`` on one (decide every record, then the processor's flush
-  sends every output and awaits all the acknowledgements), writes the changed states, and only
-  then asks for the next batch, which is when faust acks the previous one's records. A batch
-  is one round of acknowledgements instead of one per decision, and its states are written once
-  per key however many of its records a key had.
-- **faust acks a message when an agent raises** (and restarts the agent): the records would be
-  committed unprocessed. So nothing here lets an exception reach faust: the processor
-  dead-letters what cannot be decoded and retries transient publish errors itself; anything else
-  stops the whole app *before* the batch is acked (the agent blocks until stopped, and
-  :meth:`FaustKeyedApp.run` raises), so its records are read again after the restart. They are
-  *withheld* from faust (marked acked without their offsets being recorded), or faust's stop
-  would wait for their acks forever; stopping is bounded by a timeout besides (a batch stuck in
-  its flush is withheld then too).
-- **Sources are raw bytes** (``key_serializer``/``value_serializer`` ``raw``): faust's own JSON
-  decoding would crash the agent on a bad record before our code saw it, and would ack it.
-- **States are written after the outputs are acknowledged, and the batch is done once they
-  are acknowledged too**: the state writes (changelog records) follow the flush, and the agent
-  awaits their delivery before it asks for the next batch. A crash in between processes the
-  batch again (its offsets are not committed) and publishes again: at least once, never lost.
-  faust's own guard would not be enough: it flushes its producer before it commits offsets, but
-  the flush of the buffer a table write's record goes through gives up once 0.1 s pass without
-  a message sent (``ProducerBuffer.flush_atmost``, ``faust/transport/producer.py`` line 89), so
-  on a busy machine a commit could pass source records whose states were still in that buffer,
-  and a stop then dropped them (the buffer's task ends with the app): the state another member
-  recovered lacked answers whose records nobody would read again, and the workload waited for
-  them forever. The changelog producer does not compress batches: the large state parts are
-  gzipped one by one already, and aiokafka's level-9 gzip over them took a twelfth of the
-  process's CPU.
-- **States are written around the tables** (:meth:`FaustKeyedApp._store_batch`): into the
-  tables' memory stores, and their changelog records sent with faust's own producer, rather
-  than through ``Table.__setitem__``, whose record takes a path through faust's producer buffer
-  that cost as much as the rest of the transport together. The records are what the tables
-  would send; faust recovers, keeps standbys and compacts from them as from its own.
-- **Tables use the producer's partitioner** (``use_partitioner``): states are written outside
-  of any stream event (by the timer, and by the agent for a whole batch), where faust cannot
-  tell the partition from the current event. The table key is the record key itself, so murmur2
-  puts a key's changelog record in the same partition number as its source records, which is
-  what faust's co-partitioned recovery assumes. The app is not ready before faust's producer has
-  the changelog topics' metadata.
-- **Reads bypass the tables** too: states are read from the memory stores' dicts, not through
-  ``Table.get``, which also runs faust's sensors, at a cost larger than the lookup's, for every
-  record and for every key on every tick. Each key's decoded state is kept with the stored
-  values it came from and its next wake-up, so a tick decodes nothing that did not change; and
-  a tick looks only at the keys with a wake-up (an index kept with the decoded states), not at
-  every stored key: the full scan of the stores, 4 times a second, took 3 % of the process's
-  CPU with 3,000 workloads in the aggregator benchmark, and grows with the fleet. The stores are
-  scanned again only after a rebalance, until the recovery that fills them from the changelogs
-  is complete.
+  sends every output and awaits the acknowledgements), writes the changed states and awaits
+  their delivery, and only then asks for the next batch, which is when faust acks the previous
+  one's records: at least once, never lost, one round of acknowledgements per batch, and each
+  key's states written once per batch.
+- **Nothing raises into faust**, which would ack the record: the processor dead-letters what
+  cannot be decoded and retries transient publish errors itself; anything else stops the whole
+  app before the batch is acked (:meth:`FaustKeyedApp.run` raises), and the restart reads it
+  again. Sources are raw bytes (``raw`` serializers), so faust decodes nothing that could fail.
+- **States are written and read around the tables**: into and from the tables' memory stores
+  (``memory://``: rebuilt from the changelogs on start, no RocksDB), their changelog records
+  sent with faust's producer (``ChangelogWrites``), rather than through ``Table.__setitem__``
+  and ``Table.get``, whose buffer and sensors cost as much as the rest of the transport. The
+  records are what the tables would send, so faust recovers, keeps standbys and compacts from
+  them as from its own; the tables use the producer's partitioner (states are also written
+  outside any stream event, by the timer), which puts a key's changelog record in the partition
+  number of its source records, as faust's co-partitioned recovery assumes. Each key's decoded
+  state is kept with the stored values it came from and its next wake-up, so a tick decodes
+  nothing that did not change and looks only at keys with a wake-up; the stores are scanned
+  again only after a rebalance, until its recovery is complete.
 - **One lock** serialises the agent and the timer: a batch awaits its acknowledgements between
   reading its keys' states and writing them, and a tick in between would decide from, and then
   overwrite, the states the batch is about to replace.
-- **The in-memory store** (``memory://``): state is rebuilt from the changelog on start; no
-  RocksDB to install or keep on disk.
-- **Records buffered during a recovery are kept** (``_FlowControl``): faust clears every
-  stream buffer whenever its flow control resumes, and a recovery resumes it twice (to read the
-  changelogs, then once the source partitions are resumed and sought); source records fetched
-  and buffered between the two were thrown away by the second resume, after the seek and with
-  the fetch position past them, so nobody read them again. That was the skip seen around
-  consumer-group rebalances (``tests/integration/test_core_replicas.py``). Here a resume clears
-  the buffers only when the flow was suspended (a rebalance's revocation), as it is meant to.
-- **A message of an earlier generation is never acked** (``_Consumer.ack``): faust's streams
-  ack what they skip, including messages fetched before a rebalance and delivered after it,
-  and the next commit of their partition could then pass them unprocessed (the likely cause of
-  a decision lost once in the core-replicas test, when another member took the partition
-  over). They are withheld, and read again after the seek.
-- **Skipped records stop the app**, in case faust still skips one: source topics have
-  contiguous offsets (no compaction, no transactions), so a batch with an offset beyond the
-  next expected one stops the app before anything of it is processed or acked (the service
-  exits non-zero; its Deployment restarts it), and it or the member that took its partitions
-  reads them again from the committed offset, which never passed them. The next expected
-  offset is kept per consumer-group generation: the records processed since the rebalance,
-  and the offset each partition was sought to (its committed offset, or its beginning when
-  nobody committed), so a skip of a partition's first records is caught too. faust-streaming
-  0.15.3 was also seen skipping a record that arrived while a restarted app recovered its
-  tables (2 runs in about 35 of the restart test), likely the same clear of the buffers.
-  What let faust skip them on a partition nobody had committed yet (aiokafka's seek to the
-  committed offset does nothing there) is repaired by the consumer thread's seek.
-- **A stalled recovery is sought again** (:meth:`FaustKeyedApp._watch`): after a
-  rebalance, a changelog partition newly assigned was seen never to deliver a record to the
-  recovery although it was behind its highwater and aiokafka kept fetching it (faust's log:
-  "No event received for active tp ... since recovery start", for minutes): the records were
-  fetched and dropped somewhere between aiokafka and the recovery, with the fetch position past
-  them, so the recovery never ended, the app never processed a record again and never became
-  ready (a lost decision in ``tests/integration/test_core_replicas.py`` after the SIGKILL of an
-  aggregator; likely its start-up ``/readyz`` time-out too). A partition that got nothing for
-  :data:`RECOVERY_STALL_S` while behind is sought to the offset after the last one applied;
-  applying a changelog record again is harmless (the same value for the same key). The watch
-  starts before faust does, whose start waits for the first recovery
-  (``tests/integration/test_faust_app.py`` drops a recovery's records to check it ends).
-- **A consumer that stops making progress exits** (:meth:`FaustKeyedApp._watch`, the decision
-  in ``podcost_core.progress``): faust was seen to stop consuming for good after a broker
-  outage ("Heartbeat session expired - marking coordinator dead", then nothing, still assigned
-  and so still ready), and to hang in its start (``Creating topic`` never ``created``). Neither
-  raises, so the service never exited and its supervisor never restarted it. The watchdog that
-  seeks stalled recoveries also checks, every second, that the app moves forward (a batch
-  processed, a changelog record applied in a recovery): with records to process on its source
-  partitions (the consumer's highwaters beyond the records processed, or a batch taken and not
-  done) and none processed for :data:`PROGRESS_STALL_S` (a record decided is progress, so a
-  batch of slow records is not taken for a stall), or a start, or a time unable to
-  process once started (a rebalance, a recovery, the changelogs' metadata missing), without
-  progress for :data:`START_TIMEOUT_S`, the app is not ready from half that time and then
-  :meth:`FaustKeyedApp.run` raises :class:`Stalled` (the service exits non-zero; what was not
-  committed is read again after the restart). A consumer that stopped fetching sees no new
-  highwaters, so while it has processed nothing for half the bound the broker's end offsets
-  are asked, at most that often. The changelogs' metadata, which faust's producer was seen to
-  lose for good after the start (``tests/e2e/test_sigkill.py``: never ready, and idle, so
-  nothing written that would fetch it again), is fetched again whenever it is missing.
-- **A short fetch wait**: faust's aiokafka driver hard-codes ``fetch_max_wait_ms=1500``, and
-  aiokafka keeps one fetch in flight per broker, so a record for a partition that was drained
-  after that fetch was sent waits for it to come back, up to 1.5 s. Measured on one broker at 20
-  snapshots/s: snapshot-to-costs p50 0.3 to 2 s with it, 50 to 80 ms with 100 ms, which the
-  consumer thread here sets (``FETCH_MAX_WAIT_MS``) unless the bus settings name a wait; it
-  also gives the consumer the settings' fetch minimum, as every podcost consumer has them.
+- **Skipped records stop the app** (:class:`SkippedRecords`), should faust still skip one:
+  source topics have contiguous offsets (no compaction, no transactions), so a batch with an
+  offset beyond the next expected one stops the app before anything of it is processed or acked,
+  and it or the member that took its partitions reads them again from the committed offset. The
+  next expected offset is kept per consumer-group generation: the records processed since the
+  rebalance, and the offset each partition was sought to, so a skip of a partition's first
+  records is caught too.
+- **A consumer that stops making progress exits** (:meth:`FaustKeyedApp._watch`, the decision in
+  ``podcost_core.progress``): faust was seen to stop consuming for good after a broker outage
+  (still assigned, so still ready) and to hang in its start, neither of which raises. Every
+  second the watchdog checks that the app moves forward (a record decided, a changelog record
+  applied in a recovery): with records to process on its source partitions and none processed
+  for :data:`PROGRESS_STALL_S`, or a start or a time unable to process (a rebalance, a recovery,
+  the changelogs' metadata missing) without progress for :data:`START_TIMEOUT_S`, the app is not
+  ready from half that time and then :meth:`FaustKeyedApp.run` raises :class:`Stalled`. A
+  consumer that stopped fetching sees no new highwaters, so while idle the broker's end offsets
+  are asked. The same watchdog seeks a stalled recovery again and fetches missing changelog
+  metadata (both in ``podcost_bus.faust_adaptations``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar
 
 import faust
 from aiokafka.helpers import create_ssl_context
-from faust.transport.drivers import aiokafka as faust_aiokafka
-from mode.threads import WorkerThread
-from mode.utils.objects import cached_property
-from mode.utils.queues import FlowControlEvent
 
+from podcost_bus.faust_adaptations import (
+    App,
+    ChangelogMetadata,
+    ChangelogWrites,
+    RecoveryStalls,
+    hold_failed,
+    seek_stalled_recovery,
+    stop_bounded,
+)
 from podcost_bus.kafka import key_partition, partition_by_key
 from podcost_bus.keyed import (
     DROP,
@@ -177,18 +110,14 @@ class SkippedRecords(FaustAppFailed):
 #: How long :meth:`FaustKeyedApp.run` waits for faust to stop before it leaves it (logged).
 STOP_TIMEOUT_S = 15.0
 
-#: How long the broker may hold a fetch of the faust consumer that has nothing new (see above),
-#: unless the bus settings say.
-FETCH_MAX_WAIT_MS = 100
-
 #: The most records one batch holds, and how long the agent waits for a batch to fill: a batch is
 #: taken once full, or after that wait with what there is (the latency it adds at a low rate).
 BATCH_MAX = 250
 BATCH_WITHIN_S = 0.02
 
 #: How long a changelog partition may stay behind its highwater, during a recovery, without
-#: one more record applied before it is sought again to the next offset it needs (see the
-#: module docstring), and how often that is checked.
+#: one more record applied before it is sought again to the next offset it needs
+#: (``faust_adaptations.seek_stalled_recovery``), and how often that is checked.
 RECOVERY_STALL_S = 10.0
 RECOVERY_CHECK_S = 1.0
 
@@ -197,118 +126,6 @@ RECOVERY_CHECK_S = 1.0
 #: without progress, before it exits (not ready from half that time).
 PROGRESS_STALL_S = 60.0
 START_TIMEOUT_S = 120.0
-
-
-class _DaemonWorker(WorkerThread):
-    """mode's worker thread, but a daemon: when faust does not stop (:meth:`FaustKeyedApp._stop`
-    gives up on it, say in a start hung in its consumer thread), the process must still exit for
-    its supervisor to restart it, and the interpreter waits for every thread that is not one."""
-
-    def __init__(self, service: Any, **kwargs: Any) -> None:
-        super().__init__(service, **kwargs)
-        self.daemon = True
-
-
-class _ConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
-    Worker = _DaemonWorker
-
-    def _create_worker_consumer(self, transport: Any) -> Any:
-        consumer = super()._create_worker_consumer(transport)
-        # Read by AIOKafkaConsumer.start(); faust's driver takes neither from its settings.
-        for name in ("_fetch_max_wait_ms", "_fetch_min_bytes"):
-            if not hasattr(consumer, name):
-                raise RuntimeError(f"this aiokafka has no {name}: revisit _create_worker_consumer")
-        settings = cast(_App, self.app).bus_settings
-        if settings is None:
-            raise RuntimeError("the faust app's bus settings were not set before it started")
-        wait = settings.fetch_max_wait_ms
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS if wait is None else wait
-        consumer._fetch_min_bytes = settings.fetch_min_bytes
-        return consumer
-
-    async def seek_to_committed(self) -> Mapping[Any, int]:
-        # faust drops fetched records it does not deliver around a rebalance (a generation
-        # change mid-batch, a partition not active yet) although the fetch position moved past
-        # them, and relies on this seek to read them again. aiokafka's seek skips a partition
-        # whose committed offset is none or 0, so a source partition nobody has committed yet
-        # kept the moved position and lost those records (seen after a consumer-group
-        # rebalance: tests/integration/test_core_replicas.py). Such a partition goes back to its
-        # beginning, which is what the group's offset reset (earliest) means.
-        committed: Mapping[Any, int] = await super().seek_to_committed()
-        app = cast(_App, self.app)
-        sources = {tp: offset for tp, offset in committed.items() if tp.topic in app.source_topics}
-        fresh = [tp for tp, offset in sources.items() if not offset]
-        if fresh:
-            consumer = self._ensure_consumer()
-            await self.call_thread(consumer.seek_to_beginning, *fresh)
-            beginnings = await self.call_thread(consumer.beginning_offsets, fresh)
-            sources.update({tp: beginnings[tp] for tp in fresh})
-        if app.on_source_seek is not None:
-            app.on_source_seek(
-                {TopicPartition(tp.topic, tp.partition): o for tp, o in sources.items()}
-            )
-        return committed
-
-
-class _Consumer(faust_aiokafka.Consumer):
-    def ack(self, message: Any) -> bool:
-        # faust's streams skip a message fetched before the last rebalance (its generation is
-        # not the consumer's any more) and ack it, which records its offset for the commit:
-        # after the rebalance, the next commit of that partition could pass it although nobody
-        # processed it (the member that takes the partition next starts after it). A message of
-        # another generation is withheld instead; the seek to the committed offset reads it
-        # again. Messages the agent processed are acked within their generation: a rebalance
-        # waits for their acks before it assigns.
-        if message.generation_id != self.app.consumer_generation_id:
-            _withhold(message)
-            return False
-        acked: bool = super().ack(message)
-        return acked
-
-    def _new_consumer_thread(self) -> _ConsumerThread:
-        return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
-
-
-class _Transport(faust_aiokafka.Transport):
-    Consumer = _Consumer
-
-
-class _FlowControl(FlowControlEvent):
-    """faust's flow control, except that resuming clears the stream buffers only when the flow
-    was suspended.
-
-    faust clears every stream buffer when the flow resumes (``clear_on_resume``): what was
-    buffered before a rebalance suspended it must not be processed after. But a recovery resumes
-    the flow twice, once to read the changelogs and again once the source partitions are
-    resumed and sought to their committed offsets, and source records are fetched and buffered
-    in between; the second resume threw them away although the fetch position had moved past
-    them and the seek was already done, so nothing read them again (seen as ``SkippedRecords``
-    in ``tests/integration/test_core_replicas.py``; found with a log of every record fetched,
-    buffered and processed). Those records are current: they are kept.
-    """
-
-    def resume(self) -> None:
-        if self.is_active():
-            return
-        super().resume()
-
-
-class _App(faust.App):
-    """``faust.App`` with the consumer and the flow control above."""
-
-    source_topics: frozenset[str] = frozenset()
-    """The topics the agent reads (the consumer thread's seek needs them)."""
-    bus_settings: BusSettings | None = None
-    """The fetch settings the consumer thread gives its consumer (set before the app starts)."""
-    on_source_seek: Callable[[Mapping[TopicPartition, int]], None] | None = None
-    """Told, after the source partitions were sought, the offset each one reads next."""
-
-    def _new_transport(self) -> Any:
-        return _Transport(self.conf.broker_consumer, self)
-
-    @cached_property
-    def flow_control(self) -> FlowControlEvent:
-        return _FlowControl(loop=self.loop)
 
 
 def _credentials(settings: BusSettings) -> Any:
@@ -328,35 +145,6 @@ def _credentials(settings: BusSettings) -> Any:
             mechanism=settings.sasl_mechanism,
         )
     return None if ssl_context is None else faust.SSLCredentials(ssl_context)
-
-
-K = TypeVar("K")
-
-
-class RecoveryStalls(Generic[K]):
-    """Which changelog partitions a recovery has applied nothing of for ``after_s`` seconds
-    although they are behind their highwater (see :meth:`FaustKeyedApp._watch`)."""
-
-    def __init__(self, after_s: float) -> None:
-        self.after_s = after_s
-        self._since: dict[K, tuple[int, float]] = {}
-        """Per partition behind: the last offset applied, and since when it has not moved."""
-
-    def check(self, now: float, behind: Mapping[K, int]) -> dict[K, int]:
-        """``behind``: the partitions behind their highwater, with the last offset applied
-        (-1: none). Returns the stalled ones, each with the offset to seek to (the next one);
-        a partition is said stalled again only after ``after_s`` more seconds."""
-        for tp in [tp for tp in self._since if tp not in behind]:
-            del self._since[tp]
-        stalled = {}
-        for tp, offset in behind.items():
-            before = self._since.get(tp)
-            if before is None or before[0] != offset:
-                self._since[tp] = (offset, now)
-            elif now - before[1] >= self.after_s:
-                stalled[tp] = max(offset + 1, 0)
-                self._since[tp] = (offset, now)
-        return stalled
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,7 +221,7 @@ class FaustKeyedApp(Generic[S]):
         self._generation = -1
         """The consumer group generation :attr:`_next_offset` belongs to."""
 
-        self.app: Any = _App(
+        self.app: Any = App(
             app_id,
             broker=[f"kafka://{host.strip()}" for host in settings.bootstrap_servers.split(",")],
             broker_client_id=settings.client_id,
@@ -487,6 +275,7 @@ class FaustKeyedApp(Generic[S]):
             key_serializer="raw",
             value_serializer="raw",
         )
+        self._changelogs = ChangelogMetadata(app_id, self._producer, self.changelog_topics)
         self.app.agent(source, name=f"{app_id}.process")(self._agent)
         self.app.timer(tick_s, name=f"{app_id}.tick")(self._tick)
         self.app.on_partitions_revoked.connect(self._on_revoked)
@@ -523,7 +312,7 @@ class FaustKeyedApp(Generic[S]):
         """Able to process: no rebalance or recovery going on, the changelogs' metadata known."""
         app = self.app
         return (
-            self._changelogs_known()
+            self._changelogs.known()
             and not app.rebalancing
             and not app.in_recovery
             and app.tables.recovery.completed.is_set()
@@ -560,55 +349,13 @@ class FaustKeyedApp(Generic[S]):
 
     async def _start(self) -> None:
         await self.app.start()
-        await self._await_changelogs()
+        await self._changelogs.wait()
         self._started = True
 
     async def _stop(self, *, failed: bool) -> None:
-        # On stop faust waits until every record its streams took is acked ("Wait for
-        # streams..."): after a failure the agent never acks its record (nor one it waits for
-        # the timer's lock with), so faust would wait forever. Those records are withheld
-        # instead: faust stops waiting for them and never commits them; the restart reads them.
-        if failed:
-            self._withhold_unacked()
-        # Bounded in any case, by waiting for a task rather than cancelling the stop: faust's
-        # wait for acks swallows CancelledError, so ``asyncio.timeout`` would never fire.
-        stopping = asyncio.ensure_future(self.app.stop())
-        done, _ = await asyncio.wait({stopping}, timeout=self._stop_timeout_s)
-        if stopping not in done:
-            # Whatever faust still waits for (a batch stuck in its flush), the service must
-            # exit for its restart to happen: what faust waits for is withheld, so that the
-            # stop can go on and end (its consumer leaving the group: the partitions move on at
-            # once rather than after the session timeout).
-            log.error(
-                "%s: faust did not stop within %ss; withholding what it waits for",
-                self.app_id,
-                self._stop_timeout_s,
-            )
-            self._withhold_unacked()
-            done, _ = await asyncio.wait({stopping}, timeout=self._stop_timeout_s)
-        if stopping in done:
-            stopping.result()
-        else:
-            log.error("%s: faust still did not stop; exiting without it", self.app_id)
-            stopping.cancel()
-        await self._end_consumer_thread()
-
-    async def _end_consumer_thread(self) -> None:
-        """Ends faust's consumer thread if faust's stop left it running (a stop that gave up, a
-        start that hung in the thread): a service exits then and the thread with it, but in a
-        process that goes on (an app run in-process) it would go on fetching for good, and
-        aiokafka shuffles with the process's global ``random`` at every fetch."""
-        consumer = self.app._consumer
-        service: Any = getattr(consumer, "_thread", None) if consumer is not None else None
-        worker = getattr(service, "_thread", None)
-        if service is None or worker is None or not worker.is_alive():
-            return
-        log.error("%s: faust's consumer thread outlived its stop; ending it", self.app_id)
-        with contextlib.suppress(RuntimeError):  # its loop already closed: it is ending
-            service._stopped_set()
-        await asyncio.to_thread(worker.join, self._stop_timeout_s)
-        if worker.is_alive():
-            log.error("%s: faust's consumer thread did not end", self.app_id)
+        await stop_bounded(
+            self.app, failed=failed, timeout_s=self._stop_timeout_s, name=self.app_id
+        )
 
     async def _watch(self) -> str:
         """The watchdog: seeks a stalled recovery again, and returns why the app must exit when
@@ -641,8 +388,8 @@ class FaustKeyedApp(Generic[S]):
                 behind_since = None
             elif behind_since is None:
                 behind_since = now
-            if self._started and not self._changelogs_known():
-                await self._refresh_changelogs()
+            if self._started and not self._changelogs.known():
+                await self._changelogs.refresh(self.settings.request_timeout_ms / 1000)
             if not self._started or self._settled():
                 unsettled_since = None
             elif unsettled_since is None:
@@ -669,7 +416,7 @@ class FaustKeyedApp(Generic[S]):
             if verdict.progress is Progress.NOT_READY and not self._stalled:
                 log.warning("%s: %s; not ready", self.app_id, verdict.reason)
             self._stalled = verdict.progress is Progress.NOT_READY
-            await self._seek_stalled_recovery(stalls, now)
+            await seek_stalled_recovery(self.app, stalls, now, self.app_id)
 
     def _lag(self) -> int | None:
         """The records taken but not processed yet (a batch stuck in its flush), and those
@@ -715,36 +462,6 @@ class FaustKeyedApp(Generic[S]):
             for tp, end in ends.items()
             if end is not None
         }
-
-    async def _seek_stalled_recovery(self, stalls: RecoveryStalls[Any], now: float) -> None:
-        """Seek a changelog partition whose recovery stalled to the next offset it needs."""
-        recovery = self.app.tables.recovery
-        behind = {}
-        if recovery.in_recovery:
-            offsets = recovery.active_offsets
-            behind = {
-                tp: offsets[tp]
-                for tp, left in list(recovery.active_remaining().items())
-                if left > 0 and offsets.get(tp) is not None
-            }
-        stalled = stalls.check(now, behind)
-        if not stalled:
-            return
-        log.warning(
-            "%s: the recovery of %s got nothing for %ss although behind the highwater; "
-            "seeking them again",
-            self.app_id,
-            ", ".join(f"{tp.topic}[{tp.partition}] from {o}" for tp, o in stalled.items()),
-            RECOVERY_STALL_S,
-        )
-        try:
-            await self.app.consumer.seek_wait(stalled)
-        except Exception as error:  # tried again after the next stall
-            log.warning("%s: seeking the changelogs failed: %r", self.app_id, error)
-
-    def _withhold_unacked(self) -> None:
-        for message in list(self.app.consumer.unacked):
-            _withhold(message)
 
     async def lag(self) -> dict[TopicPartition, int]:
         """Per source partition read here: records published but not processed yet, as faust's
@@ -857,8 +574,7 @@ class FaustKeyedApp(Generic[S]):
 
     # The tables' in-memory stores are read and written directly (``_stores``): a ``Table.get``
     # also goes through faust's sensors, which cost more than the lookup, on every record and
-    # for every key on every tick; a table write's changelog record goes through faust's
-    # producer buffer (see ``_store_batch``).
+    # for every key on every tick; for the writes, see ``_store_batch``.
 
     def _stores(self) -> list[dict[bytes, bytes]]:
         """Per part, the dict the table's memory store keeps (``store="memory://"``)."""
@@ -904,33 +620,6 @@ class FaustKeyedApp(Generic[S]):
         self._decoded.pop(key, None)
         self._wakeups.pop(key, None)
 
-    def _changelogs_known(self) -> bool:
-        """Whether faust's producer has metadata for every changelog topic (see
-        :meth:`_await_changelogs`)."""
-        cluster = self._producer().client.cluster
-        return all(cluster.partitions_for_topic(topic) for topic in self.changelog_topics())
-
-    async def _await_changelogs(self) -> None:
-        # The app is not ready before faust's producer has every changelog topic's metadata
-        # (``_settled``). The changelog topics are created after that producer started, and its
-        # refresh right after creating one can miss it; it can also go missing again on a later
-        # refresh. (A state write itself waits for it: aiokafka's ``send`` does.)
-        if self._changelogs_known():
-            return
-        producer = self._producer()
-        for topic in self.changelog_topics():
-            await producer.partitions_for(topic)  # raises after the request timeout
-
-    async def _refresh_changelogs(self) -> None:
-        """:meth:`_await_changelogs` for the watchdog: the metadata faust's producer has can
-        lose a changelog topic after the start (seen in ``tests/e2e/test_sigkill.py``: ready
-        never again, nothing to write that would fetch it again); bounded, failures logged."""
-        try:
-            async with asyncio.timeout(self.settings.request_timeout_ms / 1000):
-                await self._await_changelogs()
-        except Exception as error:
-            log.warning("%s: the changelogs' metadata is missing: %r", self.app_id, error)
-
     def _producer(self) -> Any:
         """faust's aiokafka producer, which writes the changelogs (faust keeps it private)."""
         producer = self.app.producer._producer
@@ -940,26 +629,19 @@ class FaustKeyedApp(Generic[S]):
 
     async def _store_batch(self, batch: Batch[S]) -> None:
         """Write the batch's changed states to the tables' stores and their changelog records
-        (one per changed part) with faust's producer; called once its outputs are
-        acknowledged, done once the broker has the records.
+        (one per changed part, :class:`~podcost_bus.faust_adaptations.ChangelogWrites`); called
+        once its outputs are acknowledged, done once the broker has the records.
 
-        What ``Table.__setitem__`` does, without the path its changelog record takes in faust:
-        ``Table.send_changelog`` → ``Topic.send_soon`` → a ``FutureMessage`` in the
-        ``ProducerBuffer``, whose own task hands it to ``Topic.publish_message`` and then to
-        aiokafka, with faust's sensors on the way (``faust/tables/base.py`` line 266,
-        ``faust/topics.py`` lines 202 and 390, ``faust/transport/producer.py`` line 119). That
-        path took half of what the transport costs a decision (``bench_aggregator.py
-        --processor floor``: 850–935 decisions/s through it, 1,880–2,113 with this). The records
-        are the same: a key's value (``None``, a tombstone, for a removed key) in the part's
-        changelog topic, partitioned by the producer's partitioner from the key as the tables'
-        ``use_partitioner`` has faust do, so recovery, standbys and compaction read them as
-        faust's own."""
+        What ``Table.__setitem__`` does, without the path its changelog record takes in faust
+        (``Table.send_changelog`` → ``Topic.send_soon`` → the ``ProducerBuffer`` → aiokafka, with
+        faust's sensors on the way), which took half of what the transport costs a decision
+        (``bench_aggregator.py --processor floor``: 850–935 decisions/s through it, 1,880–2,113
+        with this) and let a commit pass states not delivered yet."""
         if not batch.states:
             return
         stores = dict(zip(self.processor.parts, self._stores(), strict=True))
         topics = dict(zip(self.processor.parts, self.changelog_topics(), strict=True))
-        send = self._producer().send
-        sent: list[asyncio.Future[Any]] = []
+        writes = ChangelogWrites(self._producer())
         for key, new in batch.states.items():
             if key is None:
                 continue  # a record without a key has no state to keep
@@ -969,7 +651,7 @@ class FaustKeyedApp(Generic[S]):
                     if key in store:
                         del store[key]
                         # A tombstone: compaction forgets the key.
-                        sent.append(await send(topics[part], None, key=key))
+                        await writes.send(topics[part], key, None)
                 self._forget(key)
                 if new is DROP:
                     continue
@@ -977,22 +659,18 @@ class FaustKeyedApp(Generic[S]):
             old = cached.state if cached is not None else None
             for part, value in self.processor.dump(old, new).items():
                 stores[part][key] = value
-                sent.append(await send(topics[part], value, key=key))
+                await writes.send(topics[part], key, value)
             stored = tuple(store.get(key) for store in stores.values())
             self._remember(key, _Decoded(stored, new, self.processor.wakeup(new)))
-        # Done once the broker has the changelog records (see the module docstring); a failed
-        # delivery raises, and the batch is withheld like any failure's.
-        if sent:
-            await asyncio.gather(*sent)
+        # A failed delivery raises, and the batch is withheld like any failure's.
+        await writes.delivered()
 
     async def _fail(self, error: BaseException, messages: Sequence[Any] = ()) -> None:
         log.error("%s stops: %r", self.app_id, error, exc_info=error)
-        for message in messages:
-            _withhold(message)
         if self._failure is not None and not self._failure.done():
             self._failure.set_result(error)
-        # Never return to faust, which would go on with the next batch: wait to be stopped.
-        await asyncio.Event().wait()
+        # Never return to faust, which would ack and go on with the next batch.
+        await hold_failed(messages)
 
 
 def _record(event: Any) -> Record:
@@ -1007,13 +685,3 @@ def _record(event: Any) -> Record:
         headers={name: value or b"" for name, value in dict(event.headers).items()},
         timestamp=message.timestamp or 0.0,
     )
-
-
-def _withhold(message: Any) -> None:
-    """Keep faust from ever committing ``message``, and from waiting for its ack (see
-    :meth:`FaustKeyedApp._stop`)."""
-    # faust's ``Consumer.ack`` records an offset for committing only when the message is not
-    # ``acked`` yet, and its wait for unacked messages forgets the ``acked`` ones: set here, the
-    # flag ends the wait and makes any later ack (the stream acks its event when the agent is
-    # cancelled) a no-op. Offsets are committed up to the first one not recorded.
-    message.acked = True

@@ -34,9 +34,9 @@ version 19; that run passed). (2) The surviving member's recovery of the changel
 took over got none of their records (faust logged "No event received for active tp ... since
 recovery start" for minutes while aiokafka kept fetching them): the recovery never ended and
 nothing was processed again (seen once, before the fix; where faust drops those records is not
-found). ``podcost_bus.faust_app`` now seeks such a partition again after 10 s without progress
-(``RecoveryStalls``; ``test_faust_app.py`` drops a recovery's records to check it). Each logs a
-warning, which the test counts and prints.
+found). ``podcost_bus.faust_adaptations`` now seeks such a partition again after 10 s without
+progress (``seek_stalled_recovery``; ``test_faust_app.py`` drops a recovery's records to check
+it). Each logs a warning, which the test counts and prints.
 
 After the fixes, 32 of 33 runs passed on the shared 2-core machine (two or three runs at once, load
 13 to 25): 17 of 18 quick ones and 15 of 15 seeded ones (every seed at least once). The failure
@@ -58,12 +58,12 @@ machine, with a 90 s limit then; :data:`READY_TIMEOUT_S` is 240 s now.
 The faust aggregator used to skip source records around a rebalance (about 5 runs in 8 on a
 loaded 2-core machine): a recovery's second resume of faust's flow control cleared the stream
 buffers after the seek to the committed offsets, dropping records fetched in between. That is
-fixed in ``podcost_bus.faust_app`` (``_FlowControl``). Should faust skip one anyway, the
-aggregator's gap check stops the process (exit 1, ``SkippedRecords``) before anything past the
-gap is processed or committed; the chart's Deployment restarts it. This test does what the
-Deployment does (:class:`Supervisor`): it restarts an aggregator that exited so, and only so,
-and prints the restarts; the decisions must still all equal the twin's. The rankers' loss it
-found first (records fetched across a rebalance dropped by ``KafkaConsumer.poll``) is fixed,
+fixed in ``podcost_bus.faust_adaptations`` (``ResumeKeepsCurrentBuffers``). Should faust skip
+one anyway, the aggregator's gap check stops the process (exit 1, ``SkippedRecords``) before
+anything past the gap is processed or committed; the chart's Deployment restarts it. This test
+does what the Deployment does (:class:`Supervisor`): it restarts an aggregator that exited so, and
+only so, and prints the restarts; the decisions must still all equal the twin's. The rankers' loss
+it found first (records fetched across a rebalance dropped by ``KafkaConsumer.poll``) is fixed,
 with its own regression test in ``test_kafka_bus.py``.
 """
 
@@ -293,8 +293,9 @@ async def all_read(members: Iterable[ServiceProcess], topic: str) -> None:
 
 
 WARNINGS = ("seeking them again", "was torn")
-"""What an aggregator logs when it seeks a stalled recovery again (``podcost_bus.faust_app``) and
-when it reads a state torn between its two parts (``podcost.aggregator.processor``)."""
+"""What an aggregator logs when it seeks a stalled recovery again
+(``podcost_bus.faust_adaptations``) and when it reads a state torn between its two parts
+(``podcost.aggregator.processor``)."""
 
 
 def count_in_logs(log_dir: Path, pattern: str, text: str) -> int:

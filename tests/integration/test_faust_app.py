@@ -175,6 +175,9 @@ async def test_a_table_write_waits_until_faust_s_producer_knows_the_changelog_to
         changelogs = app.changelog_topics()
         assert [client.cluster.partitions_for_topic(topic) for topic in changelogs] == [None]
         assert not app.ready()
+        # Plain faust's table write partitions eagerly from that metadata, and fails on it.
+        with pytest.raises(TypeError):
+            app.app.producer.key_partition(changelogs[0], b"key")
 
         await kafka.bus.publish(kafka.source, b"key", b"first")
         await eventually(

@@ -15,8 +15,9 @@ from types import SimpleNamespace
 from aiokafka.partitioner import DefaultPartitioner
 
 from podcost_bus import BusSettings, Record, TopicPartition
-from podcost_bus.faust_app import FaustKeyedApp, RecoveryStalls, SkippedRecords, key_partition
-from podcost_bus.kafka import partition_by_key
+from podcost_bus.faust_adaptations import RecoveryStalls
+from podcost_bus.faust_app import FaustKeyedApp, SkippedRecords
+from podcost_bus.kafka import key_partition, partition_by_key
 
 
 class Offsets:
