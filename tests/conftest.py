@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import config
+from mode.threads import WorkerThread
 
 from podcost_localinfra import build, cluster, kafka, kafka_secure, process
 from tests.support.hang import set_timer
@@ -48,6 +51,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> bool | None:
     """A test that hangs shows its asyncio tasks' stacks (``tests/support/hang.py``)."""
     return set_timer(item, settings)
+
+
+@pytest.fixture(autouse=True)
+def _no_consumer_thread_outlives_its_test() -> Iterator[None]:
+    """faust runs its consumer in a thread of its own (mode's ``WorkerThread``): one that outlived
+    its test would go on fetching through every later test, and aiokafka draws from the global
+    ``random`` at each fetch, which hypothesis takes for a strategy that uses it. The test that
+    leaves one running fails, by name."""
+    yield
+    deadline = time.monotonic() + 10.0
+    while True:
+        left = [t for t in threading.enumerate() if isinstance(t, WorkerThread) and t.is_alive()]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not left, f"threads outlived the test: {[t.name for t in left]}"
 
 
 def _unavailable(what: str, error: BaseException) -> None:

@@ -478,11 +478,13 @@ async def test_a_stop_faust_never_ends_still_ends_its_consumer_thread(
     task = await started(app)
     worker = app.app.consumer._thread._thread
     assert worker.is_alive()
+    stop = app.app.stop
     never = asyncio.Event()
     monkeypatch.setattr(app.app, "stop", never.wait)  # faust's stop hangs for good
     await stopped(task)
     # The app gave up on faust, and its consumer thread does not go on fetching in this process.
     assert not worker.is_alive()
+    await asyncio.wait_for(stop(), timeout=30.0)  # the rest of faust, for this test's end
 
 
 async def test_a_recovery_that_gets_none_of_its_changelog_records_seeks_them_again_and_ends(
