@@ -131,6 +131,21 @@ def test_everything_the_module_defines_is_a_repair_of_the_registry_or_its_wiring
     assert defined - WIRING == repairs
 
 
+def test_the_docs_report_every_defect_with_its_repair_and_upstream_lines() -> None:
+    page = (ROOT / "docs" / "reference" / "faust-defects.md").read_text()
+    sections = re.split(r"^## ", page, flags=re.M)[1:]
+    reports = [s for s in sections if re.match(r"\d+\. ", s)]
+    assert len(reports) == len(ADAPTATIONS)
+    for report, adaptation in zip(reports, ADAPTATIONS, strict=True):
+        for dotted in adaptation.repair:
+            assert dotted.rsplit(".", 1)[1] in report, (report.splitlines()[0], dotted)
+        for upstream in adaptation.upstream:
+            assert f"{upstream.path}:" in report, (report.splitlines()[0], upstream.path)
+            assert str(upstream.line) in report, (report.splitlines()[0], upstream.line)
+    for version in faust_adaptations.READ_AGAINST.values():
+        assert version in page
+
+
 # --- the repairs that a unit shows ----------------------------------------------------------
 
 
