@@ -28,8 +28,9 @@ from faust.transport.producer import ProducerBuffer
 from faust.types.tuples import Message
 from mode.threads import WorkerThread
 from mode.utils.queues import FlowControlEvent, FlowControlQueue
+from tests.unit.test_faust_transport import Offsets
 
-from podcost_bus import BusSettings, Record, faust_adaptations
+from podcost_bus import BusSettings, faust_adaptations
 from podcost_bus.faust_adaptations import (
     ADAPTATIONS,
     READ_AGAINST,
@@ -159,7 +160,7 @@ def test_plain_mode_runs_the_consumer_in_a_thread_that_keeps_a_process_alive() -
 async def keyed_app(tmp_path: Path) -> AsyncIterator[FaustKeyedApp[int]]:
     settings = BusSettings(bootstrap_servers="127.0.0.1:1", partitions=2, fetch_min_bytes=7)
     app = FaustKeyedApp(
-        settings, Nothing(), app_id="test-adaptations", topics=["t.a"], data_dir=tmp_path
+        settings, Offsets(), app_id="test-adaptations", topics=["t.a"], data_dir=tmp_path
     )
     yield app
     close_consumer_thread_loop(app.app)
@@ -328,36 +329,3 @@ async def test_a_withheld_message_is_never_recorded_for_a_commit_nor_waited_for(
     consumer._clean_unacked_messages()
     assert set(consumer.unacked) == set()
     assert consumer._acked[held.tp] == []
-
-
-class Nothing:
-    """A processor that keeps no state (the app is never started here)."""
-
-    parts = ("state",)
-
-    def split(self, record: Record) -> list[tuple[bytes | None, Record]]:
-        return []
-
-    def on_record(self, record: Record, state: int | None) -> int | None:
-        return None
-
-    def on_tick(self, key: bytes | None, state: int) -> int | None:
-        return None
-
-    async def flush(self) -> None:
-        pass
-
-    def wakeup(self, state: int) -> float | None:
-        return None
-
-    def now(self) -> float:
-        return 0.0
-
-    def waiting(self, state: int) -> bool:
-        return False
-
-    def dump(self, old: int | None, new: int) -> dict[str, bytes]:
-        return {"state": b""}
-
-    def load(self, key: bytes | None, parts: Any) -> int:
-        return 0
