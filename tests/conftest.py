@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from kubernetes_asyncio import config
@@ -69,11 +70,16 @@ def _no_consumer_thread_outlives_its_test() -> Iterator[None]:
     assert not left, f"threads outlived the test: {[t.name for t in left]}"
 
 
-def _unavailable(what: str, error: BaseException) -> None:
-    message = f"{what} is unavailable: {error}"
+def unavailable(message: str) -> NoReturn:
+    """What a test does when a real server or tool it needs is missing: skipped, and failed under
+    ``CI=true``, where a missing server is a failure."""
     if IN_CI:
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
+
+
+def _unavailable(what: str, error: BaseException) -> NoReturn:
+    unavailable(f"{what} is unavailable: {error}")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.conftest import IN_CI, ControlPlane
+from tests.conftest import ControlPlane, unavailable
 from tests.e2e.test_fleet import Cluster, _clean, _fleet_checks, _prepare
 from tests.support import containers
 from tests.support.containers import InCluster, PodContainer
@@ -46,10 +46,7 @@ def podcost_image() -> str:
     try:
         return engine.ensure_image().ref
     except (build.BuildError, OSError) as error:
-        message = f"the podcost image cannot be built: {error}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable(f"the podcost image cannot be built: {error}")
 
 
 def _image_values(ref: str) -> dict[str, str]:

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.conftest import IN_CI, ControlPlane
+from tests.conftest import ControlPlane, unavailable
 from tests.support.kube import KubeTestCluster, costed_by_podcost
 from tests.support.services import ServiceSpec, assert_alive, chart_specs, processes
 from tests.support.tools import require_helm
@@ -78,9 +78,7 @@ def jaeger_server(tmp_path: Path) -> Iterator[jaeger.Jaeger]:
     try:
         server = jaeger.start(tmp_path / "jaeger")
     except (build.BuildError, process.StartError, OSError) as error:
-        if IN_CI:
-            pytest.fail(f"jaeger is unavailable: {error}", pytrace=False)
-        pytest.skip(f"jaeger is unavailable: {error}")
+        unavailable(f"jaeger is unavailable: {error}")
     try:
         yield server
     finally:

@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 from kubernetes_asyncio import client, config
-from tests.conftest import IN_CI
+from tests.conftest import unavailable
 from tests.support import karpenter as k
 from tests.support.karpenter_scenarios import (
     CONSOLIDATE_AFTER,
@@ -57,10 +57,7 @@ def autoscaled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[k.Autoscale
     try:
         started = k.start_autoscaled(tmp_path_factory.mktemp("karpenter"))
     except (build.BuildError, process.StartError, OSError) as error:
-        message = f"Karpenter on its control plane is unavailable: {error}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable(f"Karpenter on its control plane is unavailable: {error}")
     yield started
     started.stop()
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from tests.conftest import IN_CI, ControlPlane
+from tests.conftest import ControlPlane, unavailable
 from tests.support import churn
 from tests.support.churn import Kubelet, Side, Watch
 from tests.support.kube import KubeTestCluster
@@ -72,9 +72,7 @@ def previous() -> Previous:
     try:
         return ensure_previous()
     except PreviousUnavailable as error:
-        if IN_CI:
-            pytest.fail(str(error), pytrace=False)
-        pytest.skip(str(error))
+        unavailable(str(error))
 
 
 def rollout_order(names: Sequence[str]) -> list[str]:

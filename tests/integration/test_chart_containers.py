@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes_asyncio import client
-from tests.conftest import IN_CI, ControlPlane
+from tests.conftest import ControlPlane, unavailable
 from tests.support import containers
 from tests.support.containers import ChartContainerError, InCluster, PodContainer, RenderedPod
 from tests.support.kube import COST_ANNOTATION, KubeTestCluster, costed_by_podcost
@@ -48,10 +48,7 @@ def podcost_image() -> str:
     try:
         return engine.ensure_image().ref
     except (build.BuildError, OSError, subprocess.SubprocessError) as error:
-        message = f"the podcost image cannot be built: {error}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable(f"the podcost image cannot be built: {error}")
 
 
 @pytest.fixture(scope="module")
@@ -255,10 +252,7 @@ def plugin_image(podcost_image: str) -> str:
     try:
         return engine.ensure_plugin_image().ref
     except (build.BuildError, OSError, subprocess.SubprocessError) as error:
-        message = f"the plugin's image cannot be built: {error}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable(f"the plugin's image cannot be built: {error}")
 
 
 async def test_the_example_plugin_is_one_more_ranker_with_its_own_image_and_sways_the_costs(

@@ -21,12 +21,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from podcost_localinfra import build, process, prometheus
 from podcost_localinfra.prometheus import Prometheus, Target
-from tests.conftest import IN_CI
+from tests.conftest import unavailable
 from tests.support.services import CHART, NAMESPACE, RELEASE, ServiceProcess, pod_name
 
 
@@ -132,9 +131,7 @@ def running_prometheus(
             evaluation_interval=interval, metrics_path=metrics_path,
         )  # fmt: skip
     except (build.BuildError, process.StartError, OSError) as error:
-        if IN_CI:
-            pytest.fail(f"prometheus is unavailable: {error}", pytrace=False)
-        pytest.skip(f"prometheus is unavailable: {error}")
+        unavailable(f"prometheus is unavailable: {error}")
     try:
         yield server
     finally:

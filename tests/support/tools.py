@@ -11,10 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from podcost_localinfra import build
-from tests.conftest import IN_CI
+from tests.conftest import unavailable
 
 
 def require_tool(name: str, ensure: Callable[[], Path]) -> Path:
@@ -22,10 +20,7 @@ def require_tool(name: str, ensure: Callable[[], Path]) -> Path:
     try:
         return ensure()
     except (build.BuildError, OSError) as error:
-        message = f"{name} is unavailable: {error}"
-        if IN_CI:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        unavailable(f"{name} is unavailable: {error}")
 
 
 def require_helm() -> Path:
