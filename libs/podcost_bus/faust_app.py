@@ -29,8 +29,11 @@ use of faust:
   outside any stream event, by the timer), which puts a key's changelog record in the partition
   number of its source records, as faust's co-partitioned recovery assumes. Each key's decoded
   state is kept with the stored values it came from and its next wake-up, so a tick decodes
-  nothing that did not change and looks only at keys with a wake-up; the stores are scanned
-  again only after a rebalance, until its recovery is complete.
+  nothing that did not change and looks only at keys with a wake-up. The stores are scanned
+  again once the recovery after a rebalance is complete, to find the wake-ups of what it
+  restored, in slices of :data:`SCAN_SLICE_S` that let records through in between: a record's
+  own state is decoded when it comes. Decoding during the recovery instead, on every tick, held
+  the event loop for most of it (``tests/bench/bench_failover.py``).
 - **One lock** serialises the agent and the timer: a batch awaits its acknowledgements between
   reading its keys' states and writing them, and a tick in between would decide from, and then
   overwrite, the states the batch is about to replace.
@@ -114,6 +117,10 @@ STOP_TIMEOUT_S = 15.0
 #: taken once full, or after that wait with what there is (the latency it adds at a low rate).
 BATCH_MAX = 250
 BATCH_WITHIN_S = 0.02
+
+#: The longest the scan of the stores after a recovery holds the event loop at a time (a
+#: 25-pod state takes about a millisecond to decode).
+SCAN_SLICE_S = 0.02
 
 #: How long a changelog partition may stay behind its highwater, during a recovery, without
 #: one more record applied before it is sought again to the next offset it needs
@@ -213,7 +220,9 @@ class FaustKeyedApp(Generic[S]):
         """The keys of ``_decoded`` that have a wake-up, and when (what a tick looks at)."""
         self._rescan = True
         """Whether the stores may hold states not decoded yet (a recovery or a rebalance since the
-        last full scan): the next tick scans every stored key."""
+        last full scan): once no recovery is going on, a tick scans every stored key."""
+        self._unscanned: list[bytes] = []
+        """The keys the scan has still to decode."""
         self._next_offset: dict[TopicPartition, int] = {}
         """Per source partition, the offset after the last record processed since the last
         rebalance (or the offset sought to, if that is further): the next one must not be
@@ -542,15 +551,14 @@ class FaustKeyedApp(Generic[S]):
         return self._next_offset
 
     async def _tick(self) -> None:
+        try:
+            await self._scan()
+        except Exception as error:  # escalated: see the module docstring
+            await self._fail(error)
+            return
         async with self._lock:
             try:
                 now = self.processor.now()
-                if self._rescan:
-                    # Settled once the recovery is over: what it restored is decoded by now.
-                    recovered = self.app.tables.recovery.completed.is_set()
-                    self._rescan = self.app.in_recovery or not recovered
-                    for key in self._keys():
-                        self._entry(key)
                 due = []
                 for key in [key for key, wakeup in self._wakeups.items() if wakeup <= now]:
                     entry = self._entry(key)  # the stored values may have changed since
@@ -569,6 +577,20 @@ class FaustKeyedApp(Generic[S]):
                 await self._store_batch(Batch(states=dict(changed)))
             except Exception as error:  # escalated: see the module docstring
                 await self._fail(error)
+
+    async def _scan(self) -> None:
+        """Decode every stored state once a recovery is complete (its wake-up is then known), a
+        slice at a time; a rebalance meanwhile starts it again after its recovery."""
+        if self._rescan and self._settled():
+            self._rescan = False
+            self._unscanned = list(self._keys())
+        while self._unscanned and not self._rescan:
+            async with self._lock:
+                until = time.monotonic() + SCAN_SLICE_S
+                self._entry(self._unscanned.pop())
+                while self._unscanned and time.monotonic() < until:
+                    self._entry(self._unscanned.pop())
+            await asyncio.sleep(0)  # the agent's batches and the HTTP server in between
 
     # --- state --------------------------------------------------------------------------------
 

@@ -106,6 +106,28 @@ class Relay(Remember):
             await asyncio.Event().wait()  # "dies" here: the rest is never sent
 
 
+class DueAt(Remember):
+    """Each key's state is the time it is due (the record's value); a tick marks a due state
+    ``done`` and remembers its key. Its clock starts at 0 (nothing is ever due) until
+    ``clock`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = 0.0
+        self.ticked: set[bytes] = set()
+
+    def on_tick(self, key: bytes | None, state: bytes) -> bytes | None:
+        assert key is not None
+        self.ticked.add(key)
+        return b"done"
+
+    def wakeup(self, state: bytes) -> float | None:
+        return None if state == b"done" else float(state)
+
+    def now(self) -> float:
+        return self.clock
+
+
 @dataclass
 class Kafka:
     bus: KafkaBus
@@ -525,5 +547,38 @@ async def test_a_recovery_that_gets_none_of_its_changelog_records_seeks_them_aga
         assert second.ready()
         assert dropped
         assert second.tables[PART].get(b"key") == b"v4"
+    finally:
+        await stopped(task)
+
+
+async def test_the_states_a_recovery_restores_are_scanned_after_it_and_their_wake_ups_kept(
+    kafka: Kafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = [f"k{index}".encode() for index in range(200)]
+    first = kafka.app(DueAt())
+    task = await started(first)
+    try:
+        acks = [await kafka.bus.send(kafka.source, key, b"1.0") for key in keys]
+        await asyncio.gather(*acks)
+        await eventually(lambda: len(first.tables[PART]) == len(keys), "every state stored")
+    finally:
+        await stopped(task)
+
+    # The next app restores them, and its scan decodes them a slice of one state at a time,
+    # with its clock past their wake-ups: each is ticked once, by the one member that owns it.
+    monkeypatch.setattr(faust_app, "SCAN_SLICE_S", 0.0)
+    processor = DueAt()
+    processor.clock = 2.0
+    second = kafka.app(processor)
+    task = await started(second)
+    try:
+        await eventually(
+            lambda: task.done() or processor.ticked == set(keys), "every restored state ticked"
+        )
+        assert not task.done(), task.exception()
+        await eventually(
+            lambda: all(second.tables[PART].get(key) == b"done" for key in keys),
+            "every ticked state stored",
+        )
     finally:
         await stopped(task)
