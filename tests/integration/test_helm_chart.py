@@ -111,6 +111,11 @@ CASES: dict[str, Manifest] = {
         "kafka": KAFKA,
         "fleet": {"signingKeySecret": {"name": "eu-1-signing", "key": "key"}},
     },
+    "rankers-together": {
+        "mode": "core",
+        "kafka": KAFKA,
+        "rankers": {"together": True, "overrides": {"age": {"replicaCount": 3}}},
+    },
     "core-compression": {
         "mode": "core",
         "kafka": {**KAFKA, "compression": "none", "aggregatorCompression": "gzip"},
@@ -343,6 +348,11 @@ def expected_deployments(values: Manifest) -> set[str]:
     if mode in ("all", "agent"):
         names |= {f"{RELEASE}-watcher", f"{RELEASE}-annotator"}
     if mode in ("all", "core"):
+        rankers = values.get("rankers", {})
+        if rankers.get("together"):
+            overridden = set(rankers.get("overrides", {}))
+            names.add(f"{RELEASE}-rankers")
+            strategies = [s for s in strategies if s in overridden]
         names |= {f"{RELEASE}-aggregator", *(f"{RELEASE}-ranker-{s}" for s in strategies)}
     return names
 
@@ -407,6 +417,26 @@ def test_the_rankers_follow_the_policy_with_their_overrides(
         args = ranker["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args == ["ranker", "--strategy", entry["name"]]
         assert ranker["spec"]["replicas"] == (3 if entry["name"] == "topology-spread" else 2)
+
+
+def test_rankers_together_run_every_strategy_without_an_override_in_one_deployment(
+    rendered: Callable[[str], list[Manifest]],
+) -> None:
+    deployments = {
+        d["metadata"]["name"]: d for d in of_kind(rendered("rankers-together"), "Deployment")
+    }
+    together = deployments[f"{RELEASE}-rankers"]
+    args = together["spec"]["template"]["spec"]["containers"][0]["args"]
+    shared = [name for name in DEFAULT_POLICY.names if name != "age"]
+    assert args == ["ranker", *(arg for name in shared for arg in ("--strategy", name))]
+    assert "podcost.dev/strategy" not in together["metadata"]["labels"]
+    assert together["spec"]["replicas"] == 2
+    # A strategy with an override keeps a Deployment of its own, with what the override says.
+    own = deployments[f"{RELEASE}-ranker-age"]
+    assert own["spec"]["template"]["spec"]["containers"][0]["args"] == [
+        "ranker", "--strategy", "age",
+    ]  # fmt: skip
+    assert own["spec"]["replicas"] == 3
 
 
 def test_a_plugins_ranker_runs_its_image_and_the_rest_know_its_strategy_by_name(

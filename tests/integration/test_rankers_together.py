@@ -1,6 +1,7 @@
-"""Several strategies' rankers in one process (``podcost ranker --strategy A --strategy B``):
-each answers every snapshot in its own consumer group, as separate processes would, over the
-real broker; the process is a real ``podcost`` process (the harness of ``tests.support.services``).
+"""Several strategies' rankers in one process (``podcost ranker --strategy A --strategy B``, the
+chart's ``rankers.together``): each answers every snapshot in its own consumer group, as
+separate processes would, over the real broker; the process is a real ``podcost`` process with
+the container's arguments and environment as the chart renders them (``tests.support.services``).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
 from tests.support.pipeline import fresh_kafka_settings
-from tests.support.services import ServiceSpec, processes, sample
+from tests.support.services import chart_specs, processes, sample
 from tests.support.snapshots import snapshot
+from tests.support.tools import require_helm
 
 from podcost_bus import open_bus
 from podcost_contracts.messages import (
@@ -29,20 +31,31 @@ async def test_one_process_answers_every_snapshot_for_each_of_its_strategies_in_
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
     bus_settings = fresh_kafka_settings(kafka_bootstrap, "together")
-    spec = ServiceSpec("rankers", ("ranker", "--strategy", AGE, "--strategy", CAP), {
-        "PODCOST_KAFKA": kafka_bootstrap,
+    # The chart's core with rankers.together: one Deployment runs both strategies' rankers.
+    values = {
+        "mode": "core",
+        "kafka": {"bootstrapServers": kafka_bootstrap},
+        "rankers": {"together": True},
+        "policy": {"strategies": [{"name": AGE, "tier": 0, "weight": 1},
+                                  {"name": CAP, "tier": 0, "weight": 1}]},
+    }  # fmt: skip
+    specs = {spec.name: spec for spec in chart_specs(require_helm(), values)}
+    assert set(specs) == {"aggregator", "rankers"}
+    spec = specs["rankers"]
+    assert spec.args == ("ranker", "--strategy", AGE, "--strategy", CAP)
+    env = {
         "PODCOST_TOPIC_WORKLOADS": bus_settings.topic_workloads,
         "PODCOST_TOPIC_RANKS": bus_settings.topic_ranks,
         "PODCOST_TOPIC_COSTS": bus_settings.topic_costs,
         "PODCOST_TOPIC_DEADLETTER": bus_settings.topic_deadletter,
         "PODCOST_KAFKA_PARTITIONS": "2",
         "PODCOST_RANKER_GROUP": f"{bus_settings.topic_workloads}-rankers",
-    })  # fmt: skip
+    }
     items = [snapshot(f"web-{index}", pods=4, seed=index) for index in range(3)]
     bus = open_bus(bus_settings)
     await bus.start()
     try:
-        async with processes([spec], env={}, log_dir=tmp_path) as running:
+        async with processes([spec], env=env, log_dir=tmp_path) as running:
             rankers = running["rankers"]
             for item in items:
                 encoded = encode(WorkloadSnapshotMessage.of(item, emitted_at=time.time()))

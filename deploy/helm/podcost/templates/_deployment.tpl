@@ -10,6 +10,7 @@ policy file and whether it may use the Kubernetes API:
                                                                the watcher's scope (below)
   aggregator  podcost aggregator             no        yes     PODCOST_*, _KAFKA*, _AGGREGATOR_*
   ranker      podcost ranker --strategy S    no        yes     PODCOST_*, _KAFKA*
+              (rankers.together: --strategy S for each strategy without an override)
   embedded    podcost run --strategy S...    yes       yes     all of the above but Kafka
 
 PODCOST_CLUSTER goes to the roles with Kubernetes API access only (a cluster of their own);
@@ -104,8 +105,10 @@ spec:
             - {{ $role }}
             {{- end }}
             {{- if eq $role "ranker" }}
+            {{- range (.item.strategies | default (list $strategy)) }}
             - --strategy
-            - {{ $strategy | quote }}
+            - {{ . | quote }}
+            {{- end }}
             {{- end }}
             {{- if and $v.dryRun $annotates }}
             - --dry-run

@@ -116,7 +116,9 @@ Fails, rather than truncating into a clash, when it is longer than a DNS label.
 
 {{/*
 Every Deployment the release runs, as JSON {"items": [{"component", "role", "strategy"}]}:
-services.yaml and pdb.yaml range over it so each Deployment gets its Service and PDB.
+services.yaml and pdb.yaml range over it so each Deployment gets its Service and PDB. With
+rankers.together, the strategies without an override share one item, {"component": "rankers",
+"role": "ranker", "strategies": [...]}.
 */}}
 {{- define "podcost.components" -}}
 {{- $items := list -}}
@@ -129,8 +131,16 @@ services.yaml and pdb.yaml range over it so each Deployment gets its Service and
 {{- end -}}
 {{- if include "podcost.runsCore" . -}}
 {{- $items = append $items (dict "component" "aggregator" "role" "aggregator") -}}
+{{- $together := list -}}
 {{- range (include "podcost.rankerStrategies" . | fromJson).names -}}
+{{- if and $.Values.rankers.together (not (hasKey $.Values.rankers.overrides .)) -}}
+{{- $together = append $together . -}}
+{{- else -}}
 {{- $items = append $items (dict "component" (printf "ranker-%s" .) "role" "ranker" "strategy" .) -}}
+{{- end -}}
+{{- end -}}
+{{- with $together -}}
+{{- $items = append $items (dict "component" "rankers" "role" "ranker" "strategies" .) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
