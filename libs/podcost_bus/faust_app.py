@@ -32,7 +32,9 @@ use of faust:
   nothing that did not change and looks only at keys with a wake-up. The stores are scanned
   again once the recovery after a rebalance is complete, to find the wake-ups of what it
   restored, in slices of :data:`SCAN_SLICE_S` that let records through in between: a record's
-  own state is decoded when it comes. Decoding during the recovery instead, on every tick, held
+  own state is decoded when it comes. A processor that can tell a wake-up from the stored parts
+  (``StoredWakeup``, the aggregator's) is asked that instead, and a restored state is decoded
+  only once due or read. Decoding every restored state during the recovery, on every tick, held
   the event loop for most of it (``tests/bench/bench_failover.py``).
 - **One lock** serialises the agent and the timer: a batch awaits its acknowledgements between
   reading its keys' states and writing them, and a tick in between would decide from, and then
@@ -83,8 +85,10 @@ from podcost_bus.kafka import key_partition, partition_by_key
 from podcost_bus.keyed import (
     DROP,
     MAX_STATE_RECORD_BYTES,
+    UNKNOWN,
     Batch,
     KeyedProcessor,
+    StoredWakeup,
     process_batch,
     tick_batch,
 )
@@ -587,10 +591,35 @@ class FaustKeyedApp(Generic[S]):
         while self._unscanned and not self._rescan:
             async with self._lock:
                 until = time.monotonic() + SCAN_SLICE_S
-                self._entry(self._unscanned.pop())
+                self._scan_key(self._unscanned.pop())
                 while self._unscanned and time.monotonic() < until:
-                    self._entry(self._unscanned.pop())
+                    self._scan_key(self._unscanned.pop())
             await asyncio.sleep(0)  # the agent's batches and the HTTP server in between
+
+    def _scan_key(self, key: bytes) -> None:
+        """Learn ``key``'s wake-up: from its stored parts where the processor can tell
+        (:class:`StoredWakeup`), the state then decoded only once due or read; else by decoding
+        it."""
+        processor = self.processor
+        if not isinstance(processor, StoredWakeup):
+            self._entry(key)
+            return
+        stored = tuple(store.get(key) for store in self._stores())
+        cached = self._decoded.get(key)
+        if cached is not None and all(a is b for a, b in zip(cached.stored, stored, strict=True)):
+            return
+        if all(value is None for value in stored):
+            self._forget(key)
+            return
+        wakeup = processor.stored_wakeup(key, dict(zip(self.processor.parts, stored, strict=True)))
+        if wakeup is UNKNOWN:
+            self._entry(key)
+            return
+        self._decoded.pop(key, None)  # decoded from parts since replaced
+        if wakeup is None:
+            self._wakeups.pop(key, None)
+        else:
+            self._wakeups[key] = wakeup
 
     # --- state --------------------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Final, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar, runtime_checkable
 
 from podcost_bus.protocol import Bus, BusError, Consumer, Record, TopicPartition
 
@@ -51,6 +51,16 @@ S = TypeVar("S")
 #: Kafka's default producer ``max.request.size``, within the broker's default record limit
 #: (``message.max.bytes``, 1,048,588 a batch). A processor keeps its parts below it.
 MAX_STATE_RECORD_BYTES: Final = 1_048_576
+
+
+class Unknown(Enum):
+    """The type of :data:`UNKNOWN`."""
+
+    UNKNOWN = "unknown"
+
+
+UNKNOWN: Final = Unknown.UNKNOWN
+"""What :meth:`StoredWakeup.stored_wakeup` answers when only the decoded state can tell."""
 
 
 class Drop(Enum):
@@ -133,6 +143,20 @@ class KeyedProcessor(Protocol[S]):
 
     def load(self, key: bytes | None, parts: Mapping[str, bytes | None]) -> S:
         """A state from its stored parts (a missing part is ``None``)."""
+        ...
+
+
+@runtime_checkable
+class StoredWakeup(Protocol):
+    """A :class:`KeyedProcessor` that can tell a stored state's wake-up from its parts without
+    decoding the state: after a recovery the transport then decodes only the states that are due,
+    as they come due, rather than every state it restored (``FaustKeyedApp``)."""
+
+    def stored_wakeup(
+        self, key: bytes | None, parts: Mapping[str, bytes | None]
+    ) -> float | Unknown | None:
+        """:meth:`KeyedProcessor.wakeup` of ``load(key, parts)``, or :data:`UNKNOWN` when it
+        cannot be told without decoding (then the transport decodes the state)."""
         ...
 
 

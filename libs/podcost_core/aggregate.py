@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from math import isfinite
@@ -215,6 +215,15 @@ class Latest:
     @property
     def version(self) -> int:
         return self.snapshot.version
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """What a state's wake-up needs of its snapshot part: the snapshot's version and when it
+    arrived (:meth:`Aggregator.stored_wakeup`)."""
+
+    version: int
+    arrived_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,9 +529,28 @@ class Aggregator:
 
     def next_wakeup(self, state: WorkloadState) -> float | None:
         """When :meth:`due` may next change ``state`` without any new input (``None``: never)."""
-        times = [waiting.since + self.config.early_ttl_s for waiting in state.progress.early]
-        if state.latest is not None and state.progress.verdict is Verdict.PENDING:
-            times.append(state.latest.arrived_at + self.config.deadline_s)
+        arrived = None if state.latest is None else state.latest.arrived_at
+        return self._wakeup(state.progress.verdict, state.progress.early, arrived)
+
+    def stored_wakeup(
+        self, key: str, raw_progress: bytes | None, arrival: Arrival | None
+    ) -> float | None:
+        """:meth:`next_wakeup` of the state :func:`load_parts` reads from the progress part
+        ``raw_progress`` and a snapshot part of which only ``arrival`` is known (``None``: no
+        snapshot part), without decoding the snapshot: a transport that restored many states
+        learns which of them are due without decoding them all. Raises
+        :class:`StateDecodeError` as :func:`load_parts` does."""
+        verdict, early = _stored_verdict(
+            key, raw_progress, None if arrival is None else arrival.version
+        )
+        return self._wakeup(verdict, early, None if arrival is None else arrival.arrived_at)
+
+    def _wakeup(
+        self, verdict: Verdict, early: Sequence[Waiting], arrived_at: float | None
+    ) -> float | None:
+        times = [waiting.since + self.config.early_ttl_s for waiting in early]
+        if arrived_at is not None and verdict is Verdict.PENDING:
+            times.append(arrived_at + self.config.deadline_s)
         return min(times, default=None)
 
     @staticmethod
@@ -683,7 +711,7 @@ def _implied(old: WorkloadState | None, latest: Latest, progress: Progress) -> b
         return progress == Progress()
     if old.progress.derived or old.version is None or old.version >= latest.version:
         return False
-    return _torn_progress(latest, old.version, old.progress.early) == progress
+    return _torn_progress(latest.version, old.version, old.progress.early) == progress
 
 
 def load_parts(
@@ -702,9 +730,9 @@ def load_parts(
     raw_latest, raw_progress = parts.get(SNAPSHOT_PART), parts.get(PROGRESS_PART)
     try:
         latest = None if raw_latest is None else read_latest(raw_latest)
-        stored = None if raw_progress is None else _PROGRESS.validate_json(_unpack(raw_progress))
     except (ValueError, zlib.error) as error:  # pydantic's ValidationError is a ValueError
         raise StateDecodeError(f"the stored state of {key!r} cannot be read: {error}") from error
+    stored = _load_progress(key, raw_progress)
     if stored is None:
         return WorkloadState(key, latest)
     if latest is None or stored.version == latest.version:
@@ -717,14 +745,36 @@ def load_parts(
         return WorkloadState(key, latest, Progress(stored.verdict, answers, stored.early))
     if on_torn is not None and stored.version is not None and stored.version > latest.version:
         on_torn(stored.version, latest.version)
-    return WorkloadState(key, latest, _torn_progress(latest, stored.version, stored.early))
+    return WorkloadState(key, latest, _torn_progress(latest.version, stored.version, stored.early))
+
+
+def _load_progress(key: str, raw_progress: bytes | None) -> _StoredProgress | None:
+    try:
+        return None if raw_progress is None else _PROGRESS.validate_json(_unpack(raw_progress))
+    except (ValueError, zlib.error) as error:  # pydantic's ValidationError is a ValueError
+        raise StateDecodeError(f"the stored state of {key!r} cannot be read: {error}") from error
+
+
+def _stored_verdict(
+    key: str, raw_progress: bytes | None, version: int | None
+) -> tuple[Verdict, tuple[Waiting, ...]]:
+    """The verdict and the waiting answers of the state :func:`load_parts` reads from
+    ``raw_progress`` and a snapshot part of ``version`` (``None``: none), the same branches
+    without the snapshot."""
+    stored = _load_progress(key, raw_progress)
+    if stored is None:
+        return Verdict.PENDING, ()
+    if version is None or stored.version == version:
+        return stored.verdict, stored.early
+    torn = _torn_progress(version, stored.version, stored.early)
+    return torn.verdict, torn.early
 
 
 def _torn_progress(
-    latest: Latest, stored_version: int | None, stored_early: tuple[Waiting, ...]
+    version: int, stored_version: int | None, stored_early: tuple[Waiting, ...]
 ) -> Progress:
-    """The progress of ``latest`` when the stored progress is another snapshot's (its version
-    and its answers for later versions).
+    """The progress of the latest snapshot (of ``version``) when the stored progress is another
+    snapshot's (its version and its answers for later versions).
 
     An older one is what :func:`dump_parts` leaves when the new snapshot's progress is
     implied (:func:`_implied`). Both are also what a process killed between the two parts'
@@ -739,7 +789,6 @@ def _torn_progress(
     leaves the latest version pending without answers: at worst decided again (at least once),
     never taken for decided; the newer snapshot is read again and replaces it.
     """
-    version = latest.version
     answers: Mapping[str, Scores] = {}
     early = []
     if stored_version is None or stored_version < version:

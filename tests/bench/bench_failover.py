@@ -2,8 +2,9 @@
 member, by the size of its state and its standby replicas, over the real Kafka broker.
 
 A script, not a test (``python -m tests.bench.bench_failover [--workloads 10000,50000]
-[--standbys 0,1] [--pods 25] [--partitions 6]``); it prints a table and asserts nothing. It
-starts its own Kafka broker (``podcost_localinfra``) unless ``PODCOST_KAFKA`` points at one.
+[--standbys 0,1] [--pods 25] [--partitions 6] [--session-timeout-ms MS]``); it prints a table
+and asserts nothing. It starts its own Kafka broker (``podcost_localinfra``) unless
+``PODCOST_KAFKA`` points at one.
 
 For each state size N and standby count S (fresh topics and app id each time):
 
@@ -194,7 +195,7 @@ async def observe(
 
 
 async def scenario(bootstrap: str, count: int, standbys: int, pods: int, partitions: int,
-                   within: float) -> Row:  # fmt: skip
+                   within: float, session_timeout_ms: int | None = None) -> Row:  # fmt: skip
     run = uuid.uuid4().hex[:8]
     specs = [
         spec for spec in procs.chart_core_specs(
@@ -210,12 +211,15 @@ async def scenario(bootstrap: str, count: int, standbys: int, pods: int, partiti
         topic_costs=env["PODCOST_TOPIC_COSTS"], topic_deadletter=env["PODCOST_TOPIC_DEADLETTER"],
     )  # fmt: skip
     topics = settings.topics
+    session = {} if session_timeout_ms is None else {
+        "PODCOST_KAFKA_SESSION_TIMEOUT_MS": str(session_timeout_ms)
+    }  # fmt: skip
     async with contextlib.AsyncExitStack() as stack:
         bus = await stack.enter_async_context(KafkaBus(settings))
         await bus.ensure_topics([*topics.shared(), topics.costs_for(CLUSTER)])
         logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="podcost-failover-")))
         running = await stack.enter_async_context(
-            processes(specs, env={}, log_dir=logs, ready_timeout=300)
+            processes(specs, env=session, log_dir=logs, ready_timeout=300)
         )
         members = list(running.values())
         started = time.monotonic()
@@ -307,6 +311,12 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=25)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument(
+        "--session-timeout-ms",
+        type=int,
+        default=None,
+        help="the aggregators' consumer group session timeout (default: the settings' own)",
+    )
+    parser.add_argument(
         "--within",
         type=float,
         default=300.0,
@@ -326,21 +336,25 @@ def main() -> None:
         for size in sizes:
             for standby in standbys:
                 rows.append(asyncio.run(scenario(bootstrap, size, standby, args.pods,
-                                                 args.partitions, args.within)))  # fmt: skip
+                                                 args.partitions, args.within,
+                                                 args.session_timeout_ms)))  # fmt: skip
     print()
     print(table(rows))
+    session = "" if args.session_timeout_ms is None else (
+        f", session timeout {args.session_timeout_ms / 1000:g} s"
+    )  # fmt: skip
     for row in rows:
         record_row(
             "bench_failover",
             f"2 aggregator processes (the chart's), {row.workloads:,} workloads of {args.pods} "
-            f"pods, {args.partitions} partitions, standby replicas {row.standbys}: one "
-            "SIGKILLed, then started again",
+            f"pods, {args.partitions} partitions, standby replicas {row.standbys}"
+            f"{session}: one SIGKILLed, then started again",
             [
                 f"kill -> every partition decides again {seconds(row.kill.decides_s)} s "
                 f"(noticed {seconds(row.kill.noticed_s)} s, ready {seconds(row.kill.ready_s)} s)",
                 f"member added -> decides {seconds(row.add.decides_s)} s",
             ],
-            variant=f"{row.workloads}-standby-{row.standbys}",
+            variant=f"{row.workloads}-standby-{row.standbys}{session and '-session'}",
         )
 
 

@@ -128,6 +128,22 @@ class DueAt(Remember):
         return self.clock
 
 
+class DueAtTold(DueAt):
+    """:class:`DueAt` that tells a stored state's wake-up from its parts; counts its decodes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loaded: list[bytes] = []
+
+    def stored_wakeup(self, key: bytes | None, parts: Mapping[str, bytes | None]) -> float | None:
+        return self.wakeup(parts[PART] or b"")
+
+    def load(self, key: bytes | None, parts: Mapping[str, bytes | None]) -> bytes:
+        assert key is not None
+        self.loaded.append(key)
+        return super().load(key, parts)
+
+
 @dataclass
 class Kafka:
     bus: KafkaBus
@@ -551,34 +567,45 @@ async def test_a_recovery_that_gets_none_of_its_changelog_records_seeks_them_aga
         await stopped(task)
 
 
+@pytest.mark.parametrize("told", [False, True], ids=["decoded", "told-from-parts"])
 async def test_the_states_a_recovery_restores_are_scanned_after_it_and_their_wake_ups_kept(
-    kafka: Kafka, monkeypatch: pytest.MonkeyPatch
+    kafka: Kafka, monkeypatch: pytest.MonkeyPatch, told: bool
 ) -> None:
-    keys = [f"k{index}".encode() for index in range(200)]
+    due = [f"due{index}".encode() for index in range(100)]
+    later = [f"later{index}".encode() for index in range(100)]
     first = kafka.app(DueAt())
     task = await started(first)
     try:
-        acks = [await kafka.bus.send(kafka.source, key, b"1.0") for key in keys]
-        await asyncio.gather(*acks)
-        await eventually(lambda: len(first.tables[PART]) == len(keys), "every state stored")
+        acks = [await kafka.bus.send(kafka.source, key, b"1.0") for key in due]
+        acks += [await kafka.bus.send(kafka.source, key, b"100.0") for key in later]
+        end = max(delivery.offset for delivery in await asyncio.gather(*acks)) + 1
+        deadline = time.monotonic() + 30.0
+        while await committed(kafka) != end:  # so that the next app reads none of them again
+            assert not task.done(), task.exception()
+            assert time.monotonic() < deadline, "the records were never committed"
+            await asyncio.sleep(0.1)
     finally:
         await stopped(task)
 
-    # The next app restores them, and its scan decodes them a slice of one state at a time,
-    # with its clock past their wake-ups: each is ticked once, by the one member that owns it.
+    # The next app restores them and scans them a slice of one state at a time, with its clock
+    # past the wake-ups of ``due``: each of those is ticked once. A processor that tells the
+    # wake-ups from the stored parts has none of the others decoded.
     monkeypatch.setattr(faust_app, "SCAN_SLICE_S", 0.0)
-    processor = DueAt()
+    processor = DueAtTold() if told else DueAt()
     processor.clock = 2.0
     second = kafka.app(processor)
     task = await started(second)
     try:
         await eventually(
-            lambda: task.done() or processor.ticked == set(keys), "every restored state ticked"
+            lambda: task.done() or processor.ticked == set(due), "every due state ticked"
         )
         assert not task.done(), task.exception()
         await eventually(
-            lambda: all(second.tables[PART].get(key) == b"done" for key in keys),
+            lambda: all(second.tables[PART].get(key) == b"done" for key in due),
             "every ticked state stored",
         )
+        assert all(second.tables[PART].get(key) == b"100.0" for key in later)
+        if isinstance(processor, DueAtTold):
+            assert set(processor.loaded) == set(due)
     finally:
         await stopped(task)

@@ -22,6 +22,7 @@ from podcost_core.aggregate import (
     SNAPSHOT_PART,
     AggregationConfig,
     Aggregator,
+    Arrival,
     Outcome,
     PolicyResolver,
     Scores,
@@ -793,3 +794,52 @@ def test_answers_without_a_snapshot_are_forgotten_by_a_later_live_set_only() -> 
 
 def test_a_workload_gone_before_any_snapshot_has_nothing_to_keep() -> None:
     assert Aggregator.on_gone(WorkloadState(KEY), emitted_at=0.0, version=0) is Outcome.ACCEPTED
+
+
+# --- a stored state's wake-up without its snapshot --------------------------------------------
+
+#: One input of a timeline: a snapshot of a version, an answer of a strategy for a version, or
+#: time passing (``due``); each at a time after the one before.
+_INPUTS = st.one_of(
+    st.tuples(st.just("snapshot"), st.integers(2, 5), st.just("")),
+    st.tuples(st.just("rank"), st.integers(2, 6), st.sampled_from([CAP, AGE])),
+    st.tuples(st.just("due"), st.just(0), st.just("")),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    inputs=st.lists(st.tuples(_INPUTS, st.floats(0.0, 40.0)), max_size=12),
+    torn=st.lists(st.booleans(), max_size=12),
+)
+def test_a_stored_states_wake_up_is_told_without_its_snapshot_as_it_is_decoded(
+    inputs: list[tuple[tuple[str, int, str], float]], torn: list[bool]
+) -> None:
+    """``stored_wakeup`` from the progress part and the snapshot's version and arrival equals
+    ``next_wakeup`` of the state ``load_parts`` reads, along timelines of snapshots, answers,
+    decisions and deadlines, the parts written as ``dump_parts`` writes them, and torn: a write
+    whose snapshot part or progress part was lost."""
+    aggregator = Aggregator(AggregationConfig(deadline_s=DEADLINE, early_ttl_s=20.0))
+    state = WorkloadState(KEY)
+    stored: dict[str, bytes] = {}
+    now = 0.0
+    for index, ((kind, version, strategy), step) in enumerate(inputs):
+        now += step
+        if kind == "snapshot":
+            new = aggregator.on_snapshot(state, snap(version), emitted_at=now, now=now).state
+        elif kind == "rank":
+            new = aggregator.on_ranks(
+                state, strategy=strategy, version=version, scores=scores(snap(version), strategy),
+                now=now,
+            ).state  # fmt: skip
+        else:
+            new, _ = aggregator.due(state, now)
+        changed = dump_parts(state if stored else None, new)
+        if index < len(torn) and torn[index] and len(changed) == 2:
+            changed.pop(SNAPSHOT_PART if index % 2 else PROGRESS_PART)  # the other write lost
+        stored.update(changed)
+        state = load_parts(KEY, stored)
+        latest = state.latest
+        arrival = None if latest is None else Arrival(latest.version, latest.arrived_at)
+        told = aggregator.stored_wakeup(KEY, stored.get(PROGRESS_PART), arrival)
+        assert told == aggregator.next_wakeup(state)

@@ -61,7 +61,7 @@ from podcost.runtime.telemetry import (
     workload_resource,
 )
 from podcost_bus import Bus, BusError, Delivery, Record
-from podcost_bus.keyed import DROP, MAX_STATE_RECORD_BYTES, Drop, EveryKey
+from podcost_bus.keyed import DROP, MAX_STATE_RECORD_BYTES, UNKNOWN, Drop, EveryKey, Unknown
 from podcost_bus.messaging import dead_letter_of
 from podcost_contracts.messages import (
     CONTENT_ENCODING,
@@ -97,8 +97,11 @@ from podcost_contracts.stamps import DEFAULT_CLOCK_SKEW, future_stamp
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import (
     DECISION_UNREAD,
+    PROGRESS_PART,
+    SNAPSHOT_PART,
     STATE_PARTS,
     Aggregator,
+    Arrival,
     Decision,
     Latest,
     Outcome,
@@ -655,6 +658,21 @@ class AggregationProcessor:
             return dump_latest(latest)
         return _record_part(latest, received.record)
 
+    def stored_wakeup(
+        self, key: bytes | None, parts: Mapping[str, bytes | None]
+    ) -> float | Unknown | None:
+        """The wake-up of the state ``parts`` hold, from the progress part and the snapshot
+        part's header, without decoding the snapshot (:class:`podcost_bus.keyed.StoredWakeup`)."""
+        raw = parts.get(SNAPSHOT_PART)
+        arrival = None if raw is None else _read_arrival(raw)
+        if raw is not None and arrival is None:
+            return UNKNOWN
+        text = (key or b"").decode("utf-8", "replace")
+        try:
+            return self.aggregator.stored_wakeup(text, parts.get(PROGRESS_PART), arrival)
+        except StateDecodeError:
+            return UNKNOWN  # decoded, it is logged and started afresh (``load``)
+
     def load(self, key: bytes | None, parts: Mapping[str, bytes | None]) -> WorkloadState:
         text = (key or b"").decode("utf-8", "replace")
         try:
@@ -923,6 +941,9 @@ class _RecordHeader:
     changed_at: float | None
     headers: dict[str, str]
     """The record headers its value is read with (schema, content encoding)."""
+    version: int | None = None
+    """The snapshot's version, which a state's wake-up needs (absent from parts stored by a
+    version before it: those are decoded to learn it)."""
 
 
 #: The largest snapshot record value the aggregator takes: its stored part (the value, a header
@@ -949,10 +970,28 @@ def _record_part(latest: Latest, record: Record) -> bytes:
         if name in record.headers
     }
     header = _RecordHeader(
-        latest.emitted_at, latest.arrived_at, dict(latest.trace), latest.changed_at, headers
-    )
+        latest.emitted_at, latest.arrived_at, dict(latest.trace), latest.changed_at, headers,
+        latest.version,
+    )  # fmt: skip
     # Compact JSON has no newline: the first one ends the header.
     return b"".join((_RECORD_PART, _RECORD_HEADER.dump_json(header), b"\n", record.value))
+
+
+def _read_arrival(raw: bytes) -> Arrival | None:
+    """The snapshot version and arrival a stored snapshot part's header holds, without its
+    value; ``None`` for a part that does not say (the core's own format, or stored before the
+    header had the version)."""
+    if not raw.startswith(_RECORD_PART):
+        return None
+    start = len(_RECORD_PART)
+    end = raw.find(b"\n", start)
+    if end < 0:
+        return None
+    try:
+        header = _RECORD_HEADER.validate_json(raw[start:end])
+    except ValueError:
+        return None
+    return None if header.version is None else Arrival(header.version, header.arrived_at)
 
 
 def _read_latest(raw: bytes) -> Latest:
