@@ -227,6 +227,9 @@ class FaustKeyedApp(Generic[S]):
         last full scan): once no recovery is going on, a tick scans every stored key."""
         self._unscanned: list[bytes] = []
         """The keys the scan has still to decode."""
+        self._told = processor if isinstance(processor, StoredWakeup) else None
+        """The processor, if it tells a stored state's wake-up (checked once: a protocol's
+        ``isinstance`` costs as much as the answer)."""
         self._next_offset: dict[TopicPartition, int] = {}
         """Per source partition, the offset after the last record processed since the last
         rebalance (or the offset sought to, if that is further): the next one must not be
@@ -600,8 +603,8 @@ class FaustKeyedApp(Generic[S]):
         """Learn ``key``'s wake-up: from its stored parts where the processor can tell
         (:class:`StoredWakeup`), the state then decoded only once due or read; else by decoding
         it."""
-        processor = self.processor
-        if not isinstance(processor, StoredWakeup):
+        processor = self._told
+        if processor is None:
             self._entry(key)
             return
         stored = tuple(store.get(key) for store in self._stores())
