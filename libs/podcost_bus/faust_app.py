@@ -243,6 +243,9 @@ class FaustKeyedApp(Generic[S]):
             broker_client_id=settings.client_id,
             broker_credentials=_credentials(settings),
             broker_session_timeout=settings.session_timeout_ms / 1000,
+            # A sixth of the session rather than faust's 3 s: a survivor learns of a crashed
+            # member's expiry at its next heartbeat, and starts taking its partitions then.
+            broker_heartbeat_interval=settings.session_timeout_ms / 6000,
             broker_request_timeout=settings.request_timeout_ms / 1000,
             broker_commit_interval=commit_interval_s,
             consumer_auto_offset_reset="earliest",

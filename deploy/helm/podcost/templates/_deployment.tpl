@@ -199,6 +199,11 @@ spec:
             {{- if $aggregates }}
             {{- include "podcost.aggregatorEnv" $root | trim | nindent 12 }}
             {{- end }}
+            {{- if eq $role "aggregator" }}
+            # How soon the group notices a crashed replica, whose partitions it then recovers.
+            - name: PODCOST_KAFKA_SESSION_TIMEOUT_MS
+              value: {{ mul $v.aggregator.sessionTimeoutSeconds 1000 | int | quote }}
+            {{- end }}
             {{- with include "podcost.otelEnv" $root | trim }}
             {{- . | nindent 12 }}
             {{- end }}
