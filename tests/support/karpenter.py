@@ -376,6 +376,19 @@ async def wait_stable(
             raise AssertionError("Karpenter's node count never settled")
 
 
+async def disruption_reasons(kube: KubeTestCluster) -> dict[str, str]:
+    """Node name → the reason Karpenter's own ``DisruptionTerminating`` event gives for
+    disrupting it (``Empty``, ``Underutilized``, ...), read from its message
+    ``Disrupting Node: <reason>``."""
+    listed = await kube.core.list_event_for_all_namespaces(
+        field_selector="reason=DisruptionTerminating,involvedObject.kind=Node"
+    )
+    return {
+        event.involved_object.name: (event.message or "").rpartition(": ")[2]
+        for event in listed.items
+    }
+
+
 def zone_skew(counts: Mapping[str, int]) -> int:
     """Max minus min over the zones (a zone absent from ``counts`` counts 0)."""
     return max(counts.values()) - min(counts.values()) if counts else 0
@@ -409,9 +422,12 @@ class Outcome:
     seen_empty: int = 0
     """Nodes still running pods of the workload after the controller's scale-in that Karpenter
     reads as empty (their pods' deletion costs bring its reschedule cost to 1 or below)."""
+    podcost: str = "none"
+    """How podcost ran, and the band of its costs (e.g. ``fleet, [0, 2^27)``)."""
 
-    def row(self) -> dict[str, float | int]:
+    def row(self) -> dict[str, float | int | str]:
         return {
+            "podcost": self.podcost,
             "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
             "removed": self.removed, "removed_empty": self.removed_empty,
             "evictions": self.evictions, "settle_s": round(self.settle_seconds, 1),
