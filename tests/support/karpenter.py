@@ -170,6 +170,21 @@ def karpenter_evaluations(metrics_url: str) -> float:
     )
 
 
+DISRUPTED = "karpenter_nodeclaims_disrupted_total"
+
+
+def karpenter_disrupted(metrics_url: str, reason: str) -> float:
+    """How many NodeClaims Karpenter has disrupted for ``reason`` (``empty``, ``underutilized``,
+    ``drifted`` ...), by its own counter."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(DISRUPTED) and f'reason="{reason}"' in line
+    )
+
+
 def eviction_cost(pod: Any) -> float:
     """Karpenter's cost of evicting ``pod`` (``V1Pod``), as its ``EvictionCost`` reads the
     pod's deletion cost and priority: ``clamp(1 + cost/2^27 + priority/2^25, -10, 10)``."""

@@ -17,6 +17,7 @@ benchmark (``tests/bench/bench_karpenter.py``), so both run the very same scenar
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -329,21 +330,29 @@ class Standing:
     """The nodes Karpenter reads as empty then: every pod on them counts 0 or less."""
     pods_counting_nothing: int
     """Pods whose eviction cost, as Karpenter computes it, is 0 or less."""
+    lowest_count: float
+    """The lowest of those eviction costs."""
     removed: tuple[str, ...]
     """Nodes removed in the window."""
     removed_holding_pods: tuple[str, ...]
     """Of those, nodes the workload's running pods were evicted from by Karpenter's drain."""
     evictions: int
-    empty_reason: tuple[str, ...]
-    """Nodes Karpenter's own events say it disrupted as ``Empty``."""
+    disrupted_as_empty: int
+    """NodeClaims Karpenter disrupted in the window for the reason ``Empty``, by its own count
+    (``karpenter_nodeclaims_disrupted_total``)."""
+    event_reasons: Mapping[str, str]
+    """Removed node → the reason of Karpenter's ``DisruptionTerminating`` event for it, for
+    those whose event reached the API server (its recorder drops some under a burst)."""
     window_seconds: float
 
     def row(self) -> dict[str, object]:
         return {
             "podcost": self.podcost, "pods": self.pods, "nodes": self.nodes,
             "seen_empty": len(self.seen_empty), "pods_count_le_0": self.pods_counting_nothing,
+            "lowest_count": round(self.lowest_count, 2),
             "removed": len(self.removed), "removed_holding_pods": len(self.removed_holding_pods),
-            "evictions": self.evictions, "disrupted_as_empty": len(self.empty_reason),
+            "evictions": self.evictions, "disrupted_as_empty": self.disrupted_as_empty,
+            "events": dict(collections.Counter(self.event_reasons.values())),
             "window_s": round(self.window_seconds),
         }  # fmt: skip
 
@@ -358,16 +367,20 @@ async def poke_pools(loop: Loop) -> None:
     for pool in pools["items"]:
         weight = int(pool["spec"].get("weight") or 0) % 100 + 1
         await custom.patch_cluster_custom_object(
-            *k.KARPENTER, "nodepools", pool["metadata"]["name"], {"spec": {"weight": weight}}
+            *k.KARPENTER,
+            "nodepools",
+            pool["metadata"]["name"],
+            {"spec": {"weight": weight}},
+            _content_type="application/merge-patch+json",
         )
 
 
 async def standing(loop: Loop, *, replicas: int, podcost: Podcost, window: float = 240) -> Standing:
-    """``replicas`` pods in zone spread (so Karpenter's nodes are even over the zones) costed by
-    podcost's default policy, and no scale-in; Karpenter is made to look again
-    (:func:`poke_pools`), and the window ends when every node it reads as empty is gone, or
-    after two of its disruption loops that did nothing (and ``CONSOLIDATE_AFTER`` quiet),
-    or after ``window`` seconds."""
+    """``replicas`` pods in zone spread (so Karpenter's nodes are even over the zones), opted in
+    once Karpenter has placed them and costed by podcost's default policy, and no scale-in.
+    Karpenter is then made to look again (:func:`poke_pools`); the window ends when every node
+    it reads as empty is gone, or after two of its disruption loops that did nothing (and
+    ``CONSOLIDATE_AFTER`` quiet), or after ``window`` seconds."""
     kube = loop.kube
     namespace = await kube.create_namespace(f"k-{uuid.uuid4().hex[:6]}")
     metrics = loop.cluster.karpenter.metrics
@@ -376,10 +389,14 @@ async def standing(loop: Loop, *, replicas: int, podcost: Podcost, window: float
             ledger = await stack.enter_async_context(k.Ledger(kube, namespace))
             alive = await stack.enter_async_context(podcost_running(loop, namespace, podcost))
             await kube.create_deployment(
-                namespace, "web", replicas, opt_in=True,
-                pod_spec_extra=k.pod_spec(spread_zones=True),
-            )  # fmt: skip
+                namespace, "web", replicas, pod_spec_extra=k.pod_spec(spread_zones=True)
+            )
             await kube.wait_ready(namespace, "web", replicas, timeout=600)
+            await k.wait_stable(ledger, metrics, quiet=CONSOLIDATE_AFTER)
+            # Opted in once running, as on a cluster podcost is installed on: its first costing
+            # ranks every pod at once (costs given as pods arrive fill gaps nearer the middle).
+            opt_in = {"metadata": {"annotations": {"podcost.dev/enabled": "true"}}}
+            await kube.apps.patch_namespaced_deployment("web", namespace, opt_in)
             await converged(
                 loop, namespace, "web", podcost.default_policy, alive=alive, timeout=300
             )
@@ -389,6 +406,7 @@ async def standing(loop: Loop, *, replicas: int, podcost: Podcost, window: float
             counts = [k.eviction_cost(pod) for pods in by_node.values() for pod in pods]
             seen_empty = sorted(n for n, pods in by_node.items() if k.reschedule_cost(pods) <= 1)
             nodes = len(ledger.live_nodes())
+            empty_before = await asyncio.to_thread(k.karpenter_disrupted, metrics, "empty")
             since = time.monotonic()
             await poke_pools(loop)
 
@@ -412,17 +430,28 @@ async def standing(loop: Loop, *, replicas: int, podcost: Podcost, window: float
             ended = time.monotonic()
             removed = ledger.removed(since)
             evicted_from = {d.node for d in ledger.evictions(since)}
-            reasons = await k.disruption_reasons(kube)
+            gone = {r.name for r in removed}
+            reasons: dict[str, str] = {}
+
+            async def events() -> bool:
+                reasons.update(await k.disruption_reasons(kube))
+                return gone <= set(reasons)
+
+            # Events reach the API server asynchronously, and a burst loses some: best effort.
+            with contextlib.suppress(AssertionError):
+                await kube.wait_for(events, "Karpenter's events for the removed nodes", 15, 1.0)
+            empty = await asyncio.to_thread(k.karpenter_disrupted, metrics, "empty")
             alive()
             return Standing(
                 podcost=podcost.label, pods=replicas, nodes=nodes, seen_empty=tuple(seen_empty),
                 pods_counting_nothing=sum(1 for count in counts if count <= 0),
+                lowest_count=min(counts, default=1.0),
                 removed=tuple(sorted(r.name for r in removed)),
                 removed_holding_pods=tuple(sorted(r.name for r in removed
                                                   if r.name in evicted_from)),
                 evictions=len(ledger.evictions(since)),
-                empty_reason=tuple(sorted(n for n in (r.name for r in removed)
-                                          if reasons.get(n) == "Empty")),
+                disrupted_as_empty=round(empty - empty_before),
+                event_reasons={n: reasons[n] for n in sorted(gone & set(reasons))},
                 window_seconds=ended - since,
             )  # fmt: skip
     finally:
