@@ -198,7 +198,10 @@ def main() -> None:
             )
         else:
             count = statistics.median(float(str(r["emptied_by_scale_in"])) for r in runs)
-            figures.append(f"{name}: {count:g} nodes emptied")
+            figures.append(
+                f"{name}: {count:g} nodes emptied"
+                + (f" (median of {len(runs)})" if len(runs) > 1 else "")
+            )
     record(
         "bench_karpenter",
         f"real Karpenter (kwok) after a scale-in of {args.pods}→{args.to} pods",
