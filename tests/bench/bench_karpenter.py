@@ -16,14 +16,22 @@ pods it evicted, seconds until its node count settled, node-minutes saved in the
 minutes; and for every column the nodes the scale-in itself emptied (``simulate``'s victims
 for the orderings, the controller's real deletions for the runs).
 
-``python -m tests.bench.bench_karpenter [--pods 200 --to 100]`` (``make bench``; needs
-``make karpenter-tools``). Slow: each run waits for Karpenter's consolidation rounds.
+``--repeat N`` makes each run N times (the run without podcost varies with the controller's
+and Karpenter's tie-breaking) and prints every run, then min / median / max per column.
+``--no-scale-in`` runs, instead, the cost bands' comparison: ``--pods`` pods in zone spread
+costed by podcost's default policy in the wide band and in the chart's band, no scale-in, and the
+nodes Karpenter removes with their pods running (``karpenter_scenarios.standing``).
+
+``python -m tests.bench.bench_karpenter [--pods 200 --to 100] [--repeat N] [--no-scale-in]``
+(``make bench``; needs ``make karpenter-tools``). Slow: each run waits for Karpenter's
+consolidation rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -32,7 +40,7 @@ from pathlib import Path
 from kubernetes_asyncio import config
 from tests.bench.record import record
 from tests.support import karpenter as k
-from tests.support.karpenter_scenarios import Loop, fresh_pools, scenario
+from tests.support.karpenter_scenarios import Embedded, Loop, fresh_pools, scenario, standing
 from tests.support.kube import KubeTestCluster
 
 from podcost_core.policy import Policy, StrategySpec
@@ -69,7 +77,9 @@ async def bench(args: argparse.Namespace) -> list[dict[str, object]]:
 
 
 async def _runs(loop: Loop, args: argparse.Namespace) -> list[dict[str, object]]:
-    simulated: dict[str, int] = {}
+    if args.no_scale_in:
+        return await _standing(loop, args)
+    simulated: dict[str, list[int]] = {}
 
     async def orderings(loop: Loop, ledger: k.Ledger, namespace: str) -> None:
         objects = load_objects(await loop.podcost.dump(namespace))
@@ -80,22 +90,65 @@ async def _runs(loop: Loop, args: argparse.Namespace) -> list[dict[str, object]]
         now = time.time()
         for name, policy in (("controller (simulate)", None), ("PR #2894 (simulate)", PR_2894)):
             result = simulate(snapshot, args.to, now, policy=policy)
-            simulated[name] = emptied(by_node, {pod.name for pod in result.victims})
+            count = emptied(by_node, {pod.name for pod in result.victims})
+            simulated.setdefault(name, []).append(count)
 
     rows: list[dict[str, object]] = []
-    for name, podcost in (("without podcost", False), ("podcost", True)):
-        await fresh_pools(loop, [{"name": "default"}])
-        started = time.monotonic()
-        outcome = await scenario(
-            loop, replicas=args.pods, to=args.to, podcost=podcost,
-            strategies=PODCOST_POLICY if podcost else None,
-            before_scale_in=None if podcost else orderings,
-        )  # fmt: skip
-        rows.append({"variant": name, **outcome.row(), "run_s": round(time.monotonic() - started)})
+    for run in range(1, args.repeat + 1):
+        for name, podcost in (("without podcost", None), ("podcost", Embedded())):
+            await fresh_pools(loop, [{"name": "default"}])
+            started = time.monotonic()
+            outcome = await scenario(
+                loop, replicas=args.pods, to=args.to, podcost=podcost,
+                strategies=PODCOST_POLICY if podcost else None,
+                before_scale_in=None if podcost else orderings,
+            )  # fmt: skip
+            row: dict[str, object] = {"variant": name, "run": run, **outcome.row(),
+                   "run_s": round(time.monotonic() - started)}  # fmt: skip
+            print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
+            rows.append(row)
     await k.delete_node_pools(loop.kube.api, loop.kube)
-    for name, count in simulated.items():
-        rows.append({"variant": name, "emptied_by_scale_in": count})
+    for name, counts in simulated.items():
+        for run, count in enumerate(counts, 1):
+            rows.append({"variant": name, "run": run, "emptied_by_scale_in": count})
     return rows
+
+
+async def _standing(loop: Loop, args: argparse.Namespace) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for run in range(1, args.repeat + 1):
+        for non_negative in (False, True):
+            await fresh_pools(loop, [{"name": "default"}])
+            outcome = await standing(
+                loop, replicas=args.pods, podcost=Embedded(non_negative_costs=non_negative)
+            )
+            row: dict[str, object] = {"variant": "no scale-in", "run": run, **outcome.row()}
+            print(" ".join(f"{key}={value}" for key, value in row.items()), flush=True)
+            rows.append(row)
+    await k.delete_node_pools(loop.kube.api, loop.kube)
+    return rows
+
+
+def spread(rows: Sequence[Mapping[str, object]], key: str = "variant") -> list[dict[str, object]]:
+    """Per ``key`` value with more than one run: min / median / max of every numeric column."""
+    groups: dict[str, list[Mapping[str, object]]] = {}
+    for row in rows:
+        groups.setdefault(str(row.get(key, "")) + str(row.get("podcost", "")), []).append(row)
+    summary: list[dict[str, object]] = []
+    for runs in groups.values():
+        if len(runs) < 2:
+            continue
+        numeric = [c for c, v in runs[0].items() if c != "run" and isinstance(v, int | float)]
+        out: dict[str, object] = {key: runs[0][key], "run": "min/med/max"}
+        if "podcost" in runs[0]:
+            out["podcost"] = runs[0]["podcost"]
+        for column in numeric:
+            values = [float(str(r[column])) for r in runs if column in r]
+            out[column] = "/".join(
+                f"{v:g}" for v in (min(values), statistics.median(values), max(values))
+            )
+        summary.append(out)
+    return summary
 
 
 def _print(rows: Sequence[Mapping[str, object]]) -> None:
@@ -113,21 +166,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--pods", type=int, default=200, help="replicas before (4 a node)")
     parser.add_argument("--to", type=int, default=100, help="replicas after the scale-in")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each variant")
+    parser.add_argument(
+        "--no-scale-in", action="store_true",
+        help="compare the cost bands on a standing Deployment instead",
+    )  # fmt: skip
     args = parser.parse_args()
     rows = asyncio.run(bench(args))
-    _print(rows)
-    runs = {str(row["variant"]): row for row in rows}
-    figures = [
-        f"{name}: {row['nodes_before']}→{row['nodes_after']} nodes, "
-        f"{row['removed_empty']} removed empty, {row['evictions']} evicted, "
-        f"settled in {row['settle_s']} s, {row['node_min_saved_10m']} node-min saved / 10 min"
-        for name, row in runs.items()
-        if "nodes_before" in row
-    ] + [
-        f"{name}: {row['emptied_by_scale_in']} nodes emptied"
-        for name, row in runs.items()
-        if "emptied_by_scale_in" in row
-    ]
+    _print(rows + spread(rows))
+    if args.no_scale_in:
+        figures = [
+            f"{row['podcost']}: {row['nodes']} nodes, {row['seen_empty']} read as empty, "
+            f"{row['removed_holding_pods']} removed with running pods, {row['evictions']} evicted"
+            for row in rows
+        ]
+        title = f"real Karpenter (kwok), {args.pods} pods costed by podcost, no scale-in"
+        record("bench_karpenter_bands", title, figures)
+        return
+    figures = []
+    for name in dict.fromkeys(str(row["variant"]) for row in rows):
+        runs = [row for row in rows if row["variant"] == name]
+        if "nodes_before" in runs[0]:
+            medians = {c: statistics.median(float(str(r[c])) for r in runs) for c in (
+                "nodes_before", "nodes_after", "removed_empty", "evictions", "settle_s",
+                "node_min_saved_10m")}  # fmt: skip
+            figures.append(
+                f"{name}: {medians['nodes_before']:g}→{medians['nodes_after']:g} nodes, "
+                f"{medians['removed_empty']:g} removed empty, {medians['evictions']:g} evicted, "
+                f"settled in {medians['settle_s']:g} s, {medians['node_min_saved_10m']:g} "
+                f"node-min saved / 10 min" + (f" (median of {len(runs)})" if len(runs) > 1 else "")
+            )
+        else:
+            count = statistics.median(float(str(r["emptied_by_scale_in"])) for r in runs)
+            figures.append(
+                f"{name}: {count:g} nodes emptied"
+                + (f" (median of {len(runs)})" if len(runs) > 1 else "")
+            )
     record(
         "bench_karpenter",
         f"real Karpenter (kwok) after a scale-in of {args.pods}→{args.to} pods",

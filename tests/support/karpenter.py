@@ -170,6 +170,21 @@ def karpenter_evaluations(metrics_url: str) -> float:
     )
 
 
+DISRUPTED = "karpenter_nodeclaims_disrupted_total"
+
+
+def karpenter_disrupted(metrics_url: str, reason: str) -> float:
+    """How many NodeClaims Karpenter has disrupted for ``reason`` (``empty``, ``underutilized``,
+    ``drifted`` ...), by its own counter."""
+    with urllib.request.urlopen(metrics_url, timeout=5) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(DISRUPTED) and f'reason="{reason}"' in line
+    )
+
+
 def eviction_cost(pod: Any) -> float:
     """Karpenter's cost of evicting ``pod`` (``V1Pod``), as its ``EvictionCost`` reads the
     pod's deletion cost and priority: ``clamp(1 + cost/2^27 + priority/2^25, -10, 10)``."""
@@ -376,6 +391,19 @@ async def wait_stable(
             raise AssertionError("Karpenter's node count never settled")
 
 
+async def disruption_reasons(kube: KubeTestCluster) -> dict[str, str]:
+    """Node name → the reason Karpenter's own ``DisruptionTerminating`` event gives for
+    disrupting it (``Empty``, ``Underutilized``, ...), read from its message
+    ``Disrupting Node: <reason>``."""
+    listed = await kube.core.list_event_for_all_namespaces(
+        field_selector="reason=DisruptionTerminating,involvedObject.kind=Node"
+    )
+    return {
+        event.involved_object.name: (event.message or "").rpartition(": ")[2]
+        for event in listed.items
+    }
+
+
 def zone_skew(counts: Mapping[str, int]) -> int:
     """Max minus min over the zones (a zone absent from ``counts`` counts 0)."""
     return max(counts.values()) - min(counts.values()) if counts else 0
@@ -409,9 +437,12 @@ class Outcome:
     seen_empty: int = 0
     """Nodes still running pods of the workload after the controller's scale-in that Karpenter
     reads as empty (their pods' deletion costs bring its reschedule cost to 1 or below)."""
+    podcost: str = "none"
+    """How podcost ran, and the band of its costs (e.g. ``fleet, [0, 2^27)``)."""
 
-    def row(self) -> dict[str, float | int]:
+    def row(self) -> dict[str, float | int | str]:
         return {
+            "podcost": self.podcost,
             "nodes_before": self.nodes_before, "nodes_after": self.nodes_after,
             "removed": self.removed, "removed_empty": self.removed_empty,
             "evictions": self.evictions, "settle_s": round(self.settle_seconds, 1),

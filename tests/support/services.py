@@ -86,15 +86,18 @@ class ServiceSpec:
 REPLICATED = ("watcher", "annotator", "aggregator", "rankers", "embedded")
 
 
-def chart_policy(non_negative: bool | None = None) -> Policy:
-    """The cluster default policy the chart's values render (``policy-configmap.yaml``): what
-    every component of a chart-rendered fleet loads from ``PODCOST_POLICY_FILE``; with
+def chart_policy_document(non_negative: bool | None = None) -> dict[str, Any]:
+    """The policy file the chart's values render (``policy-configmap.yaml``), as data; with
     ``non_negative``, as rendered with ``policy.nonNegativeCosts`` set so."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())["policy"]
     wanted = values.get("nonNegativeCosts", False) if non_negative is None else non_negative
-    document = {"version": 1, "strategies": values["strategies"],
-                "non_negative_costs": bool(wanted)}  # fmt: skip
-    return policy_from_data(document, source="the chart's policy")
+    return {"version": 1, "strategies": values["strategies"], "non_negative_costs": bool(wanted)}
+
+
+def chart_policy(non_negative: bool | None = None) -> Policy:
+    """The cluster default policy the chart's values render: what every component of a
+    chart-rendered fleet loads from ``PODCOST_POLICY_FILE`` (:func:`chart_policy_document`)."""
+    return policy_from_data(chart_policy_document(non_negative), source="the chart's policy")
 
 
 def one_replica_each(values: Mapping[str, Any]) -> dict[str, Any]:
