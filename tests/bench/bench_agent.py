@@ -57,6 +57,7 @@ from podcost.annotator import AnnotatorService, AnnotatorSettings
 from podcost.annotator import bootstrap as bootstrap_annotator
 from podcost.annotator.plan import Scope
 from podcost.annotator.view import ClusterView
+from podcost.runtime.heap import heap_dumps_on_signal
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.runner import Service, serve
 from podcost.runtime.settings import ServiceSettings
@@ -333,6 +334,7 @@ def main() -> None:
     parser.add_argument("--stream", default=None, help="the churn FIFO")
     args = parser.parse_args()
     os.environ.setdefault("PODCOST_DRY_RUN", "true")
+    heap_dumps_on_signal()  # PODCOST_HEAP_DUMP, as every podcost command
     asyncio.run(run(args))
 
 

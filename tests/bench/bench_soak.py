@@ -54,6 +54,7 @@ import dataclasses
 import itertools
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -85,6 +86,7 @@ from tests.support.broker import lag_by_group, last_records
 from tests.support.kube import KubeTestCluster
 from tests.support.services import ServiceProcess, chart_policy, metric_key, processes
 
+from podcost.runtime.heap import HEAP_DUMP_ENV
 from podcost_contracts.messages import (
     DesiredCostsMessage,
     WorkloadSnapshotMessage,
@@ -129,6 +131,11 @@ class SoakConfig:
     """One process for every strategy's ranker instead of one per strategy."""
     restart: bool = True
     settle_timeout: float = 600.0
+    heap_dump: Path | None = None
+    """When set, the agent processes trace their allocations (``PODCOST_HEAP_DUMP``: a
+    directory per process under it) and dump them at the end of the warm-up and when the churn
+    stops, for ``tests.bench.heap_diff`` (tracing every process slows a loaded machine past
+    the aggregator's stall bound)."""
 
     @property
     def seconds(self) -> float:
@@ -674,6 +681,12 @@ class Soak:
             log(f"  restarted {name} (exit {code}): ready {process.ready_after:.1f}s after its "
                 f"start, {ready_at - stopped_at:.1f}s after its stop")  # fmt: skip
 
+    def dump_heaps(self) -> None:
+        """SIGUSR1 to the agent processes: each writes its next heap dump."""
+        for process in self.running.values():
+            if process.alive and process.spec.name.startswith("agents-"):
+                os.kill(process.pid, signal.SIGUSR1)
+
     def check_alive(self) -> None:
         dead = [name for name, p in self.running.items() if not p.alive]
         if dead:
@@ -793,6 +806,15 @@ async def _run(
                  "PODCOST_ANNOTATOR_GROUP": f"bench-{run}"},
                 core[0],
             ))  # fmt: skip
+        if config.heap_dump is not None:
+            specs = [
+                dataclasses.replace(
+                    spec, env={**spec.env, HEAP_DUMP_ENV: str(config.heap_dump / spec.name)}
+                )
+                if spec.name.startswith("agents-")
+                else spec
+                for spec in specs
+            ]
         logs = work / "logs"
         logs.mkdir()
         async with processes(specs, env={}, log_dir=logs, ready_timeout=600) as running:
@@ -820,7 +842,15 @@ async def _run(
             sampler = asyncio.create_task(soak.sampling(log), name="soak sampling")
             try:
                 half = config.seconds / 2
+                dumped = False
                 while soak.now() < config.seconds:
+                    if (
+                        config.heap_dump is not None
+                        and not dumped
+                        and (soak.now() >= config.warm_up_s)
+                    ):
+                        dumped = True
+                        soak.dump_heaps()
                     if config.restart and not soak.result.restarts and soak.now() >= half:
                         log(f"rolling restart of the core at {soak.now() / 60:.1f} min:")
                         await soak.rolling_restart(log)
@@ -833,6 +863,8 @@ async def _run(
                 with contextlib.suppress(asyncio.CancelledError):
                     await sampler
             soak.set_rate(0)
+            if config.heap_dump is not None:
+                soak.dump_heaps()
             dumps: list[dict[str, Any]] = []
             for host in hosts:
                 assert host.churn.stdin is not None
@@ -1014,6 +1046,10 @@ def main() -> None:
     parser.add_argument("--agent-processes", type=int, default=defaults.agent_processes)
     parser.add_argument("--rankers", choices=("apart", "shared"), default="apart")
     parser.add_argument("--no-restart", action="store_true")
+    parser.add_argument("--heap-dump", default=None, metavar="DIR",
+                        help="trace the agent processes' allocations; dumps at the end of "
+                             "the warm-up and of the churn in DIR/<process> (tests.bench."
+                             "heap_diff)")  # fmt: skip
     parser.add_argument("--kafka-data", default=None,
                         help="the log dir of PODCOST_KAFKA's broker")  # fmt: skip
     parser.add_argument("--churn-from", default=None, help=argparse.SUPPRESS)
@@ -1030,6 +1066,7 @@ def main() -> None:
         workloads=args.workloads, pods=args.pods, namespaces=args.namespaces, nodes=args.nodes,
         workload_share=args.workload_share, agent_processes=args.agent_processes,
         shared_rankers=args.rankers == "shared", restart=not args.no_restart,
+        heap_dump=Path(args.heap_dump) if args.heap_dump else None,
     )  # fmt: skip
     with contextlib.ExitStack() as stack:
         if os.environ.get("PODCOST_USE_KUBECONFIG") == "1" and os.environ.get("KUBECONFIG"):
