@@ -81,13 +81,18 @@ async def test_ten_minutes_of_churn_and_a_rolling_restart_pile_nothing_up_and_en
         assert running < THREADS_SLOPE_PER_H, f"{name}: {running:+.1f} threads/h"
 
     # The states follow the live workloads, not the history: each cluster stays within one
-    # workload of its target while many more were created and deleted over the run.
+    # workload of its target (one more may be in flight) while many more were created and
+    # deleted over the run. Not exactly the live ones at the end: a workload whose strategies'
+    # answers reach the aggregator after its gone message gets a state of answers waiting for a
+    # snapshot, which its watcher's next live set (each resync, every 10 minutes) forgets.
     assert result.deleted >= CONFIG.clusters, "workloads came and went"
-    assert result.final_states == result.live
     most = CONFIG.clusters * (CONFIG.workloads + 2)
+    assert result.created > most, "the history outgrew what the states may hold"
     counted = [s.states for s in result.counted_samples() if s.states is not None]
     assert counted, "the aggregator's states were sampled"
     assert max(counted) <= most, f"states {max(counted)} > {most} (created {result.created})"
+    assert result.final_states is not None
+    assert result.live <= result.final_states <= most
 
     assert result.final_lags, "the broker knows the groups"
     assert not any(result.final_lags.values()), result.final_lags
