@@ -90,6 +90,7 @@ bench: setup  ## benchmarks that print numbers (not tests); records them in docs
 	$(RUN) python -m tests.bench.bench_compression
 	$(RUN) python -m tests.bench.bench_failover
 	$(RUN) python -m tests.bench.bench_karpenter
+	$(RUN) python -m tests.bench.bench_soak
 	$(RUN) python -m tests.bench.record
 
 bench-table: setup  ## re-render docs/benchmarks/results.md from docs/benchmarks/results.json

@@ -241,9 +241,11 @@ class EventRecorder:
         await self._idle.wait()
 
     async def run(self) -> None:
-        """Write queued events and flush series counts until cancelled."""
+        """Write queued events and flush series counts until cancelled. Off, it writes nothing
+        and still lasts until cancelled: the services run it beside their other tasks, and a
+        task of theirs that ends ends the service (a dry-run watcher would stop once synced)."""
         if not self.settings.enabled:
-            return
+            await asyncio.Event().wait()
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.series_flush_seconds)

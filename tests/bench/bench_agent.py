@@ -3,18 +3,18 @@
 a synthetic watch stream instead of the API server's watch lines.
 
 ``python -m tests.bench.bench_agent --role watcher|annotator|agent [--clusters a,b] [--stream
-FIFO]``, started by ``bench_pipeline`` (mode "Kafka, one process per
-service": one watcher process and one annotator process) and ``bench_fleet`` (role ``agent``:
-one process hosting, per cluster of ``--clusters``, a watcher and an annotator with that
+FIFO]``, started by ``bench_pipeline`` (mode "Kafka, one process per service": one watcher
+process and one annotator process), ``bench_fleet`` and ``bench_soak`` (role ``agent``: one
+process hosting, per cluster of ``--clusters``, a watcher and an annotator with that
 cluster's settings: its own costs topic, consumer group and Kafka clients, as separate agents
 would have; 100 agent processes would not fit two cores).
 
 - The watcher runs for real: its informer lists and watches the API server (``$KUBECONFIG``;
   ``PODCOST_WATCHER_NAMESPACE`` names an empty namespace), and each line read from ``--stream``
-  (a FIFO written by a churn process: ``bench_pipeline.churn_main``, or ``bench_fleet``'s
-  multi-cluster churn whose lines start with the cluster's index) goes through ``decode_event``,
-  ``apply_event`` (the object projected as the informer keeps it, then ``Store.apply``) and the
-  watcher's informer handler, exactly as a line from the API server.
+  (a FIFO written by a churn process: ``bench_pipeline.churn_main``, or ``bench_fleet``'s or
+  ``bench_soak``'s multi-cluster churn whose lines start with the cluster's index) goes through
+  ``decode_event``, ``apply_event`` (the object projected as the informer keeps it, then
+  ``Store.apply``) and the watcher's informer handler, exactly as a line from the API server.
 - The annotator runs dry-run (``PODCOST_DRY_RUN=true``). Its pod reads are answered from a
   store of the synthetic cluster instead of the API server, since no real API server here serves
   5,000 synthetic pod events/s: role ``annotator`` (alone in its process, as the chart's agent
@@ -57,6 +57,7 @@ from podcost.annotator import AnnotatorService, AnnotatorSettings
 from podcost.annotator import bootstrap as bootstrap_annotator
 from podcost.annotator.plan import Scope
 from podcost.annotator.view import ClusterView
+from podcost.runtime.heap import heap_dumps_on_signal
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.runner import Service, serve
 from podcost.runtime.settings import ServiceSettings
@@ -333,6 +334,7 @@ def main() -> None:
     parser.add_argument("--stream", default=None, help="the churn FIFO")
     args = parser.parse_args()
     os.environ.setdefault("PODCOST_DRY_RUN", "true")
+    heap_dumps_on_signal()  # PODCOST_HEAP_DUMP, as every podcost command
     asyncio.run(run(args))
 
 

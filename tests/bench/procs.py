@@ -3,7 +3,8 @@ outside: the core (rankers and aggregator) as the Helm chart's core mode starts 
 agent processes next to it, the processes' counters over their ``/metrics`` endpoints, and each
 process's CPU time and memory from ``/proc``.
 
-Used by ``bench_pipeline`` (its mode "Kafka, one process per service") and ``bench_fleet``.
+Used by ``bench_pipeline`` (its mode "Kafka, one process per service"), ``bench_fleet`` and
+``bench_soak``.
 The processes are started with the shared harness ``tests.support.services``; the bench's own
 agent processes (``tests.bench.bench_agent``, which feed synthetic watch streams into the real
 watcher and annotator) are specs whose ``module`` is not ``podcost``.

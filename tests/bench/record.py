@@ -46,6 +46,7 @@ ORDER = (
     "bench_compression",
     "bench_failover",
     "bench_karpenter",
+    "bench_soak",
 )
 
 HEADER = """\
