@@ -16,7 +16,11 @@ Why each setting:
   agent that comes back reads on from its committed offset; the watcher resyncs on start anyway).
   Dead letters are kept twice as long, to be read by a person. The aggregator's changelogs hold
   each workload's latest state under its key: they are **compacted** and never expire by time,
-  or a restarted aggregator would lose the states of quiet workloads.
+  or a restarted aggregator would lose the states of quiet workloads. The broker compacts only
+  a log's closed segments, so the changelogs close theirs at :data:`CHANGELOG_SEGMENT_BYTES` or
+  after :data:`CHANGELOG_SEGMENT_MS`: at the broker's defaults (1 GiB, 7 days) every decision's
+  rewrite of a state piled up uncompacted, about 235 MiB an hour for five busy clusters
+  (``tests/bench/bench_soak.py``), all of it read again by every recovery.
 - **Replication.** Production: :data:`PRODUCTION_REPLICATION_FACTOR` replicas and
   ``min.insync.replicas`` of :data:`PRODUCTION_MIN_INSYNC_REPLICAS` (every producer of podcost
   writes with ``acks=all``, so one broker can be lost without losing or refusing a record). The
@@ -42,6 +46,9 @@ DEADLETTER_RETENTION_MS: Final = 14 * DAY_MS
 PRODUCTION_REPLICATION_FACTOR: Final = 3
 #: ``min.insync.replicas`` with :data:`PRODUCTION_REPLICATION_FACTOR` replicas.
 PRODUCTION_MIN_INSYNC_REPLICAS: Final = 2
+#: A changelog segment's size and age at which the broker closes it, so that it can be compacted.
+CHANGELOG_SEGMENT_BYTES: Final = 64 * 1024 * 1024
+CHANGELOG_SEGMENT_MS: Final = 3600 * 1000
 #: The aggregator's default app id: its consumer group and its internal topics' prefix.
 DEFAULT_AGGREGATOR_APP_ID: Final = "podcost-aggregator"
 #: The parts of an aggregator state, each a table with its changelog (``podcost_core.aggregate``).
@@ -75,6 +82,10 @@ class TopicSpec:
     """The component that writes it (and, on a broker with ACLs, may create it)."""
     readers: tuple[str, ...]
     purpose: str
+    segment_bytes: int | None = None
+    """``segment.bytes``; ``None``: the broker's."""
+    segment_ms: int | None = None
+    """``segment.ms``; ``None``: the broker's."""
 
     def configs(self) -> dict[str, str]:
         """The topic-level configs it is created with and checked against."""
@@ -84,6 +95,10 @@ class TopicSpec:
         }
         if self.retention_ms is not None:
             configs["retention.ms"] = str(self.retention_ms)
+        if self.segment_bytes is not None:
+            configs["segment.bytes"] = str(self.segment_bytes)
+        if self.segment_ms is not None:
+            configs["segment.ms"] = str(self.segment_ms)
         return configs
 
     def for_cluster(self, cluster: str, topic: str) -> TopicSpec:
@@ -91,7 +106,7 @@ class TopicSpec:
         return TopicSpec(
             self.role, topic, self.partitions, self.cleanup_policy, self.retention_ms,
             self.replication_factor, self.min_insync_replicas, self.writer, self.readers,
-            f"{self.purpose} ({cluster})",
+            f"{self.purpose} ({cluster})", self.segment_bytes, self.segment_ms,
         )  # fmt: skip
 
     def to_json(self) -> dict[str, object]:
@@ -179,8 +194,11 @@ def topic_plan(
         spec("deadletter", topics.deadletter, "delete", DEADLETTER_RETENTION_MS, "every component",
              ("people",), "records that could not be processed, with the reason"),
         *(
-            spec("changelog", f"{app}-{part}-changelog", "compact", None, "aggregator",
-                 ("aggregator",), f"the {part} part of each workload's aggregation state")
+            replace(
+                spec("changelog", f"{app}-{part}-changelog", "compact", None, "aggregator",
+                     ("aggregator",), f"the {part} part of each workload's aggregation state"),
+                segment_bytes=CHANGELOG_SEGMENT_BYTES, segment_ms=CHANGELOG_SEGMENT_MS,
+            )
             for part in state_parts
         ),
         spec("assignor", f"{app}-__assignor-__leader", "delete", None, "aggregator",

@@ -14,7 +14,11 @@ from tests.support.pipeline import fresh_kafka_settings
 
 from podcost.runtime.metrics import Metrics
 from podcost_bus import KafkaBus
-from podcost_contracts.topic_contract import PIPELINE_RETENTION_MS
+from podcost_contracts.topic_contract import (
+    CHANGELOG_SEGMENT_BYTES,
+    CHANGELOG_SEGMENT_MS,
+    PIPELINE_RETENTION_MS,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +79,11 @@ async def test_a_topic_created_by_hand_with_the_wrong_policy_is_reported_and_lef
                 for topic, differences in bus.topic_drift().items()
             }
     assert found == {
-        changelog: {("cleanup.policy", "compact", "delete")},
+        changelog: {
+            ("cleanup.policy", "compact", "delete"),
+            ("segment.bytes", str(CHANGELOG_SEGMENT_BYTES), "1073741824"),
+            ("segment.ms", str(CHANGELOG_SEGMENT_MS), "604800000"),
+        },
         settings.topic_workloads: {
             ("partitions", str(settings.partitions), "1"),
             ("retention.ms", str(PIPELINE_RETENTION_MS), "3600000"),

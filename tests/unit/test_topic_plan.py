@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 from podcost.cli import app
 from podcost_contracts.fleet import RegistryError, read_registry
 from podcost_contracts.topic_contract import (
+    CHANGELOG_SEGMENT_BYTES,
+    CHANGELOG_SEGMENT_MS,
     DEADLETTER_RETENTION_MS,
     PIPELINE_RETENTION_MS,
     drift,
@@ -42,6 +44,8 @@ def test_every_topic_has_its_policy_and_the_changelogs_are_compacted_without_exp
         assert by_name[f"podcost-aggregator-{part}-changelog"] == {
             "cleanup.policy": "compact",
             "min.insync.replicas": "2",
+            "segment.bytes": str(CHANGELOG_SEGMENT_BYTES),
+            "segment.ms": str(CHANGELOG_SEGMENT_MS),
         }
     assert "podcost.costs.<cluster>" in by_name
 
