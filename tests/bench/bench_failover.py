@@ -1,7 +1,7 @@
 """Failover benchmark: how long the aggregator takes to decide again after a crash or a new
 member, by the size of its state and its standby replicas, over the real Kafka broker.
 
-A script, not a test (``python -m tests.bench.bench_failover [--workloads 10000,50000]
+A script, not a test (``python -m tests.bench.bench_failover [--workloads 10000,50000,100000]
 [--standbys 0,1] [--pods 25] [--partitions 6] [--session-timeout-ms MS]``); it prints a table
 and asserts nothing. It starts its own Kafka broker (``podcost_localinfra``) unless
 ``PODCOST_KAFKA`` points at one.
@@ -305,7 +305,7 @@ def table(rows: list[Row]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default="10000,50000",
+    parser.add_argument("--workloads", default="10000,50000,100000",
                         help="state sizes, comma-separated")  # fmt: skip
     parser.add_argument("--standbys", default="0,1", help="standby replicas, comma-separated")
     parser.add_argument("--pods", type=int, default=25)
