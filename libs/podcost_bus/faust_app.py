@@ -226,7 +226,7 @@ class FaustKeyedApp(Generic[S]):
         """Whether the stores may hold states not decoded yet (a recovery or a rebalance since the
         last full scan): once no recovery is going on, a tick scans every stored key."""
         self._unscanned: list[bytes] = []
-        """The keys the scan has still to decode."""
+        """The keys the scan has still to look at."""
         self._told = processor if isinstance(processor, StoredWakeup) else None
         """The processor, if it tells a stored state's wake-up (checked once: a protocol's
         ``isinstance`` costs as much as the answer)."""
@@ -589,7 +589,7 @@ class FaustKeyedApp(Generic[S]):
                 await self._fail(error)
 
     async def _scan(self) -> None:
-        """Decode every stored state once a recovery is complete (its wake-up is then known), a
+        """Learn every stored state's wake-up once a recovery is complete (:meth:`_scan_key`), a
         slice at a time; a rebalance meanwhile starts it again after its recovery."""
         if self._rescan and self._settled():
             self._rescan = False
