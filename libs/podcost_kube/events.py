@@ -29,7 +29,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from podcost_kube.client import KubeError
 
@@ -97,6 +97,7 @@ class EventSettings:
     """Writes that may wait; more are dropped."""
 
 
+@runtime_checkable
 class EventSink(Protocol):
     """What the recorder needs of the Kubernetes adapter (``podcost_kube.client.Kube``)."""
 

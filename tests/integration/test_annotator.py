@@ -15,6 +15,7 @@ namespace, on this module's node; each annotator verifies against its own inform
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -337,6 +338,29 @@ async def test_a_cost_set_by_hand_is_left_alone_unless_overwrite_foreign_is_conf
     assert counting.patches == {f"{space.namespace}/{other.name}": 1}
     assert patches(polite, "skipped_foreign") == 1
     assert (await costs_on(kube, space, app))[manual.name] == ("-7", CostOwner.OTHER)
+
+    # `kubectl describe deployment` shows the write and the cost it kept.
+    expected = {
+        ("CostsWritten", "wrote 1 pod deletion costs for decision 1"),
+        ("ForeignCostKept", "kept 1 pod deletion costs someone else set (decision 1); "
+         "PODCOST_ANNOTATOR_OVERWRITE_FOREIGN would take them over"),
+    }  # fmt: skip
+
+    async def told() -> set[tuple[str, str]]:
+        about = f"involvedObject.kind=Deployment,involvedObject.name={app}"
+        found = await kube.core.list_namespaced_event(space.namespace, field_selector=about)
+        return {
+            (event.reason, event.message)
+            for event in found.items
+            if event.reporting_component == "podcost.dev/annotator"
+        }
+
+    async def all_told() -> bool:
+        return await told() == expected
+
+    with contextlib.suppress(AssertionError):  # the comparison below shows what differs
+        await kube.wait_for(all_told, "the annotator's events on the Deployment", timeout=WAIT_S)
+    assert await told() == expected
     await annotators.stop(polite)
 
     await annotators.publish(space.namespace, app, *wanted, version=2)

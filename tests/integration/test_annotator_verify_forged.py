@@ -14,6 +14,7 @@ production.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ pytestmark = pytest.mark.integration
 RUN = uuid.uuid4().hex[:6]
 NODE_LABEL = {"podcost-verify-test": RUN}
 WAIT_S = 60.0
+REFUSAL_REASONS = ("out_of_scope", "unknown_pod", "uid_mismatch", "unknown_owner", "no_workload",
+                   "other_workload", "not_opted_in")  # fmt: skip
 
 
 @dataclass
@@ -149,10 +152,24 @@ def sample(service: AnnotatorService, name: str, **labels: str) -> float:
 
 
 def refused(service: AnnotatorService) -> dict[str, float]:
-    reasons = ("out_of_scope", "unknown_pod", "uid_mismatch", "unknown_owner", "no_workload",
-               "other_workload", "not_opted_in")  # fmt: skip
-    found = {reason: sample(service, "podcost_refusals_total", reason=reason) for reason in reasons}
+    found = {
+        reason: sample(service, "podcost_refusals_total", reason=reason)
+        for reason in REFUSAL_REASONS
+    }
     return {reason: count for reason, count in found.items() if count}
+
+
+async def told(kube: KubeTestCluster, namespace: str, kind: str, name: str) -> set[tuple[str, ...]]:
+    """podcost's events about ``kind`` ``name``, as ``kubectl describe`` finds them: (type,
+    reason, the reason for a refusal as the note names it)."""
+    found = await kube.core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.kind={kind},involvedObject.name={name}"
+    )
+    return {
+        (event.type, event.reason, *(r for r in REFUSAL_REASONS if f": {r}," in event.message))
+        for event in found.items
+        if event.reporting_component == "podcost.dev/annotator"
+    }
 
 
 async def stop(task: asyncio.Task[None]) -> None:
@@ -197,6 +214,27 @@ async def test_forged_decisions_are_refused_by_reason_without_a_request_and_genu
             # No request at all for a forged entry: only the genuine pods were read and patched.
             assert counting.patches == {f"{ns}/{web[0].name}": 1, f"{ns}/{api[1].name}": 1}
             assert set(counting.reads) == {f"{ns}/{web[0].name}", f"{ns}/{api[1].name}"}
+            # Each refused pod is told why, where `kubectl describe pod` looks; each workload
+            # whose genuine costs were written is told so.
+            expected = {
+                (ns, "Pod", web[1].name): {("Warning", "CostRefused", "uid_mismatch")},
+                (ns, "Pod", api[0].name): {("Warning", "CostRefused", "other_workload")},
+                (ns, "Pod", legacy[0].name): {("Warning", "CostRefused", "not_opted_in")},
+                ("kube-system", "Pod", system.name): {("Warning", "CostRefused", "no_workload")},
+                (ns, "Deployment", f"web-{RUN}"): {("Normal", "CostsWritten")},
+                (ns, "Deployment", f"api-{RUN}"): {("Normal", "CostsWritten")},
+            }
+
+            async def events() -> dict[tuple[str, str, str], set[tuple[str, ...]]]:
+                return {where: await told(kube, *where) for where in expected}
+
+            async def all_told() -> bool:
+                return await events() == expected
+
+            with contextlib.suppress(AssertionError):  # the comparison below shows what differs
+                await kube.wait_for(all_told, "podcost's events on each pod and workload",
+                                    timeout=WAIT_S, interval=0.2)  # fmt: skip
+            assert await events() == expected
         finally:
             await stop(task)
         after = {pod.name: await metadata_of(kube, where, pod.name) for where, pod in bystanders}
@@ -232,6 +270,18 @@ async def test_a_decision_outside_the_annotators_namespace_is_refused_and_one_in
             assert refused(service) == {"out_of_scope": 1}
             assert counting.patches == {f"{space.inside}/{inside[0].name}": 1}
             assert set(counting.reads) == {f"{space.inside}/{inside[0].name}"}
+
+            # The event about the write inside is recorded after the refusal outside would be.
+            async def written_told() -> bool:
+                shop = f"shop-{RUN}"
+                return await told(kube, space.inside, "Deployment", shop) == {
+                    ("Normal", "CostsWritten")
+                }
+
+            await kube.wait_for(written_told, "CostsWritten on the Deployment inside",
+                                timeout=WAIT_S, interval=0.2)  # fmt: skip
+            # Nothing written outside the namespaces it serves, not even an event.
+            assert await told(kube, space.outside, "Pod", outside[0].name) == set()
         finally:
             await stop(task)
     after = await metadata_of(kube, space.outside, outside[0].name)

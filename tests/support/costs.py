@@ -20,6 +20,7 @@ from podcost.annotator import PodAPI
 from podcost_bus import Bus, Delivery, publish_message
 from podcost_contracts.messages import DesiredCostsMessage, PodCost
 from podcost_core.model import PodUID
+from podcost_kube.events import EventSink
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,16 @@ class CountingPods:
     async def read_pod(self, namespace: str, name: str) -> Mapping[str, Any]:
         self.reads[f"{namespace}/{name}"] += 1
         return await self.inner.read_pod(namespace, name)
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Events pass through to ``inner`` uncounted (when it writes them: the ``Kube``
+        adapter), as the annotator writes them in production."""
+        assert isinstance(self.inner, EventSink), "events need the Kube adapter underneath"
+        return await self.inner.create_event(namespace, body)
+
+    async def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        assert isinstance(self.inner, EventSink), "events need the Kube adapter underneath"
+        return await self.inner.patch_event(namespace, name, patch)
 
     async def patch_deletion_cost_if_unchanged(
         self, namespace: str, pod: str, cost: int, *, seen: Mapping[str, Any]

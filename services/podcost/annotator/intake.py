@@ -164,11 +164,13 @@ class Verifier:
     def count_refusal(
         self, want: Want[Ticket[Batch]], message: DesiredCostsMessage, refused: Refused
     ) -> Result:
-        """Count and log a refused write, and tell the pod (a Warning event)."""
+        """Count and log a refused write, and tell the pod (a Warning event) unless it is outside
+        the namespaces this annotator serves: a forged record must not make podcost write where
+        it has no business (nor need the RBAC to)."""
         self.metrics.refusals.labels(refused.reason.value).inc()
         pod = f"{want.namespace}/{want.name}"
         events, view = self._running.events, self._running.view
-        if events is not None:
+        if events is not None and refused.reason is not Refusal.OUT_OF_SCOPE:
             known = view.pod(want.namespace, want.name) if view is not None else None
             uid = str(((known or {}).get("metadata") or {}).get("uid") or "")
             events.record(

@@ -74,7 +74,7 @@ from podcost_bus import (
 )
 from podcost_core.backoff import Random
 from podcost_kube.client import Kube, connect
-from podcost_kube.events import EventRecorder
+from podcost_kube.events import EventRecorder, EventSink
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -252,7 +252,7 @@ class AnnotatorService:
         consumer = self.bus.consumer(
             [self.topic], group=self.group, max_poll_records=self.config.poll_records
         )
-        if isinstance(kube, Kube):
+        if isinstance(kube, EventSink):
             self._running.events = recorder(self.settings, kube, "annotator")
         async with consumer:
             self._running.consumer = consumer
