@@ -1,7 +1,8 @@
 """A ranker's answer that comes after its workload's gone message, through the aggregator over the
 in-memory bus with a fake clock (the consumer-loop transport): the state it starts is forgotten
 once the early-answer horizon passes with no snapshot, while an answer whose snapshot comes
-within the horizon is decided. The same over the real broker and the faust tables is
+within the horizon is decided; a state stored holding nothing (by a version that kept such
+states) is forgotten at the first tick. The same over the real broker and the faust tables is
 ``tests/integration/test_late_answers.py``; the pure rule is in ``tests/unit/test_aggregate.py``."""
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ from podcost import aggregator
 from podcost.aggregator import AggregatorService, AggregatorSettings
 from podcost.runtime.settings import ServiceSettings
 from podcost_bus import BusSettings, MemoryBus, publish_message
-from podcost_bus.keyed import KeyedConsumerLoop
+from podcost_bus.keyed import DROP, KeyedConsumerLoop
 from podcost_contracts.messages import (
     DesiredCostsMessage,
     StrategyRanksMessage,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
 )
+from podcost_core.aggregate import AT_ONCE, PROGRESS_PART, WorkloadState
 from podcost_core.model import Snapshot
 from podcost_core.policy import policy_from_annotations
 
@@ -124,3 +126,22 @@ async def test_an_answer_whose_snapshot_comes_within_the_horizon_is_decided_with
         assert KEY.encode() in states(service)  # a decided state describes its workload
     assert (decision.version, decision.complete) == (SNAPSHOT.version, True)
     assert forgotten(service, "expired") == 0
+
+
+def test_a_state_stored_holding_nothing_is_due_at_once_and_its_tick_drops_it(
+    bus: MemoryBus, clock: FakeClock
+) -> None:
+    """As a version that kept such states left them: a progress part with no answer waiting and
+    no snapshot part. Read back after a restart, it is forgotten at the first tick."""
+    processor = combiner(bus, clock).processor
+    parts = processor.dump(None, WorkloadState(KEY))
+    assert set(parts) == {PROGRESS_PART}
+    state = processor.load(KEY.encode(), parts)
+    assert processor.stored_wakeup(KEY.encode(), parts) == processor.wakeup(state) == AT_ONCE
+    assert processor.on_tick(KEY.encode(), state) is DROP
+    assert (
+        processor.metrics.get_sample_value(
+            "podcost_aggregator_states_forgotten_total", {"reason": "expired"}
+        )
+        == 1
+    )
