@@ -394,8 +394,9 @@ class AggregationConfig:
     """How long answers for a version not seen yet wait for their snapshot; a state holding
     nothing else is then forgotten (:meth:`Aggregator.describes_nothing`). An answer comes
     before its snapshot only as far as the aggregator's read of the workloads topic lags the
-    ranker's (a second at most while both keep up, the length of a recovery after a failover):
-    a minute covers that with room, and bounds how long a late answer's state is kept."""
+    ranker's (under a second while it keeps up; its backlog on that topic after an outage or a
+    failover): a minute covers that with room, and bounds how long a late answer's state is
+    kept."""
     early_versions: int = 4
     """How many versions not seen yet may have answers waiting (the newest are kept)."""
 
