@@ -3,7 +3,8 @@
 ``FaustKeyedApp`` runs a :class:`~podcost_bus.keyed.KeyedProcessor` as a faust app: one agent
 reads the source topics (the aggregator's: workloads and ranks) in batches, one table per state
 part, keyed by the record key, holds the states (restored from the tables' changelog topics after
-a restart or a rebalance), and a timer lets the processor act on deadlines. The aggregator
+a restart or a rebalance), and a timer lets the processor act on deadlines (and forget a state,
+as a record can: a tombstone in every part's changelog, its wake-up forgotten). The aggregator
 service builds it in Kafka mode; its tests start it in-process against the real broker.
 Where podcost repairs faust (its consumer, flow control, producer metadata, stop, recovery) is
 ``podcost_bus.faust_adaptations``, one class or function per defect; this module is podcost's
@@ -584,6 +585,8 @@ class FaustKeyedApp(Generic[S]):
                 # Standby and revoked partitions are someone else's to act on.
                 mine = [item for item in due if key_partition(item[0], self._partitions) in owned]
                 changed = await tick_batch(self.processor, mine)
+                # A state the tick dropped leaves every part's store and changelog (tombstones)
+                # and its wake-up, as a record's DROP does.
                 await self._store_batch(Batch(states=dict(changed)))
             except Exception as error:  # escalated: see the module docstring
                 await self._fail(error)

@@ -70,8 +70,9 @@ class Drop(Enum):
 
 
 DROP: Final = Drop.DROP
-"""What :meth:`KeyedProcessor.on_record` returns to forget its key's state altogether (the key's
-workload is gone): the transport removes it, a faust table with a changelog tombstone."""
+"""What :meth:`KeyedProcessor.on_record` or :meth:`KeyedProcessor.on_tick` returns to forget its
+key's state altogether (the key's workload is gone, or the state describes nothing any more): the
+transport removes it, a faust table with a changelog tombstone in every part's table."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,10 +111,10 @@ class KeyedProcessor(Protocol[S]):
         raising stops the transport."""
         ...
 
-    def on_tick(self, key: bytes | None, state: S) -> S | None:
+    def on_tick(self, key: bytes | None, state: S) -> S | Drop | None:
         """Time passed and ``state`` is due (its :meth:`wakeup` is not after :meth:`now`): the
-        new state, or ``None`` if unchanged (what must be published is queued for
-        :meth:`flush`)."""
+        new state, ``None`` if unchanged, or :data:`DROP` to forget it (what must be published
+        is queued for :meth:`flush`)."""
         ...
 
     async def flush(self) -> None:
@@ -249,10 +250,11 @@ def _every(
 
 async def tick_batch(
     processor: KeyedProcessor[S], due: Iterable[tuple[bytes | None, S]]
-) -> dict[bytes | None, S]:
+) -> dict[bytes | None, S | Drop]:
     """:meth:`KeyedProcessor.on_tick` for every state that is ``due``, then flush: the changed
-    states, once their outputs are acknowledged (persist them only then)."""
-    changed: dict[bytes | None, S] = {}
+    states (or :data:`DROP`, to forget), once their outputs are acknowledged (persist them only
+    then)."""
+    changed: dict[bytes | None, S | Drop] = {}
     pacer = _Pacer()
     for key, state in due:
         new = processor.on_tick(key, state)
@@ -369,7 +371,10 @@ class KeyedConsumerLoop(Generic[S]):
                 ]
                 changed = await tick_batch(self.processor, due)
                 for key, new in changed.items():
-                    self._keep(key, new, None)
+                    if new is DROP:
+                        self._forget(key)  # its held records too: the commit may pass them
+                    else:
+                        self._keep(key, new, None)
                 if changed:
                     await self._commit(consumer)
 

@@ -25,6 +25,12 @@ The rules:
 - **A workload gone** (deleted or opted out, said by the watcher after its last snapshot) is
   forgotten: its state is dropped, so states do not pile up. One older than the latest snapshot
   (the workload came back since) is stale.
+- **A state that describes nothing** (no snapshot, no answer waiting for one:
+  :meth:`Aggregator.describes_nothing`) is due at once, to be forgotten. That is what a ranker's
+  answer arriving after its workload's gone message leaves once ``early_ttl_s`` has passed: the
+  gone message dropped the state, so nothing tells the answer from a legitimately early one, and
+  it waits like one; no snapshot came, so nothing is left. A state is never forgotten so while
+  an answer in it may still meet its snapshot.
 - **A decision is due** when every needed strategy has answered for the latest version
   (complete), or once ``deadline_s`` has passed since the snapshot arrived, with what there is
   (incomplete; ``missing`` names the others). After an incomplete decision, answers that arrive
@@ -385,7 +391,12 @@ class AggregationConfig:
     """The values podcost writes, unless the workload's policy sets ``non_negative_costs``
     (then ``NON_NEGATIVE_BAND``)."""
     early_ttl_s: float = 60.0
-    """How long answers for a version not seen yet wait for their snapshot."""
+    """How long answers for a version not seen yet wait for their snapshot; a state holding
+    nothing else is then forgotten (:meth:`Aggregator.describes_nothing`). An answer comes
+    before its snapshot only as far as the aggregator's read of the workloads topic lags the
+    ranker's (under a second while it keeps up; its backlog on that topic after an outage or a
+    failover): a minute covers that with room, and bounds how long a late answer's state is
+    kept."""
     early_versions: int = 4
     """How many versions not seen yet may have answers waiting (the newest are kept)."""
 
@@ -396,6 +407,11 @@ class AggregationConfig:
             raise ValueError(f"early_ttl_s must be positive, got {self.early_ttl_s!r}")
         if self.early_versions < 1:
             raise ValueError(f"early_versions must be at least 1, got {self.early_versions!r}")
+
+
+#: The wake-up of a state that describes nothing (:meth:`Aggregator.next_wakeup`): the epoch,
+#: before any clock's ``now``.
+AT_ONCE: Final = 0.0
 
 
 class Aggregator:
@@ -527,8 +543,17 @@ class Aggregator:
             progress = Progress(Verdict.PARTIAL, kept, progress.early)
         return WorkloadState(state.key, latest, progress), decision
 
+    @staticmethod
+    def describes_nothing(state: WorkloadState) -> bool:
+        """Whether ``state`` holds nothing worth keeping, so that a transport may forget it: no
+        snapshot, and no answer waiting for one (:meth:`due` let those that waited
+        ``early_ttl_s`` go). Answers of the latest version without its snapshot (a torn stored
+        state) do not count: a snapshot, when it comes, starts from the waiting ones only."""
+        return state.latest is None and not state.progress.early
+
     def next_wakeup(self, state: WorkloadState) -> float | None:
-        """When :meth:`due` may next change ``state`` without any new input (``None``: never)."""
+        """When :meth:`due` may next change ``state`` without any new input (``None``: never);
+        :data:`AT_ONCE` for a state that :meth:`describes_nothing`, which is to be forgotten."""
         arrived = None if state.latest is None else state.latest.arrived_at
         return self._wakeup(state.progress.verdict, state.progress.early, arrived)
 
@@ -548,6 +573,8 @@ class Aggregator:
     def _wakeup(
         self, verdict: Verdict, early: Sequence[Waiting], arrived_at: float | None
     ) -> float | None:
+        if arrived_at is None and not early:
+            return AT_ONCE  # describes nothing: stored before such states were forgotten
         times = [waiting.since + self.config.early_ttl_s for waiting in early]
         if arrived_at is not None and verdict is Verdict.PENDING:
             times.append(arrived_at + self.config.deadline_s)

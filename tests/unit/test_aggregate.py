@@ -18,6 +18,7 @@ from tests.support.snapshots import snapshot as deployment
 
 from podcost_core import aggregate
 from podcost_core.aggregate import (
+    AT_ONCE,
     PROGRESS_PART,
     SNAPSHOT_PART,
     AggregationConfig,
@@ -794,6 +795,103 @@ def test_answers_without_a_snapshot_are_forgotten_by_a_later_live_set_only() -> 
 
 def test_a_workload_gone_before_any_snapshot_has_nothing_to_keep() -> None:
     assert Aggregator.on_gone(WorkloadState(KEY), emitted_at=0.0, version=0) is Outcome.ACCEPTED
+
+
+# --- states that describe nothing -------------------------------------------------------------
+
+HORIZON = 30.0
+
+
+def test_an_answer_after_its_workload_is_gone_describes_nothing_once_its_horizon_passed() -> None:
+    aggregator = Aggregator(AggregationConfig(deadline_s=DEADLINE, early_ttl_s=HORIZON))
+    # The gone message dropped the state: the late answer starts one, as an early answer would.
+    late = aggregator.on_ranks(
+        WorkloadState(KEY), strategy=AGE, version=3, scores=scores(snap(3), AGE), now=10.0
+    )
+    assert late.outcome is Outcome.EARLY
+    assert not Aggregator.describes_nothing(late.state)
+    assert aggregator.next_wakeup(late.state) == 10.0 + HORIZON
+    before, decision = aggregator.due(late.state, 10.0 + HORIZON - 0.1)
+    assert decision is None
+    assert not Aggregator.describes_nothing(before)
+    after, decision = aggregator.due(before, 10.0 + HORIZON)
+    assert decision is None
+    assert Aggregator.describes_nothing(after)
+    assert aggregator.next_wakeup(after) == AT_ONCE
+
+
+def test_an_early_answer_whose_snapshot_comes_within_the_horizon_is_decided() -> None:
+    aggregator = Aggregator(AggregationConfig(deadline_s=DEADLINE, early_ttl_s=HORIZON))
+    state = WorkloadState(KEY)
+    for strategy in (CAP, AGE):
+        state = aggregator.on_ranks(
+            state, strategy=strategy, version=2, scores=scores(snap(2), strategy), now=1.0
+        ).state
+    state, _ = aggregator.due(state, 1.0 + HORIZON - 0.1)
+    assert not Aggregator.describes_nothing(state)
+    step = aggregator.on_snapshot(state, snap(2), emitted_at=0.5, now=1.0 + HORIZON - 0.1)
+    state, decision = aggregator.due(step.state, 1.0 + HORIZON - 0.1)
+    assert decision is not None
+    assert decision.complete
+    # A state with a snapshot holds something, however long after.
+    state, _ = aggregator.due(state, 10 * HORIZON)
+    assert not Aggregator.describes_nothing(state)
+
+
+def test_a_stored_state_that_describes_nothing_is_due_at_once() -> None:
+    """As left by a version that kept such states (a progress part, no snapshot part)."""
+    aggregator = Aggregator(AggregationConfig(deadline_s=DEADLINE, early_ttl_s=HORIZON))
+    parts = dump_parts(None, WorkloadState(KEY))
+    assert set(parts) == {PROGRESS_PART}
+    state = load_parts(KEY, parts)
+    assert Aggregator.describes_nothing(state)
+    assert aggregator.next_wakeup(state) == AT_ONCE
+    assert aggregator.stored_wakeup(KEY, parts[PROGRESS_PART], None) == AT_ONCE
+    assert not Aggregator.waiting(state)
+
+
+#: One input of a timeline of one workload: a snapshot, or a strategy's answer, of a version.
+_ARRIVALS = st.one_of(
+    st.tuples(st.just("snapshot"), st.integers(2, 5), st.just("")),
+    st.tuples(st.just("rank"), st.integers(2, 8), st.sampled_from([CAP, AGE])),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(inputs=st.lists(st.tuples(_ARRIVALS, st.floats(0.0, 2 * HORIZON)), max_size=14))
+def test_a_state_describes_nothing_only_once_every_answer_waited_its_horizon_without_snapshot(
+    inputs: list[tuple[tuple[str, int, str], float]],
+) -> None:
+    """Along any timeline of snapshots and answers, each followed by a tick (``due``), a state
+    describes nothing exactly when no snapshot came and every version answered has waited the
+    horizon since its first answer (or was pushed out by ``early_versions`` newer ones): an
+    answer that may still meet its snapshot is never forgotten. Once it describes nothing, it is
+    forgotten (the timeline starts afresh)."""
+    config = AggregationConfig(deadline_s=DEADLINE, early_ttl_s=HORIZON, early_versions=3)
+    aggregator = Aggregator(config)
+    state = WorkloadState(KEY)
+    snapshots = 0
+    since: dict[int, float] = {}  # per version waiting, when its first answer came
+    now = 0.0
+    for (kind, version, strategy), step in inputs:
+        now += step
+        if kind == "snapshot":
+            state = aggregator.on_snapshot(state, snap(version), emitted_at=now, now=now).state
+            snapshots += 1
+        else:
+            state = aggregator.on_ranks(
+                state, strategy=strategy, version=version, scores=scores(snap(version), strategy),
+                now=now,
+            ).state  # fmt: skip
+            since.setdefault(version, now)
+            since = {v: since[v] for v in sorted(since)[-config.early_versions :]}
+        state, _ = aggregator.due(state, now)
+        since = {v: t for v, t in since.items() if now < t + HORIZON}
+        expected = snapshots == 0 and not since
+        assert Aggregator.describes_nothing(state) is expected
+        if expected:
+            assert aggregator.next_wakeup(state) == AT_ONCE
+            state, snapshots = WorkloadState(KEY), 0
 
 
 # --- a stored state's wake-up without its snapshot --------------------------------------------

@@ -17,6 +17,9 @@ its attributes), with the span's context in the record headers. A ``WorkloadGone
 workloads topic drops the key's state instead (the transport forgets it), so states do not pile up;
 unless the workload was deleted, it also queues a ``ReleaseCostsMessage`` naming the pods of its
 latest snapshot for the costs topic, so the annotator removes the costs podcost wrote on them.
+Per tick (:meth:`AggregationProcessor.on_tick`): a due decision as for a record, and a state left
+describing nothing (answers that waited in vain for their snapshot: a ranker's answers that came
+after their workload's gone message) dropped too.
 
 Records come in batches (``podcost_bus.keyed``): :meth:`AggregationProcessor.on_record` only
 decides and queues what to publish; :meth:`AggregationProcessor.flush`, once per batch, sends
@@ -629,9 +632,25 @@ class AggregationProcessor:
         topic = self._costs_topic(message.key)
         self._queue.append(_Outgoing(topic, encoded, None, release=release))
 
-    def on_tick(self, key: bytes | None, state: WorkloadState) -> WorkloadState | None:
+    def on_tick(self, key: bytes | None, state: WorkloadState) -> WorkloadState | Drop | None:
         new = self._decide(state, self.clock.now(), time.time_ns(), None)
+        if self.aggregator.describes_nothing(new):
+            return self._expired(state)
         return None if new is state else new
+
+    def _expired(self, state: WorkloadState) -> Drop:
+        """Forget a state that describes nothing (``Aggregator.describes_nothing``): answers that
+        waited for a snapshot that never came (a ranker's answers after its workload was gone),
+        or a state stored before such states were forgotten."""
+        self.metrics.states_forgotten.labels("expired").inc()
+        versions = sorted({waiting.version for waiting in state.progress.early})
+        if versions:
+            log.info("%s: answers for version(s) %s waited %gs for a snapshot that never came: "
+                     "forgotten", state.key, ", ".join(map(str, versions)),
+                     self.aggregator.config.early_ttl_s)  # fmt: skip
+        else:
+            log.info("%s: its state holds nothing (no snapshot, no answer): forgotten", state.key)
+        return DROP
 
     def wakeup(self, state: WorkloadState) -> float | None:
         return self.aggregator.next_wakeup(state)

@@ -171,7 +171,9 @@ def bootstrap(
     metrics = Metrics("aggregator", families)
     aggregator = Aggregator(
         AggregationConfig(
-            deadline_s=config.deadline_seconds, overwrite_foreign=config.overwrite_foreign
+            deadline_s=config.deadline_seconds,
+            overwrite_foreign=config.overwrite_foreign,
+            early_ttl_s=config.early_answer_seconds,
         ),
         PolicyResolver(default, registry=registry),
     )

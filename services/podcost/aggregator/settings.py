@@ -11,6 +11,9 @@ Variables (defaults in brackets), all prefixed ``PODCOST_AGGREGATOR_``:
 - ``DEADLINE_SECONDS``: seconds after a snapshot arrives when its costs are decided with the answers
   there are, flagged incomplete [5]
 - ``TICK_SECONDS``: how often deadlines are checked [0.25]
+- ``EARLY_ANSWER_SECONDS``: how long a ranker's answers for a snapshot not read yet wait for it;
+  a state holding nothing else (answers that came after their workload was gone) is then
+  forgotten [60]
 - ``ENGINE``: over Kafka, ``faust`` (a faust-streaming app whose tables survive restarts) or
   ``consumer`` (a plain consumer-group loop that rebuilds its state by re-reading) [faust]; the
   in-memory bus always uses the consumer loop
@@ -73,6 +76,15 @@ class AggregatorSettings(BaseSettings):
         validation_alias=renamed(
             f"{ENV_PREFIX}TICK_SECONDS", f"{ENV_PREFIX}TICK_S", field="tick_seconds"
         ),
+    )
+    early_answer_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Seconds a ranker's answers for a snapshot not read yet wait for it; a state "
+        "holding nothing else (answers that came after their workload was gone) is then "
+        "forgotten. An answer precedes its snapshot only as far as the aggregator's read of the "
+        "workloads topic lags the rankers'.",
     )
     engine: Literal["faust", "consumer"] = Field(
         default="faust", description="The Kafka transport: faust-streaming or a consumer loop."

@@ -147,7 +147,9 @@ class Families:
         self.states_forgotten = Counter(
             "podcost_aggregator_states_forgotten", "Workload states the aggregator forgot, by "
             "reason (gone: its watcher said the workload is gone; unlisted: its watcher's live "
-            "set after a sync left it out; removed: its cluster was removed from the fleet).",
+            "set after a sync left it out; removed: its cluster was removed from the fleet; "
+            "expired: it held only answers for a snapshot that never came within the early-answer "
+            "horizon, as a ranker's answers after their workload was gone do).",
             [c, "reason"], registry=r,
         )  # fmt: skip
         self.states = Gauge(
