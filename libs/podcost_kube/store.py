@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class Store:
     """Raw objects by kind, namespace and name, with the indexes a snapshot reads
     (:attr:`indexes`), kept current on every write."""
@@ -85,6 +85,11 @@ class Store:
     def count(self, kind: str) -> int:
         """How many objects of ``kind`` the store holds."""
         return sum(len(named) for named in self._objects.get(kind, {}).values())
+
+    def __repr__(self) -> str:
+        """How many objects of each kind, not the objects: a cluster's store holds thousands."""
+        counts = ", ".join(f"{kind}={self.count(kind)}" for kind in sorted(self._objects))
+        return f"Store({counts})"
 
     # --- writing ------------------------------------------------------------------------------
 

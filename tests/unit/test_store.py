@@ -33,6 +33,14 @@ def test_an_event_for_an_unknown_object_adds_it_whatever_the_watch_called_it() -
     assert store.get("Pod", "ns", "a") == pod("a", "1")
 
 
+def test_its_repr_counts_the_objects_of_each_kind_instead_of_printing_them() -> None:
+    store = Store()
+    for name in ("a", "b"):
+        store.apply("Pod", ChangeType.ADDED, pod(name, "1"))
+    store.apply("Node", ChangeType.ADDED, {"kind": "Node", "metadata": {"name": "n1"}})
+    assert repr(store) == "Store(Node=1, Pod=2)"
+
+
 def test_an_update_reports_the_object_before_and_after() -> None:
     store = Store()
     store.apply("Pod", ChangeType.ADDED, pod("a", "1"))
