@@ -122,6 +122,10 @@ class Fleet:
     def rankers(self) -> list[str]:
         return list(self.strategies)
 
+    @property
+    def aggregators(self) -> list[str]:
+        return [name for name in self.running if deployment(name) == "aggregator"]
+
     def set_rate(self, rate: float) -> None:
         """Offer ``rate`` events/s to the fleet, the same share to every cluster."""
         for host in self.hosts:
@@ -142,9 +146,12 @@ class Fleet:
         topics = self.topics
         agents = {host.name: m[host.name] for host in self.hosts}
         ranks = sum(procs.produced(m[r], topics.ranks) for r in self.rankers)
-        agg = m["aggregator"]
-        # Per cluster: the aggregator counts its costs by each cluster's own costs topic.
-        decided = {name: procs.produced(agg, topics.costs_for(name)) for name in self.clusters}
+        aggs = [m[a] for a in self.aggregators]
+        # Per cluster: the aggregators count their costs by each cluster's own costs topic.
+        decided = {
+            name: sum(procs.produced(agg, topics.costs_for(name)) for agg in aggs)
+            for name in self.clusters
+        }
         decisions = sum(decided.values())
         per: dict[str, dict[str, float]] = {}
         for host in self.hosts:
@@ -163,13 +170,16 @@ class Fleet:
             return sum(values[what] for values in per.values())
 
         snapshots = total("snapshots")
-        lags = {
-            r: self.strategies[r] * snapshots - procs.consumed(m[r], topics.workloads)
-            for r in self.rankers
-        }
+        # A Deployment's replicas share its groups' partitions: lag per Deployment.
+        lags: dict[str, float] = {}
+        for r in self.rankers:
+            lags[deployment(r)] = (
+                lags.get(deployment(r), self.strategies[r] * snapshots)
+                - procs.consumed(m[r], topics.workloads)
+            )  # fmt: skip
         lags["aggregator"] = (
-            snapshots - procs.consumed(agg, topics.workloads)
-            + ranks - procs.consumed(agg, topics.ranks)
+            snapshots - sum(procs.consumed(agg, topics.workloads) for agg in aggs)
+            + ranks - sum(procs.consumed(agg, topics.ranks) for agg in aggs)
         )  # fmt: skip
         for name, values in per.items():
             lags[f"annotator {name}"] = decided[name] - values["annotator_consumed"]
@@ -244,8 +254,9 @@ async def run_fleet(
     with tempfile.TemporaryDirectory(prefix="podcost-bench-fleet-") as tmp:
         work = Path(tmp)
         core = procs.chart_core_specs(
-            build.ensure_helm(), brokers, run, shared_rankers=args.rankers == "shared"
-        )
+            build.ensure_helm(), brokers, run, shared_rankers=args.rankers == "shared",
+            partitions=args.partitions, replicas=args.core_replicas,
+        )  # fmt: skip
         specs = list(core)
         hosts: list[Host] = []
         try:
@@ -363,12 +374,14 @@ def describe_floors(step: Step, floors: CoreFloors, strategies: Mapping[str, int
     """The core's CPU per event, per snapshot and per decision beside its floors (``floors``):
     the same work in one process without Kafka."""
     assert step.usage is not None
-    events = max(step.events_per_s, 1e-9)
-    snapshots = max(step.per_second(lambda s: s.snapshots), 1e-9)
-    decisions = max(step.per_second(lambda s: s.decisions), 1e-9)
+    events = step.events_per_s
+    snapshots = step.per_second(lambda s: s.snapshots)
+    decisions = step.per_second(lambda s: s.decisions)
+    if min(events, snapshots, decisions) <= 0:
+        return "      core CPU per event: no figure (no event, snapshot or decision went through)"
     cpu = {name: used for name, (used, _) in step.usage.items()}
     rankers = sum(cpu.get(name, 0.0) for name in strategies)
-    aggregator = cpu.get("aggregator", 0.0)
+    aggregator = sum(used for name, used in cpu.items() if deployment(name) == "aggregator")
     core = rankers + aggregator
     floor_per_event = floors.core * snapshots / events
     ranker_floor = sum(floors.rankers.values())
@@ -423,10 +436,15 @@ def kafka_env(pairs: Sequence[str]) -> dict[str, str]:
     return env
 
 
+def deployment(process: str) -> str:
+    """The chart's Deployment a process is a replica of (``aggregator#2`` → ``aggregator``)."""
+    return process.split("#", 1)[0]
+
+
 def role(process: str) -> str:
     if process.startswith("agents-"):
         return "agents"
-    if process.startswith("ranker") or process == "aggregator":
+    if process.startswith("ranker") or deployment(process) == "aggregator":
         return "core"
     if process.startswith("churn-") or process == "bench (sampling)":
         return "bench"
@@ -508,6 +526,10 @@ def table(results: Sequence[FleetResult]) -> None:
 
 def record_results(results: Sequence[FleetResult], args: argparse.Namespace) -> None:
     """Each fleet size's headline figures, one row per N in the results table."""
+    replicas = args.core_replicas or 1
+    core = "one core of processes" if replicas == 1 else (
+        f"one core of processes, {replicas} replicas of each Deployment over "
+        f"{args.partitions or 'the chart default'} partitions")  # fmt: skip
     for result in results:
         best = result.best
         if best is None:
@@ -529,10 +551,9 @@ def record_results(results: Sequence[FleetResult], args: argparse.Namespace) -> 
         record(
             "bench_fleet",
             f"{result.clusters} simulated cluster{'s' * (result.clusters > 1)}, each with its own "
-            f"agent, over one core of processes ({args.workloads} Deployments x {args.pods} pods "
-            "each)",
+            f"agent, over {core} ({args.workloads} Deployments x {args.pods} pods each)",
             figures,
-            variant=f"n{result.clusters}",
+            variant=f"n{result.clusters}" + (f"-replicas{replicas}" if replicas > 1 else ""),
         )
 
 
@@ -687,6 +708,12 @@ def main() -> None:
                         help="apart: a ranker process per strategy, as the chart runs them; "
                              "shared: one process runs every strategy's ranker (each in its "
                              "own group), one decode of each snapshot for all")  # fmt: skip
+    parser.add_argument("--core-replicas", type=int, default=None,
+                        help="replicas of the aggregator and of each ranker Deployment (the "
+                             "chart's replicaCount) [1]")  # fmt: skip
+    parser.add_argument("--partitions", type=int, default=None,
+                        help="of every topic of the run (at least --core-replicas for every "
+                             "replica to get a share) [the chart's]")  # fmt: skip
     parser.add_argument("--kafka-env", action="append", default=[], metavar="NAME=VALUE",
                         help="a PODCOST_KAFKA_* setting for every process (the fetch settings, "
                              "say); repeatable")  # fmt: skip

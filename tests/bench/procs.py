@@ -35,16 +35,18 @@ def chart_core_specs(
     partitions: int | None = None,
     aggregator: Mapping[str, Any] | None = None,
     shared_rankers: bool = False,
+    replicas: int | None = None,
 ) -> list[ServiceSpec]:
-    """One spec per Deployment of the chart in core mode (one ranker per strategy of the
-    default policy, and the aggregator; ``chart_specs``: the arguments and environment ``helm
-    template`` renders), over topics of their own (``bench-<run>.*``), of ``partitions``
-    partitions if given, with ``aggregator`` as the chart's ``aggregator`` values if given
-    (``replicaCount``, ``deadlineSeconds`` ...). One variable is added: a faust app id of this
-    run's own (the chart's default would share a consumer group and changelog topics with
-    earlier runs on the same broker). ``shared_rankers``: the rankers as ONE process
-    (``rankers``: ``podcost ranker --strategy A --strategy B ...``, each strategy still in its
-    own consumer group) instead of one per strategy."""
+    """One spec per process of the chart in core mode (a ranker per strategy of the default
+    policy, and the aggregator; ``chart_specs``: the arguments and environment ``helm template``
+    renders), over topics of their own (``bench-<run>.*``), of ``partitions`` partitions if
+    given, with ``aggregator`` as the chart's ``aggregator`` values if given (``replicaCount``,
+    ``deadlineSeconds`` ...). One variable is added: a faust app id of this run's own (the
+    chart's default would share a consumer group and changelog topics with earlier runs on the
+    same broker). ``shared_rankers``: the chart's ``rankers.together``, every strategy's ranker
+    in ONE process (``rankers``: ``podcost ranker --strategy A --strategy B ...``, each strategy
+    still in its own consumer group). ``replicas``: the ``replicaCount`` of the aggregator and
+    of the rankers (``n`` processes of each Deployment, named ``#1`` … ``#n``; default one)."""
     kafka: dict[str, Any] = {
         "bootstrapServers": brokers,
         "topics": {kind: f"bench-{run}.{kind}"
@@ -56,23 +58,18 @@ def chart_core_specs(
         "mode": "core",
         "kafka": kafka,
         "log": {"format": "text", "level": "WARNING"},
+        "aggregator": dict(aggregator or {}),
+        "rankers": {"together": shared_rankers},
     }
-    if aggregator is not None:
-        values["aggregator"] = dict(aggregator)
+    if replicas is not None:
+        values["aggregator"].setdefault("replicaCount", replicas)
+        values["rankers"]["replicaCount"] = replicas
     specs = []
     for spec in chart_specs(helm, values):
         if spec.args[0] == "aggregator":
             env = {**spec.env, "PODCOST_AGGREGATOR_APP_ID": f"bench-{run}-aggregator"}
             spec = ServiceSpec(spec.name, spec.args, env, spec.files, spec.scratch)
         specs.append(spec)
-    rankers = [spec for spec in specs if spec.args[0] == "ranker"]
-    if shared_rankers and rankers:
-        args = ["ranker"]
-        for spec in rankers:
-            args += spec.args[1:]
-        env = {**rankers[0].env, "PODCOST_KAFKA_CLIENT_ID": "podcost-rankers"}
-        together = ServiceSpec("rankers", tuple(args), env, rankers[0].files, rankers[0].scratch)
-        specs = [spec for spec in specs if spec.args[0] != "ranker"] + [together]
     return specs
 
 
