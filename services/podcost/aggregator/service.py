@@ -25,7 +25,7 @@ from typing import Protocol
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from podcost.aggregator.processor import AggregationProcessor
+from podcost.aggregator.processor import BATCHED_GZIP_ABOVE, AggregationProcessor
 from podcost.aggregator.settings import AggregatorSettings
 from podcost.runtime.clock import Clock, WallClock
 from podcost.runtime.fleet import FleetKeys, FleetRegistry
@@ -43,6 +43,7 @@ from podcost_bus import (
     open_bus,
 )
 from podcost_bus.keyed import KeyedConsumerLoop
+from podcost_contracts.messages import DEFAULT_GZIP_THRESHOLD
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import DECISION_UNREAD, AggregationConfig, Aggregator, PolicyResolver
 from podcost_core.policy import DEFAULT_POLICY, load_policy_file
@@ -165,7 +166,7 @@ def bootstrap(
         if settings.policy_file is not None
         else DEFAULT_POLICY
     )
-    bus = bus if bus is not None else open_bus(_own_bus_settings(bus_settings))
+    bus = bus if bus is not None else open_bus(bus_settings)
     clock = clock if clock is not None else WallClock()
     topics = bus_settings.topics
     metrics = Metrics("aggregator", families)
@@ -191,6 +192,14 @@ def bootstrap(
         clock_skew=settings.clock_skew_seconds,
         fleet=FleetRegistry.open(settings.fleet_file),
         keys=FleetKeys(settings.fleet_keys_file),
+        # Left to the producer's batch compression, its costs records are not gzipped one by one
+        # unless large; with none (or over the in-memory bus, where nothing is compressed),
+        # above the contract's threshold.
+        costs_gzip_above=(
+            DEFAULT_GZIP_THRESHOLD
+            if bus_settings.compression == "none" or isinstance(bus, MemoryBus)
+            else BATCHED_GZIP_ABOVE
+        ),
     )
     if settings.fleet_file is None and not isinstance(bus, MemoryBus):
         log.warning("no fleet registry (PODCOST_FLEET_FILE): serving every cluster that "
@@ -240,14 +249,3 @@ def bootstrap(
         # watcher's cache: a full pass over it every few minutes is what settling it avoids.
         keeper=None if isinstance(bus, MemoryBus) else HeapKeeper(),
     )
-
-
-def _own_bus_settings(bus_settings: BusSettings) -> BusSettings:
-    """The settings of the aggregator's own producer: without batch compression unless
-    ``PODCOST_KAFKA_COMPRESSION`` says otherwise. Its records are the costs, gzipped one by one
-    above 8 KB of JSON (every workload of a dozen pods or more): gzipping the batches again
-    (aiokafka does it at level 9) cost about a twelfth of the aggregator's CPU for a few percent
-    of the bytes (``tests/bench/bench_aggregator.py``)."""
-    if "compression" in bus_settings.model_fields_set:
-        return bus_settings
-    return bus_settings.model_copy(update={"compression": "none"})
