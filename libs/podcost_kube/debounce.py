@@ -11,6 +11,12 @@ quiet), and never later than ``max_delay`` after the first touch of the burst (a
 constant churn is still published). Versions start after the ones given (so a restarted watcher
 can continue them) and grow by one per emission of that key.
 
+What it keeps per key lives as long as the key is live: a burst until it is emitted, and the
+key's last version until its owner forgets it (:meth:`Debouncer.forget`; the watcher does when
+a workload is gone), so that a cluster whose workloads come and go under new names does not
+pile up a version per name it ever saw. A key seen again after that starts above every version
+forgotten, so its versions never repeat one it had.
+
 Time comes from an injectable :class:`Clock`, so tests run on a fake clock without sleeping.
 Uses no task of its own: stopping means cancelling the task that iterates it.
 """
@@ -51,7 +57,8 @@ class Emission(Generic[K]):
 
     key: K
     version: int
-    """1 + the key's previous version: one more per emission of this key."""
+    """1 + the key's previous version: one more per emission of this key (after
+    :meth:`Debouncer.forget`, above every version forgotten)."""
     touches: int
     """How many touches this emission stands for."""
     first_touch: float
@@ -88,6 +95,8 @@ class Debouncer(Generic[K]):
         self.max_delay = max_delay
         self._clock: Clock = clock or LoopClock()
         self._versions: dict[K, int] = dict(versions or {})
+        self._forgotten = 0
+        """The highest version of a key forgotten: where a key without a version starts."""
         self._bursts: dict[K, _Burst] = {}
         # One entry per pending key: (when it was last known to be due, tie-breaker, key).
         self._due: list[tuple[float, int, K]] = []
@@ -99,9 +108,29 @@ class Debouncer(Generic[K]):
         """How many keys wait for an emission."""
         return len(self._bursts)
 
+    @property
+    def versions_kept(self) -> int:
+        """How many keys have a version kept (emitted and not forgotten)."""
+        return len(self._versions)
+
     def version(self, key: K) -> int:
-        """The version of ``key``'s last emission (0 before the first)."""
-        return self._versions.get(key, 0)
+        """The version of ``key``'s last emission (0 before the first; after :meth:`forget`,
+        the highest version forgotten)."""
+        return self._versions.get(key, self._forgotten)
+
+    def forget(self, key: K) -> None:
+        """Drop ``key``'s version (its workload is gone); a burst of it pending stays. Its next
+        emission, if any, is numbered above every version forgotten, so never one it had."""
+        version = self._versions.pop(key, None)
+        if version is not None and version > self._forgotten:
+            self._forgotten = version
+
+    def forget_all(self) -> None:
+        """:meth:`forget` every key (a watcher that stops leading: what it published is the next
+        leader's to follow)."""
+        if self._versions:
+            self._forgotten = max(self._forgotten, *self._versions.values())
+            self._versions.clear()
 
     def touch(self, key: K) -> None:
         """Note one change of ``key``."""
@@ -133,7 +162,7 @@ class Debouncer(Generic[K]):
         emissions: list[Emission[K]] = []
         for key in dict.fromkeys(keys):
             burst = self._bursts.pop(key, None) or _Burst(now, now, 1)
-            version = self._versions.get(key, 0) + 1
+            version = self.version(key) + 1
             self._versions[key] = version
             emissions.append(Emission(key, version, burst.touches, burst.first, burst.last))
         # Their queue entries stay; ``next`` drops an entry whose key has no burst left.
@@ -164,7 +193,7 @@ class Debouncer(Generic[K]):
                 continue
             heapq.heappop(self._due)
             del self._bursts[key]
-            version = self._versions.get(key, 0) + 1
+            version = self.version(key) + 1
             self._versions[key] = version
             return Emission(key, version, burst.touches, burst.first, burst.last)
 

@@ -13,7 +13,10 @@ server's load bounded whatever happens:
 - **Per-object budget**: a token bucket per object (``burst`` events, one more every
   ``refill_seconds``) caps new events and first repeats; past it they are dropped, counted.
 - **Bounded memory and queue**: at most ``queue_limit`` writes wait, and at most
-  :data:`MAX_TRACKED` series and budgets are remembered (the oldest are forgotten first).
+  :data:`MAX_TRACKED` series and budgets are remembered (the oldest are forgotten first). A
+  series is forgotten once its window has passed, and a budget once it has refilled (it is then
+  what a new one would be), so what is remembered follows the objects told of lately, not every
+  object ever told of (workloads and pods that come and go under new names).
 
 Events are best effort: a write the API server refuses is logged and dropped, never retried
 into a loop, and never stops the service.
@@ -237,6 +240,11 @@ class EventRecorder:
         self._wake.set()
         return True
 
+    @property
+    def tracked(self) -> tuple[int, int]:
+        """How many series and budgets are remembered now."""
+        return len(self._series), len(self._buckets)
+
     async def idle(self) -> None:
         """Return once every queued write is done (tests; a flush at shutdown)."""
         await self._idle.wait()
@@ -270,6 +278,10 @@ class EventRecorder:
                     await self._write("patch", series, {})
             elif now - series.last >= self.settings.series_window_seconds:
                 self._series.pop(key, None)  # closed: a later occurrence starts a new event
+        burst, refill = float(self.settings.burst), self.settings.refill_seconds
+        for target, bucket in list(self._buckets.items()):
+            if refill <= 0 or bucket.tokens + (now - bucket.at) / refill >= burst:
+                del self._buckets[target]  # refilled: the same as a new one
 
     async def _write(self, what: str, series: _Series, body: JSON) -> None:
         try:

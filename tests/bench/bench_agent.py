@@ -25,7 +25,9 @@ would have; 100 agent processes would not fit two cores).
   the annotator reads only their metadata), so every decision is verified against the
   workloads and goes through the whole plan path. Role ``agent`` reads the pods from its own
   cluster's watcher cache, which is also its view, as ``podcost run`` shares the watcher's
-  (``SharedView``) and ``bench_pipeline``'s in-process modes do.
+  (``SharedView``) and ``bench_pipeline``'s in-process modes do; the view observes the
+  watcher's changes as an observer of the watcher, as there (it remembers the pods deleted,
+  and the annotator forgets what it kept of pods and workloads gone).
 
 Besides the services' own metrics, the process's ``/metrics`` (``PODCOST_HTTP_PORT``) has what
 the bench needs to see from outside, per cluster (``podcost_bench_*{cluster}``): events taken in
@@ -171,16 +173,20 @@ class Feed:
     def deliver(self, agent: Agent, kind: str, line: bytes) -> None:
         # As bench_pipeline.WatchStream.deliver: what the informer does with a watch line.
         # The watcher's informer, or else the annotator's own view's (which watches fewer kinds).
-        handle: Callable[[Change], None]
+        # Every handler the informer would call: the watcher's own, then its observers (role
+        # agent: the annotator's view over the watcher's cache, as ``podcost run`` shares it).
+        handlers: Sequence[Callable[[Change], None]]
         if agent.watcher is not None:
-            store, handle, resource = agent.watcher.store, agent.watcher._on_change, WATCHED[kind]
+            store, resource = agent.watcher.store, WATCHED[kind]
+            handlers = (agent.watcher._on_change, *agent.watcher.observers)
         elif agent.view is not None and kind in VIEWED:
-            store, handle, resource = agent.view.store, agent.view.observe, VIEWED[kind]
+            store, handlers, resource = agent.view.store, (agent.view.observe,), VIEWED[kind]
         else:
             return
         change = apply_event(store, resource, decode_event(line, f"{kind}: watch"), agent.shared)
         if change is not None:
-            handle(change)
+            for handle in handlers:
+                handle(change)
 
     def split(self, line: bytes) -> tuple[Agent, str, bytes]:
         if self.multi:
@@ -308,6 +314,8 @@ async def run(args: argparse.Namespace) -> None:
                     if args.stream is None:
                         raise SystemExit("an annotator alone needs --stream for its view")
                     agent.view = view
+                else:
+                    agent.watcher.observers.append(view.observe)
                 pods = CachedPods(store)
                 bus = CountingBus(open_bus(bus_settings), agent.read)
                 agent.annotator = bootstrap_annotator(

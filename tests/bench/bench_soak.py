@@ -86,7 +86,7 @@ from tests.support.broker import lag_by_group, last_records
 from tests.support.kube import KubeTestCluster
 from tests.support.services import ServiceProcess, chart_policy, metric_key, processes
 
-from podcost.runtime.heap import HEAP_DUMP_ENV
+from podcost.runtime.heap import HEAP_DUMP_ENV, HEAP_DUMP_FROM_ENV
 from podcost_contracts.messages import (
     DesiredCostsMessage,
     WorkloadSnapshotMessage,
@@ -133,9 +133,11 @@ class SoakConfig:
     settle_timeout: float = 600.0
     heap_dump: Path | None = None
     """When set, the agent processes trace their allocations (``PODCOST_HEAP_DUMP``: a
-    directory per process under it) and dump them at the end of the warm-up and when the churn
-    stops, for ``tests.bench.heap_diff`` (tracing every process slows a loaded machine past
-    the aggregator's stall bound)."""
+    directory per process under it) from the end of the warm-up (``PODCOST_HEAP_DUMP_FROM``:
+    traced from their start, a loaded machine's agents failed to reach the broker) and dump
+    them then and when the churn stops, for ``tests.bench.heap_diff``: the second dump holds
+    what was allocated after the warm-up and still lives (tracing every process slows a loaded
+    machine past the aggregator's stall bound)."""
 
     @property
     def seconds(self) -> float:
@@ -809,7 +811,12 @@ async def _run(
         if config.heap_dump is not None:
             specs = [
                 dataclasses.replace(
-                    spec, env={**spec.env, HEAP_DUMP_ENV: str(config.heap_dump / spec.name)}
+                    spec,
+                    env={
+                        **spec.env,
+                        HEAP_DUMP_ENV: str(config.heap_dump / spec.name),
+                        HEAP_DUMP_FROM_ENV: "signal",
+                    },
                 )
                 if spec.name.startswith("agents-")
                 else spec

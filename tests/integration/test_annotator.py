@@ -511,3 +511,28 @@ async def test_an_older_decision_published_after_a_newer_one_never_rewinds_the_c
         sample(service, "podcost_messages_consumed_total", topic=topic, outcome="duplicate"),
         patches(service, "error"),
     ) == (1, 0)
+
+
+@pytest.mark.parametrize("pipe", ["memory"], indirect=True)
+async def test_a_deleted_workload_leaves_nothing_of_it_or_its_pods_in_the_annotator(
+    kube: KubeTestCluster, space: Space, annotators: Annotators
+) -> None:
+    app, pods = await workload(kube, space, 2)
+    await annotators.publish(
+        space.namespace, app, *(Desire(p.name, p.uid, i) for i, p in enumerate(pods)), version=1
+    )
+    service = await annotators.start(CountingPods(Kube(kube.api)))
+    await eventually(committed_all(service, 1), "the record committed")
+    kept = service.kept()
+    assert (kept.decisions, kept.writes, kept.workloads, kept.done) == (2, 2, 1, 1)
+
+    # The garbage collector deletes its ReplicaSet and pods after it, as in a cluster.
+    await kube.apps.delete_namespaced_deployment(app, space.namespace)
+
+    def forgotten() -> bool:
+        kept = service.kept()
+        return (kept.decisions, kept.writes, kept.workloads, kept.done) == (0, 0, 0, 0)
+
+    await eventually(forgotten, "the annotator forgetting the workload and its pods")
+    assert service.kept().deleted >= 2
+    assert service.guard.latest(f"local/{space.namespace}/Deployment/{app}") is None

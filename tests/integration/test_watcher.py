@@ -218,6 +218,9 @@ async def test_snapshots_carry_when_the_change_was_seen_and_a_workload_that_goes
         assert (deleted.key, deleted.reason) == (key, "deleted")
         assert deleted.emitted_at > back.emitted_at
         await _no_snapshot(consumer, wait=1.5)  # its ReplicaSet and pods going say nothing more
+        # Nothing of it is kept: a cluster whose workloads come and go under new names does
+        # not pile up a version per name.
+        assert watcher.debouncer.versions_kept == 0
 
 
 def _invalid_counted(watcher: WatcherService) -> float:

@@ -859,3 +859,66 @@ async def test_a_new_pod_of_a_new_replicaset_is_read_once_and_written_when_the_v
     await until(lambda: run.committed() == 1, "the record committed")
     assert pods.requests == [("read", "fresh"), ("patch", "fresh")]
     assert pods.cost("fresh") == "7"
+
+
+async def test_a_pod_and_a_workload_deleted_after_their_writes_leave_nothing_of_them_behind(
+    start: Start,
+) -> None:
+    pods = FakePods()
+    a, b = pods.add("a"), pods.add("b")
+    run = await start(pods, dry_run=True)
+    await run.publish(Desire("a", a, 1), Desire("b", b, 2))
+    await until(lambda: run.committed() == 1, "the record committed")
+    service = run.service
+    kept = service.kept()
+    assert (kept.decisions, kept.writes, kept.told, kept.workloads, kept.done) == (2, 2, 2, 1, 1)
+
+    pods.delete("a")
+    kept = service.kept()
+    assert (kept.decisions, kept.writes, kept.told, kept.deleted) == (1, 1, 1, 1)
+    assert service.decisions.get(NS, "a") is None
+    assert service.decisions.get(NS, "b") is not None
+
+    pods.delete("b")
+    pods.view.apply("ReplicaSet", ChangeType.DELETED, owned("web-1", {}, "Deployment", "web"))
+    pods.view.apply("Deployment", ChangeType.DELETED, owned("web", {ENABLED: "true"}))
+    kept = service.kept()
+    assert (kept.decisions, kept.writes, kept.told, kept.workloads, kept.done) == (0, 0, 0, 0, 0)
+    assert service.guard.latest("local/shop/Deployment/web") is None
+
+
+async def test_a_decision_read_after_its_pods_and_workload_went_leaves_nothing_behind(
+    start: Start,
+) -> None:
+    """Made before the deletion, read after it: its pods end ``gone`` and what it brought back
+    goes with them."""
+    pods = FakePods()
+    a = pods.add("a")
+    run = await start(pods, dry_run=True)
+    pods.delete("a")
+    pods.view.apply("ReplicaSet", ChangeType.DELETED, owned("web-1", {}, "Deployment", "web"))
+    pods.view.apply("Deployment", ChangeType.DELETED, owned("web", {ENABLED: "true"}))
+    await run.publish(Desire("a", a, 1))
+    await until(lambda: run.committed() == 1, "the record committed")
+    assert run.patches("gone") == 1
+    kept = run.service.kept()
+    assert (kept.decisions, kept.writes, kept.told, kept.workloads, kept.done) == (0, 0, 0, 0, 0)
+
+
+async def test_a_workload_deleted_before_the_catch_up_pass_is_written_stays_counted_as_written(
+    start: Start,
+) -> None:
+    """The pass reads what was written per workload until it is caught up: a deletion then
+    forgets the workload's newest decision but not that its writes are done."""
+    pods = FakePods()
+    a = pods.add("a")
+    expected = {"local/shop/Deployment/web": 1, "local/shop/Deployment/other": 1}
+    run = await start(pods, catch_up=lambda: expected)
+    await run.publish(Desire("a", a, 1))
+    await until(lambda: pods.cost("a") == "1", "the first decision written")
+    pods.view.apply("Deployment", ChangeType.DELETED, owned("web", {ENABLED: "true"}))
+    assert run.service.guard.latest("local/shop/Deployment/web") is None
+    assert not run.service.caught_up
+    message = desired(NS, "other", [], version=1)
+    await publish_costs(run.bus, TOPICS.costs_for("local"), message)
+    await until(lambda: run.service.caught_up, "caught up")

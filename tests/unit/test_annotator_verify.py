@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from podcost.annotator.plan import Refusal, Scope, verify, verify_release
-from podcost.annotator.view import DELETED_MEMORY, ClusterView
+from podcost.annotator.view import DELETED_MEMORY, DELETED_MEMORY_SECONDS, ClusterView
 from podcost_contracts.messages import WorkloadKey as BusKey
 from podcost_core.policy import ENABLED, STRATEGIES
 from podcost_kube.store import ChangeType, RawObject, Store
@@ -221,6 +221,35 @@ def test_the_view_remembers_the_pods_it_saw_deleted_and_forgets_the_oldest_first
         view.apply("Pod", ChangeType.DELETED, pod(f"p{index}", None))
     assert not view.deleted(f"uid-{NS}-a")
     assert view.deleted(f"uid-{NS}-p{DELETED_MEMORY - 1}")
+
+
+def test_the_view_forgets_a_deleted_pod_once_its_memory_window_has_passed() -> None:
+    now = [0.0]
+    view = ClusterView(ALL, monotonic=lambda: now[0])
+    for name in ("a", "b"):
+        view.apply("Pod", ChangeType.ADDED, pod(name, None))
+    view.apply("Pod", ChangeType.DELETED, pod("a", None))
+    now[0] = DELETED_MEMORY_SECONDS
+    view.apply("Pod", ChangeType.DELETED, pod("b", None))
+    assert view.deleted(f"uid-{NS}-a")
+    assert view.deleted_kept == 2
+    now[0] = DELETED_MEMORY_SECONDS + 1.0
+    view.apply("Pod", ChangeType.ADDED, pod("c", None))
+    view.apply("Pod", ChangeType.DELETED, pod("c", None))
+    assert not view.deleted(f"uid-{NS}-a")
+    assert view.deleted(f"uid-{NS}-b")
+    assert view.deleted_kept == 2
+
+
+def test_the_view_tells_its_listeners_of_every_deletion_after_it() -> None:
+    view = ClusterView(ALL)
+    seen: list[tuple[str, bool]] = []
+    view.deletions.append(lambda change: seen.append((change.kind, view.pod(NS, "a") is None)))
+    view.apply("Pod", ChangeType.ADDED, pod("a", None))
+    view.apply("Deployment", ChangeType.ADDED, deployment("web", {ENABLED: "true"}))
+    view.apply("Pod", ChangeType.DELETED, pod("a", None))
+    view.apply("Deployment", ChangeType.DELETED, deployment("web", {ENABLED: "true"}))
+    assert seen == [("Pod", True), ("Deployment", True)]
 
 
 def test_a_view_lists_namespaces_only_for_a_namespace_selector() -> None:

@@ -171,3 +171,31 @@ async def test_take_emits_at_once_what_would_have_waited_for_its_window() -> Non
     got = [(at, e.key, e.version, e.touches) for at, e in emitted]
     assert got == [(1.5, "a", 2, 1), (1.5, "c", 1, 1)]
     assert debouncer.pending == 0
+
+
+async def test_a_forgotten_key_keeps_no_version_and_counts_on_above_every_one_forgotten() -> None:
+    clock = FakeClock()
+    debouncer: Debouncer[str] = Debouncer(
+        window=WINDOW, max_delay=MAX_DELAY, clock=clock, versions={"a": 41, "b": 6}
+    )
+    assert debouncer.versions_kept == 2
+    debouncer.forget("a")
+    debouncer.forget("never seen")
+    assert debouncer.versions_kept == 1
+    emitted = await run_timeline(debouncer, clock, [(0.0, "a"), (0.0, "c")], until=5.0)
+    # Above 41, so "a" never repeats a version it had; "c" too, which is new.
+    assert sorted((e.key, e.version) for _, e in emitted) == [("a", 42), ("c", 42)]
+    debouncer.forget_all()
+    assert debouncer.versions_kept == 0
+    assert [e.version for e in debouncer.take(["b"])] == [43]
+
+
+async def test_forgetting_a_key_leaves_its_pending_burst_to_be_emitted() -> None:
+    clock = FakeClock()
+    debouncer: Debouncer[str] = Debouncer(window=WINDOW, max_delay=MAX_DELAY, clock=clock)
+    emitted = await run_timeline(debouncer, clock, [(0.0, "a")], until=2.0)
+    assert [e.version for _, e in emitted] == [1]
+    debouncer.touch("a")
+    debouncer.forget("a")
+    assert debouncer.pending == 1
+    assert [e.version for e in debouncer.take(["a"])] == [2]

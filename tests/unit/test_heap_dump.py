@@ -125,3 +125,27 @@ async def test_trim_forever_trims_every_period_until_cancelled(
     await asyncio.sleep(0.03)
     assert len(trims) == count
     assert all(b - a >= 0.009 for a, b in itertools.pairwise(trims))
+
+
+def test_traced_from_the_first_signal_the_second_dump_holds_what_grew_since(
+    tmp_path: Path, restored: None
+) -> None:
+    if tracemalloc.is_tracing():
+        pytest.skip("tracemalloc is already on in this session (python -X tracemalloc)")
+    environ = {"PODCOST_HEAP_DUMP": str(tmp_path / "heap"), "PODCOST_HEAP_DUMP_FROM": "signal"}
+    directory = heap_dumps_on_signal(environ)
+    assert directory is not None
+    before = [bytearray(1000) for _ in range(500)]  # allocated before the signal: not traced
+    assert not tracemalloc.is_tracing()
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert tracemalloc.is_tracing()
+    kept = [bytearray(1000) for _ in range(300)]  # this line grows by 300 KB
+    os.kill(os.getpid(), signal.SIGUSR1)
+    first = tracemalloc.Snapshot.load(str(directory / "heap-1.tracemalloc"))
+    assert sum(trace.size for trace in first.traces) < 100_000
+    lines = diff(str(directory / "heap-1.tracemalloc"), str(directory / "heap-2.tracemalloc"),
+                 by="lineno", top=3, pods=0, frames=1)  # fmt: skip
+    assert "test_heap_dump.py" in lines[1]
+    grown = int(lines[1].split()[2].replace(",", ""))  # the bytes column
+    assert 300_000 <= grown < 400_000  # the 300 arrays after the signal, not the 500 before
+    assert (len(before), len(kept)) == (500, 300)

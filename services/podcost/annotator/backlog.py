@@ -13,7 +13,11 @@ what becomes of each write (metrics, the decision log, spans, the workload's Eve
   with) a queued older one, and they wait for the writer tasks in the line of their decision's
   urgency (``plan.write_priority``);
 - the version guard: the newest decision accepted per workload, and per workload the newest
-  version whose every write is done (a duplicate of it has nothing left to write);
+  version whose every write is done (a duplicate of it has nothing left to write); both
+  forgotten once the workload is gone (deleted as the view saw it, or found missing from the
+  view when a decision about it is done), and what is kept per pod (its last write taken, its
+  decision) once the pod is (deleted, or found gone by its write): what the annotator keeps
+  follows the live workloads and pods, not every one it ever wrote;
 - the ledger of consumed records, so offsets are committed only after the writes (at least
   once): a restart re-reads what was not committed, and re-reading finds the costs already
   written, so nothing is written twice;
@@ -242,8 +246,24 @@ class Backlog:
         ticket = want.origin
         ticket.item.results[result] += 1
         self._explain(want, result)
+        if result is Result.GONE:
+            # Nothing of a pod found gone is kept: no snapshot of it is to come.
+            self.writes.forget(want.uid)
+            self._decisions.forget(want.namespace, want.name, want.uid)
         if self.ledger.settle(ticket):
             self.finish(ticket.item)
+
+    def forget_pod(self, namespace: str, name: str, uid: PodUID) -> None:
+        """The view saw the pod deleted: forget its last write taken and its decision."""
+        self.writes.forget(uid)
+        self._decisions.forget(namespace, name, uid)
+
+    def forget_workload(self, key: str) -> None:
+        """The workload ``key`` is gone: forget its newest decision, and the newest version
+        whose writes are done (kept until the catch-up pass is written: it reads them)."""
+        self.guard.forget(key)
+        if self.caught_up:
+            self.done.pop(key, None)
 
     def _explain(self, want: Want[Ticket[Batch]], result: Result) -> None:
         """Tell the decision log what became of one pod's cost (and who wrote it)."""
@@ -271,7 +291,20 @@ class Backlog:
             self.done[key] = max(self.done.get(key, message.version), message.version)
             self.check_caught_up()
             self._tell_workload(message, batch.results)
+            if not self._workload_lives(message):
+                # A decision read after its workload was deleted (made before): the deletion
+                # went by, so nothing else would forget what this one brought back.
+                self.forget_workload(key)
         self.progress.set()
+
+    def _workload_lives(self, message: DesiredCostsMessage) -> bool:
+        """Whether the view holds the workload ``message`` is about (``True`` while it has not
+        listed everything: it cannot tell)."""
+        view = self._running.view
+        if view is None or not view.synced():
+            return True
+        workload = message.workload
+        return view.store.get(workload.kind, workload.namespace, workload.name) is not None
 
     def _tell_workload(self, message: DesiredCostsMessage, results: Counter[Result]) -> None:
         """One event per decision on its workload: the costs written, the costs someone else

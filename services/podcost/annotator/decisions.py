@@ -2,12 +2,12 @@
 
 Every desired-costs message the annotator accepts is an explained decision: each pod's cost with
 every strategy's term of it, and the trace it belongs to (its W3C trace context rides in the
-record's headers). :class:`DecisionLog` keeps the latest :class:`Explanation` per pod, bounded
-(least recently decided pods are forgotten first), records what became of each write, and
-remembers the decision whose write actually set the pod's current cost. The annotator serves it
-as ``GET /explain/{namespace}/{pod}`` on its HTTP port (``router``); ``podcost explain`` reads it
-and renders the same :class:`Explanation` when it reads a decision off the costs topic or
-computes one now (:func:`explanations`).
+record's headers). :class:`DecisionLog` keeps the latest :class:`Explanation` per pod, while
+the pod lives and bounded (least recently decided pods are forgotten first), records what
+became of each write, and remembers the decision whose write actually set the pod's current
+cost. The annotator serves it as ``GET /explain/{namespace}/{pod}`` on its HTTP port
+(``router``); ``podcost explain`` reads it and renders the same :class:`Explanation` when it
+reads a decision off the costs topic or computes one now (:func:`explanations`).
 """
 
 from __future__ import annotations
@@ -180,7 +180,9 @@ class _Remembered:
 
 
 class DecisionLog:
-    """The last decision per pod, least recently decided forgotten first past ``capacity``."""
+    """The last decision per pod, least recently decided forgotten first past ``capacity``; a
+    pod's goes with the pod (:meth:`forget`: the annotator calls it when its view sees the pod
+    deleted or its write finds it gone)."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
@@ -229,6 +231,13 @@ class DecisionLog:
             known.result = result
         if written is not None and (known.written is None or known.written.version <= version):
             known.written = _Wrote.of(written)
+
+    def forget(self, namespace: str, pod: str, uid: str) -> None:
+        """Forget the decision about the pod ``uid`` (deleted, or found gone by its write); a
+        pod that took its name since keeps its own."""
+        known = self._pods.get((namespace, pod))
+        if known is not None and known.uid == uid:
+            del self._pods[(namespace, pod)]
 
     def get(self, namespace: str, pod: str) -> Explanation | None:
         """The last decision about ``namespace/pod``, if remembered."""

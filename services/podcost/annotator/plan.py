@@ -444,6 +444,16 @@ class WriteQueue(Generic[T]):
         self._drop_if_idle(uid, slot)
         return False
 
+    def forget(self, uid: PodUID) -> None:
+        """Forget the last write taken for ``uid`` (the pod is gone: no snapshot of it is to
+        come), so that what is remembered follows the pods that live, not every pod written."""
+        self._taken.pop(uid, None)
+
+    @property
+    def remembered(self) -> int:
+        """How many pods' last write taken is remembered."""
+        return len(self._taken)
+
     def purge(self, keep: Callable[[Want[T]], bool]) -> list[Want[T]]:
         """Remove the queued (not running) writes ``keep`` says no to, and return them."""
         purged: list[Want[T]] = []
@@ -502,7 +512,8 @@ def _compare(a: Decided, b: Decided) -> int:
 
 
 class VersionGuard:
-    """The newest decision accepted per workload key (see :class:`Freshness`).
+    """The newest decision accepted per workload key (see :class:`Freshness`), for as long as
+    the workload exists (:meth:`forget`).
 
     It lives as long as one run of the annotator. A restart begins empty and learns again from
     the records it reads: the uncommitted tail of each partition, in the order the aggregator
@@ -532,6 +543,12 @@ class VersionGuard:
     def latest(self, key: str) -> Decided | None:
         """The newest decision accepted for ``key``."""
         return self._latest.get(key)
+
+    def forget(self, key: str) -> None:
+        """Forget ``key``'s newest decision: its workload is gone. A decision about it read
+        later is refused by the view (its pods are gone with it), and one about a workload
+        created again under that name is later than any of the one gone."""
+        self._latest.pop(key, None)
 
 
 @dataclass(frozen=True, slots=True)

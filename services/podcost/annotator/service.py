@@ -11,6 +11,10 @@ write is done. All the deciding is in ``plan`` and ``pacing``; this module only 
 and runs those loops. It also keeps the last decision per pod and what became of its write
 (``decisions``), served as ``GET /explain/{namespace}/{pod}`` for ``podcost explain``.
 
+What it keeps per pod and per workload (:meth:`AnnotatorService.kept`) goes when its view sees
+the pod or the workload deleted (``ClusterView.deletions``), so that over months of workloads
+and pods coming and going under new names it follows the cluster as it is.
+
 The loops work through three pieces, one role each, every one of them used by this class alone:
 
 - ``intake``: consume and verify. Each record decoded (or dead-lettered), checked against the
@@ -40,6 +44,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from opentelemetry import trace
@@ -73,8 +78,11 @@ from podcost_bus import (
     open_bus,
 )
 from podcost_core.backoff import Random
+from podcost_core.model import PodUID
 from podcost_kube.client import Kube, connect
 from podcost_kube.events import EventRecorder, EventSink
+from podcost_kube.objects import DEPLOYMENT, REPLICASET, WorkloadKey
+from podcost_kube.store import Change
 
 if TYPE_CHECKING:
     from fastapi import APIRouter
@@ -85,6 +93,28 @@ log = logging.getLogger("podcost.annotator")
 
 #: How often the consumer lag gauge is refreshed (it asks the broker).
 LAG_INTERVAL_S = 5.0
+#: The kinds a workload key names (``cluster/namespace/kind/name``).
+WORKLOAD_KINDS = frozenset({DEPLOYMENT, REPLICASET})
+
+
+@dataclass(frozen=True)
+class Kept:
+    """How much the annotator keeps per pod and per workload now: each follows the live pods
+    and workloads of its cluster (or, for ``deleted``, the pods deleted lately), never every
+    one it ever wrote for."""
+
+    decisions: int
+    """Pods whose last decision is remembered (``/explain``)."""
+    writes: int
+    """Pods whose last write taken is remembered (``WriteQueue``)."""
+    told: int
+    """Pods a dry run remembers having told of."""
+    workloads: int
+    """Workloads whose newest decision is remembered (the version guard)."""
+    done: int
+    """Workloads whose newest version written is remembered."""
+    deleted: int
+    """Uids of the pods its view saw deleted lately."""
 
 
 class AnnotatorService:
@@ -125,7 +155,7 @@ class AnnotatorService:
         """The last decision per pod and what became of it, for ``GET /explain/...``."""
         self.scope = scope if scope is not None else Scope()
         """The namespace and opt-in rules this annotator writes for."""
-        self._running = Running(view=view)
+        self._running = Running()
         self._backlog = Backlog(
             config=config, metrics=metrics, clock=clock, decisions=self.decisions,
             running=self._running, catch_up=catch_up,
@@ -145,6 +175,7 @@ class AnnotatorService:
             otel=otel, backoff=self.backoff, rng=rng, scope=self.scope, verifier=verifier,
             running=self._running, owned=self._backlog.owned,
         )  # fmt: skip
+        self.view = view
 
     @property
     def topic(self) -> str:
@@ -188,6 +219,28 @@ class AnnotatorService:
     @view.setter
     def view(self, view: ClusterView | None) -> None:
         self._running.view = view
+        if view is not None and self._forget_deleted not in view.deletions:
+            view.deletions.append(self._forget_deleted)
+
+    def _forget_deleted(self, change: Change) -> None:
+        """What the annotator keeps of a pod or a workload goes when its view sees it deleted
+        (its decision, its last write, the newest decision of the workload), so that it follows
+        the cluster as it is, not every pod and workload it ever wrote for."""
+        old = change.old
+        if old is None:
+            return
+        meta = old.get("metadata") or {}
+        namespace, name = meta.get("namespace"), meta.get("name")
+        if not isinstance(namespace, str) or not isinstance(name, str):
+            return
+        if change.kind == "Pod":
+            uid = meta.get("uid")
+            if isinstance(uid, str):
+                self._backlog.forget_pod(namespace, name, PodUID(uid))
+                self._writer.forget(PodUID(uid))
+        elif change.kind in WORKLOAD_KINDS:
+            key = WorkloadKey(namespace, change.kind, name).bus_key(self.settings.cluster)
+            self._backlog.forget_workload(key)
 
     @property
     def events(self) -> EventRecorder | None:
@@ -213,6 +266,18 @@ class AnnotatorService:
     def caught_up(self) -> bool:
         """Every decision of the catch-up pass is written (always, without a ``catch_up``)."""
         return self._backlog.caught_up
+
+    def kept(self) -> Kept:
+        """What it keeps per pod and per workload now (see :class:`Kept`)."""
+        backlog, view = self._backlog, self.view
+        return Kept(
+            decisions=len(self.decisions),
+            writes=backlog.writes.remembered,
+            told=self._writer.told,
+            workloads=len(backlog.guard),
+            done=len(backlog.done),
+            deleted=view.deleted_kept if view is not None else 0,
+        )
 
     def routes(self) -> APIRouter:
         """``GET /explain/{namespace}/{pod}``, served by the runner on the HTTP port."""

@@ -13,9 +13,13 @@ checks read. The base :class:`ClusterView` is a view its owner keeps current: th
 :meth:`ClusterView.apply` (the unit tests do), or a ``Store`` another informer of the same
 process fills.
 
-It also remembers the uids of the last ``DELETED_MEMORY`` pods it saw deleted, so that a
-decision about a pod deleted since (a scale-in, the usual race) ends as ``gone``, as before,
-instead of waiting for a pod that will not come.
+It also remembers the uids of the pods it saw deleted in the last ``DELETED_MEMORY_SECONDS``
+(at most ``DELETED_MEMORY`` of them), so that a decision about a pod deleted since (a scale-in,
+the usual race) ends as ``gone`` at once instead of waiting for a pod that will not come; one
+that arrives later still ends so, after a read of the pod (404). Bounded by time, not only by
+count, so that what it keeps follows the rate of deletions, not the history of every pod that
+ever ran. Its owner hears of every deletion it observes (:attr:`ClusterView.deletions`): the
+annotator forgets what it kept about a pod or a workload that is gone.
 """
 
 from __future__ import annotations
@@ -39,20 +43,32 @@ from podcost_kube.informer import (
 )
 from podcost_kube.store import Change, ChangeType, RawObject, Store
 
-#: How many deleted pod uids a view remembers.
+#: How many deleted pod uids a view remembers at most.
 DELETED_MEMORY = 50_000
+#: How long a view remembers a deleted pod's uid: longer than a decision made before the
+#: deletion takes to arrive, but for a backlog; a later one costs a read of the pod.
+DELETED_MEMORY_SECONDS = 600.0
 
 
 class ClusterView:
     """Pods and their owners by namespace and name, and the pods seen deleted."""
 
     def __init__(
-        self, scope: Scope, *, store: Store | None = None, wall: Callable[[], float] = time.time
+        self,
+        scope: Scope,
+        *,
+        store: Store | None = None,
+        wall: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.scope = scope
         self.store = store if store is not None else Store()
         self._wall = wall
-        self._deleted: OrderedDict[str, None] = OrderedDict()
+        self._monotonic = monotonic
+        self._deleted: OrderedDict[str, float] = OrderedDict()
+        """Uids of the pods seen deleted, oldest first, with when (``monotonic``)."""
+        self.deletions: list[Callable[[Change], None]] = []
+        """Called with every deletion the view observes (of any kind it keeps), after it."""
         self.synced_at: float | None = wall()
         """When (POSIX seconds) the view first held the whole scope; ``None`` until then."""
 
@@ -61,8 +77,13 @@ class ClusterView:
         return self.synced_at is not None
 
     def deleted(self, uid: str) -> bool:
-        """Whether the view saw the pod with ``uid`` deleted (among the last ones)."""
+        """Whether the view saw the pod with ``uid`` deleted (within the memory's bounds)."""
         return uid in self._deleted
+
+    @property
+    def deleted_kept(self) -> int:
+        """How many deleted pods' uids the view remembers now."""
+        return len(self._deleted)
 
     def pod(self, namespace: str, name: str) -> RawObject | None:
         return self.store.get(POD.kind, namespace, name)
@@ -74,15 +95,25 @@ class ClusterView:
             self.observe(change)
 
     def observe(self, change: Change) -> None:
-        """Remember a deleted pod's uid (the informer's handler)."""
-        if change.kind != POD.kind or change.type is not ChangeType.DELETED or change.old is None:
+        """Remember a deleted pod's uid, and tell :attr:`deletions` of every deletion (the
+        informer's handler)."""
+        if change.type is not ChangeType.DELETED or change.old is None:
             return
-        uid = (change.old.get("metadata") or {}).get("uid")
+        if change.kind == POD.kind:
+            self._remember_deleted(change.old)
+        for listener in self.deletions:
+            listener(change)
+
+    def _remember_deleted(self, pod: RawObject) -> None:
+        uid = (pod.get("metadata") or {}).get("uid")
+        now = self._monotonic()
+        deleted = self._deleted
         if isinstance(uid, str) and uid:
-            self._deleted[uid] = None
-            self._deleted.move_to_end(uid)
-            while len(self._deleted) > DELETED_MEMORY:
-                self._deleted.popitem(last=False)
+            deleted[uid] = now
+            deleted.move_to_end(uid)
+        horizon = now - DELETED_MEMORY_SECONDS
+        while deleted and (len(deleted) > DELETED_MEMORY or next(iter(deleted.values())) < horizon):
+            deleted.popitem(last=False)
 
     def resources(self) -> tuple[Resource, ...]:
         """What the view lists and watches: pods and their owners (and the namespaces, whose

@@ -151,6 +151,15 @@ class Writer:
     def dry_run(self) -> bool:
         return self.settings.dry_run
 
+    def forget(self, uid: PodUID) -> None:
+        """The pod ``uid`` is gone: forget what a dry run last said of it."""
+        self._told.pop(uid, None)
+
+    @property
+    def told(self) -> int:
+        """How many pods a dry run remembers having told of."""
+        return len(self._told)
+
     def restart(self) -> None:
         """A new run: a full budget of requests from now."""
         self.bucket = TokenBucket(self.config.qps, self.config.burst, now=self._clock.now())

@@ -152,6 +152,8 @@ def freeze_imports() -> None:
 HEAP_DUMP_ENV: Final = "PODCOST_HEAP_DUMP"
 #: Frames kept per allocation when tracing (``PODCOST_HEAP_DUMP_FRAMES``).
 HEAP_DUMP_FRAMES: Final = 12
+#: Set to ``signal``: tracing starts at the first SIGUSR1, not at the start.
+HEAP_DUMP_FROM_ENV: Final = "PODCOST_HEAP_DUMP_FROM"
 
 
 def heap_dumps_on_signal(environ: Mapping[str, str] = os.environ) -> Path | None:
@@ -164,21 +166,27 @@ def heap_dumps_on_signal(environ: Mapping[str, str] = os.environ) -> Path | None
     resident bytes by kind of mapping and the 60 largest allocation sites by file:line) into
     it. With ``PODCOST_HEAP_DUMP_FRAMES=0`` nothing is
     traced (the process runs as usual) and the text has the RSS and the allocator's account
-    only: how much of the RSS its arenas hold and how much of that is in use. Returns the
-    directory, or ``None`` when off."""
+    only: how much of the RSS its arenas hold and how much of that is in use. With
+    ``PODCOST_HEAP_DUMP_FROM`` set to ``signal`` tracing starts at the first SIGUSR1 (whose
+    dump then has nothing traced): the process starts and warms up at its usual speed, and a
+    later dump holds exactly what was allocated since that signal and still lives, what grew.
+    Returns the directory, or ``None`` when off."""
     target = environ.get(HEAP_DUMP_ENV)
     if not target:
         return None
     directory = Path(target)
     directory.mkdir(parents=True, exist_ok=True)
     frames = int(environ.get("PODCOST_HEAP_DUMP_FRAMES", HEAP_DUMP_FRAMES))
-    if frames > 0:
+    late = environ.get(HEAP_DUMP_FROM_ENV, "start") == "signal"
+    if frames > 0 and not late:
         tracemalloc.start(frames)
     count = itertools.count(1)
 
     def dump(*_: object) -> None:
         n = next(count)
         gc.collect()
+        if frames > 0 and late and not tracemalloc.is_tracing():
+            tracemalloc.start(frames)
         lines = [f"rss {_rss_bytes()} bytes"]
         snapshot = None
         if tracemalloc.is_tracing():

@@ -12,9 +12,11 @@ bind leaves them be. Each emission is built from the cache as it is then, resolv
 workload's opt-in and policy, and published in a ``podcost.snapshot`` span whose W3C context
 rides in the record's headers: the root of the trace of that cost decision.
 
-Snapshot versions. The debouncer counts emissions per workload from 1 in each process; the
-published version is ``incarnation * 10**6 + count``, the incarnation being the start time in
-milliseconds, so versions keep growing across watcher restarts.
+Snapshot versions. The debouncer counts emissions per workload from 1 in each process (a
+workload seen again after it was gone, or after a spell standing by, counts on from above every
+version forgotten: the debouncer keeps no version of a workload gone); the published version is
+``incarnation * 10**6 + count``, the incarnation being the start time in milliseconds, so
+versions keep growing across watcher restarts.
 
 Leader election (``PODCOST_WATCHER_LEADER_ELECTION``), so that two replicas can run: once its
 cache is synced, each replica campaigns for a Lease (``podcost_kube.leader``). Both keep their
@@ -121,7 +123,7 @@ from podcost_kube.informer import NAMESPACE, SERVICE_BACKOFF, WORKLOAD_RESOURCES
 from podcost_kube.leader import LeaderElector, check_timing
 from podcost_kube.podcache import PodCache
 from podcost_kube.snapshots import convert_snapshot_pods, workload_snapshot
-from podcost_kube.store import Change, Store
+from podcost_kube.store import Change, ChangeType, Store
 from podcost_kube.workloads import (
     OptInRules,
     WorkloadKey,
@@ -455,6 +457,8 @@ class WatcherService:
 
     def _on_change(self, change: Change) -> None:
         self.pods.observe(change)
+        if change.kind == "Pod" and change.type is ChangeType.DELETED and change.old is not None:
+            self._reported.pop(str((change.old.get("metadata") or {}).get("uid")), None)
         if not self.leading():
             return  # the store is updated all the same; becoming the leader touches everything
         keys = touched_by(change, self.store, convert_pod=self._convert_quietly, adopt=self.adopt)
@@ -489,6 +493,9 @@ class WatcherService:
         self._change_seen_at.clear()
         self._published.clear()  # the next leader says what is gone
         self._node_load.clear()
+        # Its versions too: workloads deleted while it stands by are never emitted here to be
+        # forgotten one by one (the versions of a later lead still grow past these).
+        self.debouncer.forget_all()
         self.metrics.leading.set(0)
         log.info("standing by: no longer publishing")
 
@@ -708,6 +715,8 @@ class WatcherService:
                 log.warning("not ranking %s: %s", key.bus_key(self.cluster), policy.error)
                 self._tell(key, "Warning", "PolicyRefused", f"not ranked: {policy.error}")
             await self._gone(key, version, changed_at, policy.error)
+            # Nothing of a workload no longer ranked is kept: its name may never come back.
+            self.debouncer.forget(key)
             self._passed(key, None)
             return False
         try:
