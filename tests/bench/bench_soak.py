@@ -82,7 +82,7 @@ from tests.bench.bench_pipeline import (
     serve_offer,
 )
 from tests.bench.record import record
-from tests.support.broker import lag_by_group, last_records
+from tests.support.broker import lag_by_group, last_records, written_to
 from tests.support.kube import KubeTestCluster
 from tests.support.services import ServiceProcess, chart_policy, metric_key, processes
 
@@ -418,6 +418,18 @@ class Restart:
 
 
 @dataclass
+class Crash:
+    """A podcost process that exited by itself, started again as its Deployment's kubelet
+    would."""
+
+    name: str
+    at: float
+    code: int | None
+    cause: str
+    """The last line of its log that names an error."""
+
+
+@dataclass
 class Comparison:
     """The final costs against the pure core's decision, per live workload."""
 
@@ -453,6 +465,8 @@ class SoakResult:
     final_lags: dict[str, int] | None = None
     final_states: float | None = None
     comparison: Comparison | None = None
+    crashes: list[Crash] = field(default_factory=list)
+    """Processes that exited by themselves (each started again)."""
 
     @property
     def window(self) -> tuple[float, float] | None:
@@ -610,6 +624,8 @@ class Soak:
         self.clusters = [name for host in hosts for name in host.clusters]
         self.t0 = time.monotonic()
         self.result = SoakResult(config, [], [], {}, self.roles())
+        self._written: int | None = None
+        """The run's topics' end offsets, summed, at the last :meth:`settled`."""
 
     def roles(self) -> dict[str, str]:
         out = {name: "core" for name in self.core}
@@ -689,10 +705,31 @@ class Soak:
             if process.alive and process.spec.name.startswith("agents-"):
                 os.kill(process.pid, signal.SIGUSR1)
 
-    def check_alive(self) -> None:
-        dead = [name for name, p in self.running.items() if not p.alive]
-        if dead:
-            raise RuntimeError(f"processes ended by themselves: {dead}")
+    async def restart_exited(self, log: Callable[[str], None], *, churning: bool = True) -> None:
+        """Start every podcost process that exited by itself again, as the kubelet restarts a
+        Deployment's container, and record it (:class:`Crash`): a crash shows in the report
+        instead of ending the soak. A churn process that ended while ``churning`` stops it."""
+        for host in self.hosts:
+            if churning and host.churn.returncode is not None:
+                raise RuntimeError(f"the churn process of {host.name} ended by itself")
+        for name, process in self.running.items():
+            if process.alive:
+                continue
+            code = process.returncode
+            tail = process.log_tail(80).splitlines()
+            cause = (
+                f"killed by signal {-code}" if code is not None and code < 0
+                else next((line for line in reversed(tail)
+                           if "Error" in line or "ERROR" in line or "Exception" in line),
+                          tail[-1] if tail else "")
+            )  # fmt: skip
+            crash = Crash(name, self.now(), code, cause.strip())
+            self.result.crashes.append(crash)
+            log(f"  {name} exited by itself (code {crash.code}) at {crash.at / 60:.1f} min: "
+                f"{crash.cause}; started again")  # fmt: skip
+            await process.start()
+            self.result.started[process.pid] = self.now()
+            await process.wait_ready(600)
 
     async def agent_counters(self) -> dict[str, dict[str, float]]:
         """Per cluster: events taken in, workloads in the debouncer, the annotator's queue."""
@@ -708,7 +745,13 @@ class Soak:
 
     async def settled(self, sent: Mapping[str, int] | None) -> bool:
         """Every event sent taken in (when ``sent`` is known), nothing in the debouncers or the
-        annotators' queues, every group's lag 0."""
+        annotators' queues, every group's lag 0, and no record written to the run's topics
+        since the previous call: groups are read one after another, so a snapshot published
+        meanwhile (a watcher's periodic resync) could pass between them unseen."""
+        written = await written_to(self.brokers, self.run_topics())
+        quiet, self._written = written == self._written, written
+        if not quiet:
+            return False
         counters = await self.agent_counters()
         for name, values in counters.items():
             if sent is not None and values["events_fed"] < sent[name]:
@@ -862,7 +905,7 @@ async def _run(
                         log(f"rolling restart of the core at {soak.now() / 60:.1f} min:")
                         await soak.rolling_restart(log)
                     await asyncio.sleep(min(5.0, max(0.0, config.seconds - soak.now())))
-                    soak.check_alive()
+                    await soak.restart_exited(log)
                     if sampler.done():
                         sampler.result()
             finally:
@@ -893,7 +936,7 @@ async def _run(
             result.comparison = await compare_with_oracle(brokers, topics, names, ordered,
                                                           chart_policy())  # fmt: skip
             result.live = result.comparison.live
-            soak.check_alive()
+            await soak.restart_exited(log, churning=False)
             return result
     finally:
         for host in hosts:
@@ -961,6 +1004,9 @@ def report(result: SoakResult, log: Callable[[str], None] = print) -> None:
     for restart in result.restarts:
         log(f"  restart {restart.name}: stopped at {restart.stopped_at / 60:.1f} min, ready "
             f"{restart.ready_at - restart.stopped_at:.1f}s later")  # fmt: skip
+    log(f"Processes that exited by themselves (started again): {len(result.crashes)}")
+    for crash in result.crashes:
+        log(f"  {crash.name} at {crash.at / 60:.1f} min, code {crash.code}: {crash.cause}")
     comparison = result.comparison
     if comparison is not None:
         log(f"Settled {result.settled_in:.0f}s after the churn stopped ({result.events:,} events "
@@ -1025,6 +1071,10 @@ def record_result(result: SoakResult) -> None:
             f"({result.created} created)",
             f"changelogs {fmt_slope(result.fleet_slope(changelog_mib), 'MiB')}",
             f"final costs equal to the pure core's: {equal}",
+            f"processes that exited by themselves: {len(result.crashes)}"
+            + "".join(
+                f"; {c.name} at {c.at / 60:.0f} min ({c.cause[:120]})" for c in result.crashes
+            ),
         ],
     )
 

@@ -86,6 +86,17 @@ async def _lag_by_group(bootstrap: str, topics: Collection[str]) -> dict[str, in
         return lags
 
 
+async def written_to(bootstrap: str, topics: Collection[str]) -> int:
+    """The records ever written to ``topics``: their end offsets, summed (0 for a topic that
+    does not exist). Unchanged between two calls: nothing was written in between."""
+    async with _clients(bootstrap) as (admin, consumer):
+        partitions = await _partitions(admin, topics)
+        if not partitions:
+            return 0
+        ends = await consumer.end_offsets(partitions)
+        return sum(ends[tp] for tp in partitions)
+
+
 async def records_on(bootstrap: str, topics: Collection[str]) -> int:
     """The records ``topics`` hold (end minus beginning offsets; 0 for a topic that does not
     exist)."""
