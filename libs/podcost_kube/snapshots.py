@@ -88,7 +88,8 @@ def selector_of(workload: Mapping[str, Any]) -> LabelSelectorJSON | None:
 def _node_of(kind: str, obj: Mapping[str, Any]) -> str | None:
     if kind != "Pod":
         return None
-    node = obj.get("spec", {}).get("nodeName")
+    spec = obj.get("spec")
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None  # a malformed pod's too
     return node if isinstance(node, str) and node else None
 
 

@@ -41,7 +41,40 @@ __all__ = [
     "Store",
     "object_key",
     "resource_version",
+    "same_but_version",
 ]
+
+
+def same_but_version(old: RawObject, new: RawObject) -> bool:
+    """Whether ``new`` is ``old`` as the store keeps it, but for its resourceVersion: an event
+    that carries it (a later version that changed only what the store does not keep of the
+    object) changes nothing. Parts taken from ``old`` (``keep_pod``) compare
+    by identity."""
+    if old is new:
+        return True
+    if len(old) != len(new):
+        return False
+    for name, value in new.items():
+        if name not in old:
+            return False
+        before = old[name]
+        if before is value:
+            continue
+        if name != "metadata" or type(value) is not dict or type(before) is not dict:
+            if before != value:
+                return False
+            continue
+        if len(before) != len(value):
+            return False
+        for key, item in value.items():
+            if key == "resourceVersion":
+                continue
+            if key not in before:
+                return False
+            earlier = before[key]
+            if earlier is not item and earlier != item:
+                return False
+    return True
 
 
 @dataclass(slots=True)
@@ -93,7 +126,11 @@ class Store:
 
         ``ADDED`` and ``MODIFIED`` both upsert (which one the change is depends on what the store
         held, so a replayed event cannot corrupt it); an event carrying the resourceVersion
-        already stored is a duplicate and changes nothing; deleting an unknown object too.
+        already stored is a duplicate and changes nothing; deleting an unknown object too. An
+        update whose object, as kept, equals the one held but for its resourceVersion (what
+        changed is read by nothing: a probe time, a heartbeat, a field manager's timestamp)
+        changes nothing either: the store keeps the object it holds, with its older
+        resourceVersion (:func:`same_but_version`).
         """
         key = object_key(kind, obj)
         old = self.get(kind, key.namespace, key.name)
@@ -102,7 +139,9 @@ class Store:
                 return None
             self._remove(key, old)
             return Change(kind, ChangeType.DELETED, old, None)
-        if old is not None and resource_version(old) == resource_version(obj):
+        if old is not None and (
+            resource_version(old) == resource_version(obj) or same_but_version(old, obj)
+        ):
             return None
         self._put(key, old, obj)
         return Change(kind, ChangeType.MODIFIED if old is not None else ChangeType.ADDED, old, obj)
@@ -113,7 +152,8 @@ class Store:
         """Make ``kind`` hold exactly ``objects`` (a relist); the changes that makes.
 
         Objects gone from the list are deleted, new ones added, and the ones whose
-        resourceVersion differs modified; the rest are left alone, so a relist after a 410
+        resourceVersion differs modified, unless nothing else of them differs
+        (:func:`same_but_version`); the rest are left alone, so a relist after a 410
         reports only what changed while the watch was down. With ``namespace``, the list is of
         that namespace only: objects of other namespaces stay (informers of several namespaces
         share one store). The changes come in key order, the deletions first.
@@ -148,7 +188,9 @@ class Store:
             for name in sorted(named):
                 new = named[name]
                 old = self.get(kind, scope, name)
-                if old is not None and resource_version(old) == resource_version(new):
+                if old is not None and (
+                    resource_version(old) == resource_version(new) or same_but_version(old, new)
+                ):
                     continue
                 self._put(ObjectKey(kind, scope, name), old, new)
                 olds.append(old)

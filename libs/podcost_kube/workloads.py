@@ -226,6 +226,26 @@ def _pod_status_view(pod: Mapping[str, Any]) -> tuple[object, ...]:
     )
 
 
+def _read_as_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether the two versions of a pod differ in a field ``pod_from_json`` carries over as it
+    is (the node it is bound to, whether it is being deleted, its labels and annotations): their
+    ``Pod``s then differ, or one of them is not a pod that converts, and either way the change
+    matters. The usual spec and metadata updates (a pod bound, a deletion begun) are decided so
+    without converting the new version, which a snapshot converts later only if it still shows
+    it."""
+    old_meta, new_meta = metadata(old), metadata(new)
+    old_spec, new_spec = old.get("spec"), new.get("spec")
+    if not isinstance(old_spec, Mapping) or not isinstance(new_spec, Mapping):
+        return False
+    return (
+        (old_spec.get("nodeName") or None) != (new_spec.get("nodeName") or None)
+        or (old_meta.get("deletionTimestamp") is None)
+        != (new_meta.get("deletionTimestamp") is None)
+        or old_meta.get("labels", {}) != new_meta.get("labels", {})
+        or old_meta.get("annotations", {}) != new_meta.get("annotations", {})
+    )
+
+
 def pod_change_matters(
     old: Mapping[str, Any] | None,
     new: Mapping[str, Any] | None,
@@ -250,6 +270,8 @@ def pod_change_matters(
         return _cost_owner(old, adopt) is not _cost_owner(new, adopt)
     if _status_only(quiet_old, quiet_new):
         return _pod_status_view(old) != _pod_status_view(new)
+    if _read_as_changed(old, new):
+        return True  # without converting: the pods differ, or one of them cannot be converted
     try:
         return convert(old) != convert(new)
     except ConversionError:
