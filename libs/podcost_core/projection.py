@@ -419,6 +419,43 @@ _KEEP_SECTIONS: Final[dict[str, tuple[type, dict[str, Callable[[Any], Any] | Non
 }
 
 
+def _slim_decoded_managed_fields(meta: dict[str, Any]) -> None:
+    """:func:`slim_managed_fields` of a pod :func:`decode_pod_line` decoded (``meta``, its
+    metadata, changed in place): the same owners of the cost in the same order, found without
+    the checks of every level that a whole pod's free-form ``fieldsV1`` needs (decoded, each is
+    an object or null)."""
+    owners: list[str] = []
+    for entry in meta["managedFields"]:
+        fields = entry.get("fieldsV1")
+        cost_metadata = fields.get("f:metadata") if fields else None
+        annotations = cost_metadata.get("f:annotations") if cost_metadata else None
+        if annotations and COST_FIELD in annotations:
+            manager = entry.get("manager", "")
+            if manager not in owners:
+                owners.append(manager)
+    if owners:
+        meta["managedFields"] = [
+            {"manager": manager, "fieldsV1": {"f:metadata": {"f:annotations": {COST_FIELD: {}}}}}
+            for manager in owners
+        ]
+    else:
+        del meta["managedFields"]
+
+
+def _metadata_but_version(meta: dict[str, Any], before: dict[str, Any]) -> dict[str, Any] | None:
+    """``before`` (a kept pod's metadata) with the resourceVersion of ``meta`` (a decoded one)
+    when nothing else of them differs; else ``None``."""
+    if len(meta) != len(before):
+        return None
+    for key, value in meta.items():
+        if key != "resourceVersion" and (key not in before or before[key] != value):
+            return None
+    same = before.copy()  # a copy shares the keys table too (``_SECTIONS``)
+    if "resourceVersion" in meta:
+        same["resourceVersion"] = meta["resourceVersion"]
+    return same
+
+
 def keep_pod(
     pod: dict[str, Any], old: Mapping[str, Any] | None, shared: SharedParts | None = None
 ) -> dict[str, Any]:
@@ -427,17 +464,22 @@ def keep_pod(
     of the whole pod after :func:`slim_managed_fields`, its strings interned and its dicts
     sharing their keys the same way; ``tests/unit/test_pod_lines.py`` checks it.
 
-    ``old`` is the version of the pod the store holds (``None`` for a new pod): each part of
-    ``pod`` (a map or a list under ``metadata``, ``spec`` or ``status``, then the ``status``
-    itself) equal to the same part of ``old`` is taken from ``old``, not interned nor offered to
-    ``shared`` again; a watch event changes a part or two of a pod, if any (``Store.apply`` then
-    finds that nothing it keeps changed by identity). The other parts are projected and shared
-    as :func:`project_pod` does. Equal is Python's ``==``: ``1`` for ``1.0`` or ``true`` keeps
-    the earlier of the two, which validation and the quantities read the same."""
-    slim_managed_fields(pod)
+    ``old`` is the version of the pod the store holds (``None`` for a new pod): each section
+    (``spec``, ``status``; ``metadata`` but for its resourceVersion) and each part of one (a map
+    or a list under it) equal to the same of ``old`` is taken from ``old``, not interned nor
+    offered to ``shared`` again; a watch event changes a part or two of a pod, if any
+    (``Store.apply`` then finds that nothing it keeps changed by identity). The other parts
+    are projected and shared as :func:`project_pod` does. Equal is Python's ``==``: ``1`` for
+    ``1.0`` or ``true`` keeps the earlier of the two, which validation and the quantities read
+    the same."""
+    meta = pod.get("metadata")
+    if meta is not None and meta.get("managedFields") is not None:
+        _slim_decoded_managed_fields(meta)
     status = pod.get("status")
-    if isinstance(status, dict) and isinstance(status.get("conditions"), list):
-        status["conditions"] = [c for c in status["conditions"] if not _unread_condition(c)]
+    if status is not None and (conditions := status.get("conditions")) is not None:
+        # Decoded as ``ConditionJSON``: every one is well-formed, so only its type tells
+        # whether anything reads it (``_unread_condition``).
+        status["conditions"] = [c for c in conditions if c.get("type", "Ready") == "Ready"]
     kept: dict[str, Any] = _PodRoot().__dict__
     old_get = old.get if isinstance(old, dict) else None
     intern, intern_max = sys.intern, _INTERN_MAX
@@ -448,6 +490,15 @@ def keep_pod(
             continue
         cls, fields = section
         before = old_get(name) if old_get is not None else None
+        if type(before) is dict:
+            # Most events change one section, if any: the others are the version's before.
+            if name != "metadata":
+                if before == value:
+                    kept[name] = before
+                    continue
+            elif (same := _metadata_but_version(value, before)) is not None:
+                kept[name] = same
+                continue
         before_get = before.get if isinstance(before, dict) else None
         part_of: dict[str, Any] = cls().__dict__
         for key, item in value.items():

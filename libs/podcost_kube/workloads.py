@@ -46,7 +46,6 @@ from podcost_core.tomodel import cost_owner, node_from_json, pod_from_json
 from podcost_kube.objects import DEPLOYMENT as DEPLOYMENT
 from podcost_kube.objects import REPLICASET as REPLICASET
 from podcost_kube.objects import WorkloadKey as WorkloadKey
-from podcost_kube.objects import object_key
 from podcost_kube.snapshots import controller_of, metadata, same_object, selector_of
 from podcost_kube.store import Change, ChangeType, Store
 
@@ -419,7 +418,8 @@ def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
             if share is None or share[0] != node or share[2]:
                 continue
             keys = workloads_of_pod(store, pod)
-            if object_key("Pod", pod) != change.key:
+            # The store holds the change: the changed pod is its new version itself.
+            if pod is not change.new:
                 if first is None:
                     first = keys
                 elif keys.isdisjoint(first):
