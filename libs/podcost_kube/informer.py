@@ -259,6 +259,10 @@ def decode_event(
     return WatchEvent(event_type, obj)
 
 
+#: Each change type by its name (a lookup, not an ``Enum`` call per event).
+_CHANGE_TYPES: dict[str, ChangeType] = {change.value: change for change in ChangeType}
+
+
 def apply_event(
     store: Store, resource: Resource, event: WatchEvent, shared: SharedParts
 ) -> Change | None:
@@ -273,9 +277,8 @@ def apply_event(
         # Kept next to the version held: the parts it did not change are taken from it.
         key = object_key(kind, obj)
         kept = keep_pod(obj, store.get(kind, key.namespace, key.name), shared)
-    else:
-        kept = _kept(kind, obj, shared)
-    return store.apply(kind, ChangeType(event.type), kept)
+        return store.apply(kind, _CHANGE_TYPES[event.type], kept, key)
+    return store.apply(kind, _CHANGE_TYPES[event.type], _kept(kind, obj, shared))
 
 
 # --- backoff -----------------------------------------------------------------------------------

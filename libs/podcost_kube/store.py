@@ -121,7 +121,9 @@ class Store:
 
     # --- writing ------------------------------------------------------------------------------
 
-    def apply(self, kind: str, change_type: ChangeType, obj: RawObject) -> Change | None:
+    def apply(
+        self, kind: str, change_type: ChangeType, obj: RawObject, key: ObjectKey | None = None
+    ) -> Change | None:
         """Apply one watch event; the change it makes, or ``None`` when it changes nothing.
 
         ``ADDED`` and ``MODIFIED`` both upsert (which one the change is depends on what the store
@@ -130,9 +132,11 @@ class Store:
         update whose object, as kept, equals the one held but for its resourceVersion (what
         changed is read by nothing: a probe time, a heartbeat, a field manager's timestamp)
         changes nothing either: the store keeps the object it holds, with its older
-        resourceVersion (:func:`same_but_version`).
+        resourceVersion (:func:`same_but_version`). ``key``: ``obj``'s (``object_key``), when
+        the caller has it already.
         """
-        key = object_key(kind, obj)
+        if key is None:
+            key = object_key(kind, obj)
         old = self.get(kind, key.namespace, key.name)
         if change_type is ChangeType.DELETED:
             if old is None:

@@ -966,3 +966,25 @@ def test_a_change_of_a_field_the_pod_carries_over_matters_without_converting(
     assert pod_change_matters(old, new, convert=quiet)
     assert (pods.hits, pods.misses) == (0, 0)
     assert pod_from_json(old) != pod_from_json(new)  # what converting would have found
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "matters"),
+    [
+        ({"uid": "u", "generation": 1}, {"uid": "u", "generation": 2}, False),
+        ({"uid": "u", "annotations": {"a": "1"}}, {"uid": "u", "generation": 2}, True),
+        ({"uid": "u", "generation": 2}, {"uid": "u", "annotations": {"a": "1"}}, True),
+        ({"uid": "u"}, {"uid": "v"}, True),
+    ],
+)
+def test_a_metadata_change_beyond_the_noise_is_told_apart_from_the_noise(
+    before: dict[str, Any], after: dict[str, Any], matters: bool
+) -> None:
+    def pod(labels: dict[str, Any]) -> dict[str, Any]:
+        meta = {"name": "p", "namespace": NS, "labels": {"app": "web"}, **labels}
+        return {"metadata": meta, "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
+
+    old, new = pod(before), pod(after)
+    assert pod_change_matters(old, new) is matters
+    new["status"] = {"phase": "Failed"}
+    assert pod_change_matters(old, new)
