@@ -442,10 +442,6 @@ def _slim_decoded_managed_fields(meta: dict[str, Any]) -> None:
         del meta["managedFields"]
 
 
-#: A value no pod holds.
-_ABSENT: Final = object()
-
-
 def _metadata_but_version(meta: dict[str, Any], before: dict[str, Any]) -> dict[str, Any] | None:
     """``before`` (a kept pod's metadata) with the resourceVersion of ``meta`` (a decoded one)
     when nothing else of them differs; else ``None``."""
@@ -475,7 +471,7 @@ def keep_pod(
     (``Store.apply`` then finds that nothing it keeps changed by identity). The other parts
     are projected and shared as :func:`project_pod` does. Equal is Python's ``==``: ``1`` for
     ``1.0`` or ``true`` keeps the earlier of the two, which validation and the quantities read
-    the same. When nothing but the resourceVersion differs, the answer is ``old`` itself."""
+    the same."""
     meta = pod.get("metadata")
     if meta is not None and meta.get("managedFields") is not None:
         _slim_decoded_managed_fields(meta)
@@ -487,12 +483,10 @@ def keep_pod(
     kept: dict[str, Any] = _PodRoot().__dict__
     old_get = old.get if isinstance(old, dict) else None
     intern, intern_max = sys.intern, _INTERN_MAX
-    changed = old_get is None or len(old) != len(pod)  # type: ignore[arg-type]
     for name, value in pod.items():
         section = _KEEP_SECTIONS.get(name)
         if section is None or not isinstance(value, dict):
-            kept[name] = value = _intern(value)
-            changed = changed or old_get is None or old_get(name, _ABSENT) != value
+            kept[name] = _intern(value)
             continue
         cls, fields = section
         before = old_get(name) if old_get is not None else None
@@ -505,7 +499,6 @@ def keep_pod(
             elif (same := _metadata_but_version(value, before)) is not None:
                 kept[name] = same
                 continue
-        changed = True
         before_get = before.get if isinstance(before, dict) else None
         part_of: dict[str, Any] = cls().__dict__
         for key, item in value.items():
@@ -534,10 +527,6 @@ def keep_pod(
             elif shared is not None:
                 part_of = shared.share(part_of)
         kept[name] = part_of
-    if not changed and old is not None:
-        # Equal to the version held but for its resourceVersion: that version itself, which
-        # the store then finds it holds (``Store.apply``: no change).
-        return cast(dict[str, Any], old)
     return kept
 
 

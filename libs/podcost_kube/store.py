@@ -77,6 +77,15 @@ def same_but_version(old: RawObject, new: RawObject) -> bool:
     return True
 
 
+def _move_version(held: RawObject, version: str) -> None:
+    """Give the object the store holds a later ``version`` of the same content: the one object
+    the store changes in place (its metadata is its own: the parts shared with other objects
+    are within it)."""
+    meta = held.get("metadata")
+    if isinstance(meta, dict) and version:
+        meta["resourceVersion"] = version
+
+
 @dataclass(slots=True)
 class Store:
     """Raw objects by kind, namespace and name, with the indexes a snapshot reads
@@ -131,8 +140,9 @@ class Store:
         already stored is a duplicate and changes nothing; deleting an unknown object too. An
         update whose object, as kept, equals the one held but for its resourceVersion (what
         changed is read by nothing: a probe time, a heartbeat, a field manager's timestamp)
-        changes nothing either: the store keeps the object it holds, with its older
-        resourceVersion (:func:`same_but_version`). ``key``: ``obj``'s (``object_key``), when
+        changes nothing either (:func:`same_but_version`): the object held stays, its
+        resourceVersion moved on to the event's, so that the store holds the versions the API
+        server does. ``key``: ``obj``'s (``object_key``), when
         the caller has it already.
         """
         if key is None:
@@ -143,10 +153,13 @@ class Store:
                 return None
             self._remove(key, old)
             return Change(kind, ChangeType.DELETED, old, None)
-        if old is not None and (
-            resource_version(old) == resource_version(obj) or same_but_version(old, obj)
-        ):
-            return None
+        if old is not None:
+            version = resource_version(obj)
+            if resource_version(old) == version:
+                return None
+            if same_but_version(old, obj):
+                _move_version(old, version)
+                return None
         self._put(key, old, obj)
         return Change(kind, ChangeType.MODIFIED if old is not None else ChangeType.ADDED, old, obj)
 
@@ -192,10 +205,13 @@ class Store:
             for name in sorted(named):
                 new = named[name]
                 old = self.get(kind, scope, name)
-                if old is not None and (
-                    resource_version(old) == resource_version(new) or same_but_version(old, new)
-                ):
-                    continue
+                if old is not None:
+                    version = resource_version(new)
+                    if resource_version(old) == version:
+                        continue
+                    if same_but_version(old, new):
+                        _move_version(old, version)
+                        continue
                 self._put(ObjectKey(kind, scope, name), old, new)
                 olds.append(old)
                 news.append(new)

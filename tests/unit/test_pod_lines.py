@@ -137,6 +137,8 @@ def test_status_noise_is_no_change_and_the_store_keeps_the_version_it_holds() ->
     raw["metadata"]["managedFields"][0]["time"] = "2026-01-01T00:00:00Z"  # nor this
     assert take(store, line("MODIFIED", raw)) is None
     assert store.get("Pod", *_name(raw)) is held
+    assert held is not None
+    assert held["metadata"]["resourceVersion"] == "9002"
 
 
 def test_a_deleted_pod_leaves_the_store() -> None:

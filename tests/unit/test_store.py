@@ -54,10 +54,11 @@ def test_an_update_of_nothing_the_store_keeps_is_no_change_and_keeps_the_object_
     held = store.get("Pod", "ns", "a")
     assert store.apply("Pod", ChangeType.MODIFIED, pod("a", "2", tier="x")) is None
     assert store.get("Pod", "ns", "a") is held
+    assert held == pod("a", "2", tier="x")  # at the version the API server has
     assert [p["metadata"]["name"] for p in store.indexes.pods_on_node("n1")] == ["a"]
     change = store.apply("Pod", ChangeType.MODIFIED, pod("a", "3", tier="y"))
     assert change is not None
-    assert (change.old, change.new) == (pod("a", "1", tier="x"), pod("a", "3", tier="y"))
+    assert (change.old, change.new) == (pod("a", "2", tier="x"), pod("a", "3", tier="y"))
 
 
 def test_an_object_with_a_field_more_or_less_is_a_change() -> None:
@@ -103,8 +104,8 @@ def test_a_relist_reports_only_what_changed_while_the_watch_was_down() -> None:
     assert sorted(p["metadata"]["name"] for p in store.objects("Pod")) == names
     on_node = store.indexes.pods_on_node("n1")
     assert [p["metadata"]["name"] for p in on_node] == names
-    # Only its resourceVersion moved: the store keeps what it held.
-    assert store.get("Pod", "ns", "quiet") == pod("quiet", "1")
+    # Only its resourceVersion moved: the store keeps what it held, at the listed version.
+    assert store.get("Pod", "ns", "quiet") == pod("quiet", "7")
 
 
 def test_a_relist_with_an_object_whose_name_is_not_text_keeps_every_object() -> None:
