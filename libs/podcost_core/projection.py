@@ -20,10 +20,17 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, Union, cast, get_args, get_origin, get_type_hints
 
+import msgspec
 import orjson
-from typing_extensions import is_typeddict
+from typing_extensions import TypedDict, is_typeddict
 
-from podcost_core.kubejson import COST_FIELD, ObjectMetaJSON, PodJSON, cost_managers
+from podcost_core.kubejson import (
+    COST_FIELD,
+    ManagedFieldsEntryJSON,
+    ObjectMetaJSON,
+    PodJSON,
+    cost_managers,
+)
 
 # --- what an informer keeps of an object's managed fields -----------------------------------
 
@@ -322,6 +329,205 @@ def project_pod(obj: dict[str, Any], shared: SharedParts | None = None) -> dict[
         if isinstance(status, dict) and status:
             projected["status"] = shared.share(status)
     return projected
+
+
+# --- a pod's watch line, decoded only as far as it is kept, and kept next to its predecessor --
+
+
+#: Types made at run time, from the raw TypedDicts' hints (opaque to the type checker).
+_UNION: Any = Union
+_TYPED_DICT: Any = TypedDict
+
+
+def _decoded(hint: Any) -> Any:
+    """The type msgspec decodes a value of type ``hint`` (a raw TypedDict's field) into: the same
+    shape, each TypedDict with only its own keys (the others are skipped unread), its leaves of
+    the types the hint names (a number's bounds are validation's: ``tomodel``)."""
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return _UNION[tuple(_decoded(arg) for arg in get_args(hint))]
+    if origin is list:
+        return types.GenericAlias(list, (_decoded(get_args(hint)[0]),))
+    if origin is dict:
+        key, value = get_args(hint)
+        return types.GenericAlias(dict, (key, _decoded(value)))
+    if is_typeddict(hint):
+        fields = {key: _decoded(value) for key, value in get_type_hints(hint).items()}
+        if hint is ManagedFieldsEntryJSON:
+            # Only who owns the cost is kept of them (``slim_managed_fields``): the rest of
+            # ``fieldsV1``, a third of a pod's JSON, is skipped unread.
+            fields = {"manager": str, "fieldsV1": _UNION[_COST_OWNED, None]}
+        if hint is ObjectMetaJSON:
+            fields["resourceVersion"] = Any
+        if hint is PodJSON:
+            fields["apiVersion"] = Any
+        return _TYPED_DICT(f"Decoded{hint.__name__}", fields, total=False)
+    return hint
+
+
+def _only(name: str, key: str, value: Any) -> Any:
+    """A TypedDict of one optional key (a key no class statement can name)."""
+    return _TYPED_DICT(name, {key: value}, total=False)
+
+
+#: What ``cost_managers`` reads of a ``managedFields`` entry's ``fieldsV1``.
+_COST_OWNED = _only(
+    "_CostOwned",
+    "f:metadata",
+    _UNION[
+        _only("_CostMetadata", "f:annotations", _only("_CostAnnotations", COST_FIELD, Any)), None
+    ],
+)
+
+_POD_LINE = msgspec.json.Decoder(
+    _TYPED_DICT("_PodLine", {"type": Any, "object": _decoded(PodJSON)}, total=False)
+)
+
+
+def decode_pod_line(line: bytes | str) -> tuple[Any, dict[str, Any]] | None:
+    """The type and the object of a watch line of pods (``{"type": ..., "object": ...}``), the
+    object decoded only as far as an informer keeps it (:func:`keep_pod`'s input): the fields of
+    :class:`PodJSON` and its ``apiVersion`` and ``resourceVersion``, of ``managedFields`` only
+    who owns the deletion cost; every other field is skipped unread (parsing the whole line took
+    longer than this and :func:`keep_pod` together).
+
+    ``None`` when the line is not one this decodes: malformed JSON, an object missing, or a
+    field of an unexpected type (a ``Status``, a malformed pod): the caller decodes it whole
+    then, as it would have, so that it is refused, or kept malformed, as before. A number beyond
+    64 bits is read as the integer it is (``orjson``: a float), which validation refuses the
+    same."""
+    try:
+        event = _POD_LINE.decode(line)
+    except msgspec.MsgspecError:
+        return None
+    obj = event.get("object")
+    return (event.get("type"), obj) if isinstance(obj, dict) else None
+
+
+#: Per section of a pod (``metadata``, ``spec``, ``status``): its class (:data:`_SECTIONS`), and
+#: each key with what its value goes through as :func:`project_pod` keeps it: ``None`` kept as
+#: it is, ``_intern``, or a projector of the part.
+_KEEP_SECTIONS: Final[dict[str, tuple[type, dict[str, Callable[[Any], Any] | None]]]] = {
+    section: (
+        _SECTIONS[id(_POD_SHAPE[section])],
+        {
+            sys.intern(key): (None if (project := _projector(shape)) is _as_it_is else project)
+            for key, shape in _POD_SHAPE[section].items()
+        },
+    )
+    for section in ("metadata", "spec", "status")
+}
+
+
+def _slim_decoded_managed_fields(meta: dict[str, Any]) -> None:
+    """:func:`slim_managed_fields` of a pod :func:`decode_pod_line` decoded (``meta``, its
+    metadata, changed in place): the same owners of the cost in the same order, found without
+    the checks of every level that a whole pod's free-form ``fieldsV1`` needs (decoded, each is
+    an object or null)."""
+    owners: list[str] = []
+    for entry in meta["managedFields"]:
+        fields = entry.get("fieldsV1")
+        cost_metadata = fields.get("f:metadata") if fields else None
+        annotations = cost_metadata.get("f:annotations") if cost_metadata else None
+        if annotations and COST_FIELD in annotations:
+            manager = entry.get("manager", "")
+            if manager not in owners:
+                owners.append(manager)
+    if owners:
+        meta["managedFields"] = [
+            {"manager": manager, "fieldsV1": {"f:metadata": {"f:annotations": {COST_FIELD: {}}}}}
+            for manager in owners
+        ]
+    else:
+        del meta["managedFields"]
+
+
+def _metadata_but_version(meta: dict[str, Any], before: dict[str, Any]) -> dict[str, Any] | None:
+    """``before`` (a kept pod's metadata) with the resourceVersion of ``meta`` (a decoded one)
+    when nothing else of them differs; else ``None``."""
+    if len(meta) != len(before):
+        return None
+    for key, value in meta.items():
+        if key != "resourceVersion" and (key not in before or before[key] != value):
+            return None
+    same = before.copy()  # a copy shares the keys table too (``_SECTIONS``)
+    if "resourceVersion" in meta:
+        same["resourceVersion"] = meta["resourceVersion"]
+    return same
+
+
+def keep_pod(
+    pod: dict[str, Any], old: Mapping[str, Any] | None, shared: SharedParts | None = None
+) -> dict[str, Any]:
+    """What an informer keeps of a pod that :func:`decode_pod_line` decoded (``pod``, whose
+    managed fields and conditions are slimmed in place): equal to what :func:`project_pod` keeps
+    of the whole pod after :func:`slim_managed_fields`, its strings interned and its dicts
+    sharing their keys the same way; ``tests/unit/test_pod_lines.py`` checks it.
+
+    ``old`` is the version of the pod the store holds (``None`` for a new pod): each section
+    (``spec``, ``status``; ``metadata`` but for its resourceVersion) and each part of one (a map
+    or a list under it) equal to the same of ``old`` is taken from ``old``, not interned nor
+    offered to ``shared`` again; a watch event changes a part or two of a pod, if any
+    (``Store.apply`` then finds that nothing it keeps changed by identity). The other parts
+    are projected and shared as :func:`project_pod` does. Equal is Python's ``==``: ``1`` for
+    ``1.0`` or ``true`` keeps the earlier of the two, which validation and the quantities read
+    the same."""
+    meta = pod.get("metadata")
+    if meta is not None and meta.get("managedFields") is not None:
+        _slim_decoded_managed_fields(meta)
+    status = pod.get("status")
+    if status is not None and (conditions := status.get("conditions")) is not None:
+        # Decoded as ``ConditionJSON``: every one is well-formed, so only its type tells
+        # whether anything reads it (``_unread_condition``).
+        status["conditions"] = [c for c in conditions if c.get("type", "Ready") == "Ready"]
+    kept: dict[str, Any] = _PodRoot().__dict__
+    old_get = old.get if isinstance(old, dict) else None
+    intern, intern_max = sys.intern, _INTERN_MAX
+    for name, value in pod.items():
+        section = _KEEP_SECTIONS.get(name)
+        if section is None or not isinstance(value, dict):
+            kept[name] = _intern(value)
+            continue
+        cls, fields = section
+        before = old_get(name) if old_get is not None else None
+        if type(before) is dict:
+            # Most events change one section, if any: the others are the version's before.
+            if name != "metadata":
+                if before == value:
+                    kept[name] = before
+                    continue
+            elif (same := _metadata_but_version(value, before)) is not None:
+                kept[name] = same
+                continue
+        before_get = before.get if isinstance(before, dict) else None
+        part_of: dict[str, Any] = cls().__dict__
+        for key, item in value.items():
+            project = fields[key]
+            if type(item) is dict or type(item) is list:
+                if item:
+                    if before_get is not None:
+                        earlier = before_get(key)
+                        if earlier is not None and type(earlier) is type(item) and earlier == item:
+                            part_of[key] = earlier
+                            continue
+                    if project is not None:
+                        item = project(item)
+                    if shared is not None:
+                        item = shared.share(item)
+                elif project is not None:
+                    item = project(item)
+            elif project is _intern and type(item) is str:
+                item = intern(item) if len(item) <= intern_max else item
+            elif project is not None:
+                item = project(item)
+            part_of[key] = item
+        if name == "status" and part_of:
+            if before is not None and type(before) is dict and before == part_of:
+                part_of = before
+            elif shared is not None:
+                part_of = shared.share(part_of)
+        kept[name] = part_of
+    return kept
 
 
 # --- what an informer keeps of a node, a ReplicaSet, a Deployment -----------------------------

@@ -27,8 +27,13 @@ What it does, per resource, as client-go's reflector does:
 Objects stay raw JSON from the socket to the store: responses are read with
 ``_preload_content=False`` and parsed with ``orjson.loads`` (twice ``json.loads``' speed, and
 its cache of keys shares one string per key name across objects), never deserialised into
-client-library models (``tests/bench/bench_informer.py`` measures why). Of each object's
-``managedFields`` the store keeps only who owns the deletion cost
+client-library models (``tests/bench/bench_informer.py`` measures why). A watch line of whole
+pods, the stream that never rests, is decoded only as far as the store keeps the pod
+(``podcost_core.projection.decode_pod_line``: the rest is skipped unread) and kept next to the
+version the store holds, whose unchanged parts it takes (``keep_pod``); an update that changes
+nothing the store keeps is no change (``Store.apply``): ``tests/bench/bench_watcher.py``
+measures the watcher's whole path per event against ``orjson.loads`` of the same lines. Of
+each object's ``managedFields`` the store keeps only who owns the deletion cost
 (``podcost_core.projection.slim_managed_fields``), as client-go informers are told to drop them with
 a transform: all podcost reads of them, and a third of a pod's JSON (more of a node's). Of a pod
 it keeps only the fields podcost reads, with its repeated strings interned and its parts equal
@@ -59,13 +64,22 @@ import orjson
 from podcost_core.backoff import Backoff
 from podcost_core.projection import (
     SharedParts,
+    decode_pod_line,
+    keep_pod,
     project_node,
     project_pod,
     project_workload,
     slim_managed_fields,
 )
 from podcost_kube.client import Kube, KubeError
-from podcost_kube.store import Change, ChangeType, RawObject, Store, resource_version
+from podcost_kube.store import (
+    Change,
+    ChangeType,
+    RawObject,
+    Store,
+    object_key,
+    resource_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -199,15 +213,35 @@ class WatchEvent:
 
     type: str
     obj: RawObject
+    partial: bool = False
+    """``obj`` holds only what the store keeps of the object, as ``decode_pod_line`` decodes a
+    pod (``apply_event`` keeps it with ``keep_pod``); else it is the whole object."""
 
     @property
     def resource_version(self) -> str:
         return resource_version(self.obj)
 
 
-def decode_event(line: bytes | str, what: str = "watch") -> WatchEvent:
+#: The event types a watch line that is not an error carries.
+EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
+
+
+def decode_event(
+    line: bytes | str, what: str = "watch", resource: Resource | None = None
+) -> WatchEvent:
     """Decode one watch line; an ERROR event raises the error it carries
-    (:class:`ResourceExpired` for 410), a malformed line a retriable :class:`KubeError`."""
+    (:class:`ResourceExpired` for 410), a malformed line a retriable :class:`KubeError`.
+
+    A line of a watch of whole pods (``resource``) is decoded only as far as the store keeps the
+    pod (``podcost_core.projection.decode_pod_line``, a :attr:`WatchEvent.partial` event): the
+    rest of the line is skipped unread. A line that decoder refuses (an ERROR event's
+    ``Status``, a malformed line or pod) is decoded whole, as any other kind's."""
+    if resource is not None and resource.kind == POD.kind and not resource.metadata_only:
+        decoded = decode_pod_line(line)
+        if decoded is not None:
+            kind_of_event, kept = decoded
+            if kind_of_event in EVENT_TYPES and resource_version(kept):
+                return WatchEvent(kind_of_event, kept, partial=True)
     try:
         event = orjson.loads(line)
     except ValueError as error:
@@ -218,11 +252,15 @@ def decode_event(line: bytes | str, what: str = "watch") -> WatchEvent:
     obj: RawObject = event["object"]
     if event_type == "ERROR":
         raise _status_error(obj, what)
-    if event_type not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK"):
+    if event_type not in EVENT_TYPES:
         raise KubeError(f"{what}: unknown watch event type {event_type!r}", retriable=True)
     if not resource_version(obj):
         raise KubeError(f"{what}: {event_type} event without a resourceVersion", retriable=True)
     return WatchEvent(event_type, obj)
+
+
+#: Each change type by its name (a lookup, not an ``Enum`` call per event).
+_CHANGE_TYPES: dict[str, ChangeType] = {change.value: change for change in ChangeType}
 
 
 def apply_event(
@@ -230,10 +268,17 @@ def apply_event(
 ) -> Change | None:
     """What an informer of ``resource`` does with a watch event (not a bookmark): keep what
     podcost reads of the object (under the resource's kind, :meth:`Resource.typed`; projected,
-    its parts shared through ``shared``) in ``store``; the change, if any, goes to the
+    its parts shared through ``shared``; a :attr:`WatchEvent.partial` pod kept next to the
+    version the store holds, ``keep_pod``) in ``store``; the change, if any, goes to the
     informer's handlers. The benchmarks feed synthetic watch lines through this too."""
     kind = resource.kind
-    return store.apply(kind, ChangeType(event.type), _kept(kind, resource.typed(event.obj), shared))
+    obj = resource.typed(event.obj)
+    if event.partial:
+        # Kept next to the version held: the parts it did not change are taken from it.
+        key = object_key(kind, obj)
+        kept = keep_pod(obj, store.get(kind, key.namespace, key.name), shared)
+        return store.apply(kind, _CHANGE_TYPES[event.type], kept, key)
+    return store.apply(kind, _CHANGE_TYPES[event.type], _kept(kind, obj, shared))
 
 
 # --- backoff -----------------------------------------------------------------------------------
@@ -604,7 +649,7 @@ class Informer:
                 if not line.strip():
                     continue
                 lines += 1
-                event = decode_event(line, what)
+                event = decode_event(line, what, resource)
                 state.failures = 0  # the stream works
                 state.resource_version = event.resource_version
                 if event.type == "BOOKMARK":

@@ -77,9 +77,9 @@ def key_text(value: object) -> str:
 
 
 def resource_version(obj: Mapping[str, Any]) -> str:
-    """``metadata.resourceVersion``; ``""`` when absent."""
-    version = obj.get("metadata", {}).get("resourceVersion", "")
-    return str(version)
+    """``metadata.resourceVersion``; ``""`` when absent (or the metadata is not an object)."""
+    meta = obj.get("metadata")
+    return str(meta.get("resourceVersion", "")) if isinstance(meta, Mapping) else ""
 
 
 DEPLOYMENT = "Deployment"

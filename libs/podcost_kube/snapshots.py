@@ -57,14 +57,16 @@ _STAMPS = itertools.count(1)
 def metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     """``obj``'s metadata; empty when it has none, or none that is a map."""
     meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
+    # ``type`` first: the objects the store keeps are dicts, and an ABC's check is slow.
+    return meta if type(meta) is dict or isinstance(meta, Mapping) else {}
 
 
 def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The owner reference with ``controller: true``, if any."""
     meta = obj.get("metadata")
-    for ref in (meta.get("ownerReferences") if isinstance(meta, Mapping) else None) or []:
-        if isinstance(ref, Mapping) and ref.get("controller"):
+    refs = meta.get("ownerReferences") if type(meta) is dict or isinstance(meta, Mapping) else None
+    for ref in refs or []:
+        if (type(ref) is dict or isinstance(ref, Mapping)) and ref.get("controller"):
             return ref
     return None
 
@@ -88,7 +90,8 @@ def selector_of(workload: Mapping[str, Any]) -> LabelSelectorJSON | None:
 def _node_of(kind: str, obj: Mapping[str, Any]) -> str | None:
     if kind != "Pod":
         return None
-    node = obj.get("spec", {}).get("nodeName")
+    spec = obj.get("spec")
+    node = spec.get("nodeName") if isinstance(spec, Mapping) else None  # a malformed pod's too
     return node if isinstance(node, str) and node else None
 
 
@@ -399,7 +402,17 @@ class WorkloadIndexes:
         if node != _node_of(key.kind, old):
             return False
         keys = _pod_index_keys(new)
-        if keys is None or keys != _pod_index_keys(old):
+        if keys is None:
+            return False
+        old_meta, new_meta = old.get("metadata"), new.get("metadata")
+        same_parts = (
+            type(old_meta) is dict
+            and type(new_meta) is dict
+            and all(
+                old_meta.get(f) is new_meta.get(f) for f in ("name", "labels", "ownerReferences")
+            )
+        )  # what the keys are made of, the same objects (the informer keeps them so): same keys
+        if not same_parts and keys != _pod_index_keys(old):
             return False
         index = self._pods_by_namespace[key.namespace]
         controller, labels = keys

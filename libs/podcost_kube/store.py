@@ -41,7 +41,49 @@ __all__ = [
     "Store",
     "object_key",
     "resource_version",
+    "same_but_version",
 ]
+
+
+def same_but_version(old: RawObject, new: RawObject) -> bool:
+    """Whether ``new`` is ``old`` as the store keeps it, but for its resourceVersion: an event
+    that carries it (a later version that changed only what the store does not keep of the
+    object) changes nothing. Parts taken from ``old`` (``keep_pod``) compare
+    by identity."""
+    if old is new:
+        return True
+    if len(old) != len(new):
+        return False
+    for name, value in new.items():
+        if name not in old:
+            return False
+        before = old[name]
+        if before is value:
+            continue
+        if name != "metadata" or type(value) is not dict or type(before) is not dict:
+            if before != value:
+                return False
+            continue
+        if len(before) != len(value):
+            return False
+        for key, item in value.items():
+            if key == "resourceVersion":
+                continue
+            if key not in before:
+                return False
+            earlier = before[key]
+            if earlier is not item and earlier != item:
+                return False
+    return True
+
+
+def _move_version(held: RawObject, version: str) -> None:
+    """Give the object the store holds a later ``version`` of the same content: the one object
+    the store changes in place (its metadata is its own: the parts shared with other objects
+    are within it)."""
+    meta = held.get("metadata")
+    if isinstance(meta, dict) and version:
+        meta["resourceVersion"] = version
 
 
 @dataclass(slots=True, repr=False)
@@ -93,22 +135,36 @@ class Store:
 
     # --- writing ------------------------------------------------------------------------------
 
-    def apply(self, kind: str, change_type: ChangeType, obj: RawObject) -> Change | None:
+    def apply(
+        self, kind: str, change_type: ChangeType, obj: RawObject, key: ObjectKey | None = None
+    ) -> Change | None:
         """Apply one watch event; the change it makes, or ``None`` when it changes nothing.
 
         ``ADDED`` and ``MODIFIED`` both upsert (which one the change is depends on what the store
         held, so a replayed event cannot corrupt it); an event carrying the resourceVersion
-        already stored is a duplicate and changes nothing; deleting an unknown object too.
+        already stored is a duplicate and changes nothing; deleting an unknown object too. An
+        update whose object, as kept, equals the one held but for its resourceVersion (what
+        changed is read by nothing: a probe time, a heartbeat, a field manager's timestamp)
+        changes nothing either (:func:`same_but_version`): the object held stays, its
+        resourceVersion moved on to the event's, so that the store holds the versions the API
+        server does. ``key``: ``obj``'s (``object_key``), when
+        the caller has it already.
         """
-        key = object_key(kind, obj)
+        if key is None:
+            key = object_key(kind, obj)
         old = self.get(kind, key.namespace, key.name)
         if change_type is ChangeType.DELETED:
             if old is None:
                 return None
             self._remove(key, old)
             return Change(kind, ChangeType.DELETED, old, None)
-        if old is not None and resource_version(old) == resource_version(obj):
-            return None
+        if old is not None:
+            version = resource_version(obj)
+            if resource_version(old) == version:
+                return None
+            if same_but_version(old, obj):
+                _move_version(old, version)
+                return None
         self._put(key, old, obj)
         return Change(kind, ChangeType.MODIFIED if old is not None else ChangeType.ADDED, old, obj)
 
@@ -118,7 +174,8 @@ class Store:
         """Make ``kind`` hold exactly ``objects`` (a relist); the changes that makes.
 
         Objects gone from the list are deleted, new ones added, and the ones whose
-        resourceVersion differs modified; the rest are left alone, so a relist after a 410
+        resourceVersion differs modified, unless nothing else of them differs
+        (:func:`same_but_version`); the rest are left alone, so a relist after a 410
         reports only what changed while the watch was down. With ``namespace``, the list is of
         that namespace only: objects of other namespaces stay (informers of several namespaces
         share one store). The changes come in key order, the deletions first.
@@ -153,8 +210,13 @@ class Store:
             for name in sorted(named):
                 new = named[name]
                 old = self.get(kind, scope, name)
-                if old is not None and resource_version(old) == resource_version(new):
-                    continue
+                if old is not None:
+                    version = resource_version(new)
+                    if resource_version(old) == version:
+                        continue
+                    if same_but_version(old, new):
+                        _move_version(old, version)
+                        continue
                 self._put(ObjectKey(kind, scope, name), old, new)
                 olds.append(old)
                 news.append(new)

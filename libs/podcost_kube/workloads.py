@@ -46,7 +46,6 @@ from podcost_core.tomodel import cost_owner, node_from_json, pod_from_json
 from podcost_kube.objects import DEPLOYMENT as DEPLOYMENT
 from podcost_kube.objects import REPLICASET as REPLICASET
 from podcost_kube.objects import WorkloadKey as WorkloadKey
-from podcost_kube.objects import object_key
 from podcost_kube.snapshots import controller_of, metadata, same_object, selector_of
 from podcost_kube.store import Change, ChangeType, Store
 
@@ -95,6 +94,25 @@ def workloads_of_pod(store: Store, pod: Mapping[str, Any]) -> set[WorkloadKey]:
         if metadata(replicaset).get("deletionTimestamp") is None
         and selector_matches(selector_of(replicaset), labels)
     }
+
+
+def _pod_workloads(
+    store: Store, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+) -> set[WorkloadKey]:
+    """:func:`workloads_of_pod` of both versions of a changed pod, together. What it reads (the
+    namespace, the owner references, the labels) is the same objects in both versions when the
+    change left them alone (the informer keeps them so, ``keep_pod``): one answer then serves
+    both."""
+    if old is None or new is None:
+        pod = new if new is not None else old
+        return workloads_of_pod(store, pod) if pod is not None else set()
+    old_meta, new_meta = metadata(old), metadata(new)
+    if all(
+        old_meta.get(field) is new_meta.get(field)
+        for field in ("namespace", "ownerReferences", "labels")
+    ):
+        return workloads_of_pod(store, new)
+    return workloads_of_pod(store, old) | workloads_of_pod(store, new)
 
 
 def workloads_on_node(store: Store, node: str) -> set[WorkloadKey]:
@@ -226,6 +244,55 @@ def _pod_status_view(pod: Mapping[str, Any]) -> tuple[object, ...]:
     )
 
 
+def _status_and_noise_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether ``old`` and ``new`` differ at most in their status and ``NOISE_FIELDS``, told
+    by identity where the informer kept a part of the version before (``keep_pod``), else by
+    value; ``False`` when that takes more than a glance (then ``_without_noise`` tells)."""
+    if len(old) != len(new):
+        return False
+    for name, value in new.items():
+        if name == "status":
+            continue
+        before = old.get(name, _MISSING)
+        if before is value:
+            continue
+        if name != "metadata" or type(before) is not dict or type(value) is not dict:
+            return False
+        for key, item in value.items():
+            if key not in NOISE_FIELDS:
+                earlier = before.get(key, _MISSING)
+                if earlier is not item and earlier != item:
+                    return False
+        for key in before:  # none gone, noise aside
+            if key not in value and key not in NOISE_FIELDS:
+                return False
+    return True
+
+
+#: What no object holds.
+_MISSING = object()
+
+
+def _read_as_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether the two versions of a pod differ in a field ``pod_from_json`` carries over as it
+    is (the node it is bound to, whether it is being deleted, its labels and annotations): their
+    ``Pod``s then differ, or one of them is not a pod that converts, and either way the change
+    matters. The usual spec and metadata updates (a pod bound, a deletion begun) are decided so
+    without converting the new version, which a snapshot converts later only if it still shows
+    it."""
+    old_meta, new_meta = metadata(old), metadata(new)
+    old_spec, new_spec = old.get("spec"), new.get("spec")
+    if not isinstance(old_spec, Mapping) or not isinstance(new_spec, Mapping):
+        return False
+    return (
+        (old_spec.get("nodeName") or None) != (new_spec.get("nodeName") or None)
+        or (old_meta.get("deletionTimestamp") is None)
+        != (new_meta.get("deletionTimestamp") is None)
+        or old_meta.get("labels", {}) != new_meta.get("labels", {})
+        or old_meta.get("annotations", {}) != new_meta.get("annotations", {})
+    )
+
+
 def pod_change_matters(
     old: Mapping[str, Any] | None,
     new: Mapping[str, Any] | None,
@@ -244,12 +311,18 @@ def pod_change_matters(
     """
     if old is None or new is None:
         return True
+    if _status_and_noise_only(old, new):  # the usual update, told without copying either
+        if old.get("status") == new.get("status"):
+            return _cost_owner(old, adopt) is not _cost_owner(new, adopt)
+        return _pod_status_view(old) != _pod_status_view(new)
     quiet_old, quiet_new = _without_noise(old), _without_noise(new)
     if quiet_old == quiet_new:
         # Only the noise differs; managedFields still say who owns the cost.
         return _cost_owner(old, adopt) is not _cost_owner(new, adopt)
     if _status_only(quiet_old, quiet_new):
         return _pod_status_view(old) != _pod_status_view(new)
+    if _read_as_changed(old, new):
+        return True  # without converting: the pods differ, or one of them cannot be converted
     try:
         return convert(old) != convert(new)
     except ConversionError:
@@ -310,11 +383,7 @@ def touched_by(
                 or not pod_change_matters(old, new, convert=convert_pod, adopt=adopt)
             ):
                 return frozenset()
-            found: set[WorkloadKey] = set()
-            for pod in (old, new):
-                if pod is not None:
-                    found |= workloads_of_pod(store, pod)
-            return frozenset(found)
+            return frozenset(_pod_workloads(store, old, new))
         case "ReplicaSet":
             if not workload_change_matters(old, new):
                 return frozenset()
@@ -350,10 +419,33 @@ def nodes_with_moved_load(change: Change) -> tuple[str, ...]:
 
 
 def _shares(change: Change) -> tuple[NodeShare | None, NodeShare | None]:
-    """The changed pod's ``node_share`` before and after."""
+    """The changed pod's ``node_share`` before and after; ``(None, None)`` without computing
+    them when what they are computed from is the same in both versions (``_same_share``)."""
+    if change.old is not None and change.new is not None and _same_share(change.old, change.new):
+        return None, None
     old = node_share(change.old) if change.old is not None else None
     new = node_share(change.new) if change.new is not None else None
     return old, new
+
+
+def _same_share(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether two versions of a pod have equal shares of their node (``node_share``) for sure:
+    what it reads (the spec, the phase, whether it is being deleted, its owners and annotations)
+    is the same objects or values in both. A status update, the most frequent, leaves the
+    informer's kept spec and metadata parts the same objects (``keep_pod``)."""
+    old_meta, new_meta = old.get("metadata"), new.get("metadata")
+    old_status, new_status = old.get("status"), new.get("status")
+    return (
+        old.get("spec") is new.get("spec")
+        and type(old_meta) is dict
+        and type(new_meta) is dict
+        and old_meta.get("ownerReferences") is new_meta.get("ownerReferences")
+        and old_meta.get("annotations") is new_meta.get("annotations")
+        and old_meta.get("deletionTimestamp") == new_meta.get("deletionTimestamp")
+        and type(old_status) is dict
+        and type(new_status) is dict
+        and old_status.get("phase") == new_status.get("phase")
+    )
 
 
 def _moved_nodes(old: NodeShare | None, new: NodeShare | None) -> tuple[str, ...]:
@@ -379,10 +471,7 @@ def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
     nodes = _moved_nodes(old, new)
     if not nodes:
         return set()
-    own_keys = set()
-    for pod in (change.old, change.new):
-        if pod is not None:
-            own_keys |= workloads_of_pod(store, pod)
+    own_keys = _pod_workloads(store, change.old, change.new)
     found: set[WorkloadKey] = set()
     for node in nodes:
         # The pod's own share of the node's other pods, after less before (0, 1 or -1).
@@ -397,7 +486,8 @@ def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
             if share is None or share[0] != node or share[2]:
                 continue
             keys = workloads_of_pod(store, pod)
-            if object_key("Pod", pod) != change.key:
+            # The store holds the change: the changed pod is its new version itself.
+            if pod is not change.new:
                 if first is None:
                     first = keys
                 elif keys.isdisjoint(first):

@@ -183,7 +183,8 @@ class Feed:
             store, handlers, resource = agent.view.store, (agent.view.observe,), VIEWED[kind]
         else:
             return
-        change = apply_event(store, resource, decode_event(line, f"{kind}: watch"), agent.shared)
+        event = decode_event(line, f"{kind}: watch", resource)
+        change = apply_event(store, resource, event, agent.shared)
         if change is not None:
             for handle in handlers:
                 handle(change)

@@ -830,8 +830,9 @@ class WatchStream:
         self.offer.set_rate(rate, now)
 
     def deliver(self, kind: str, line: bytes) -> None:
-        event = decode_event(line, f"{kind}: watch")
-        change = apply_event(self.watcher.store, WATCHED[kind], event, self.shared)
+        resource = WATCHED[kind]
+        event = decode_event(line, f"{kind}: watch", resource)
+        change = apply_event(self.watcher.store, resource, event, self.shared)
         if change is not None:
             # The informer's one handler: what the watcher subscribed with (Informer._dispatch).
             self.watcher._on_change(change)

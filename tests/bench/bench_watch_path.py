@@ -65,7 +65,7 @@ def per_event(lines: list[bytes], resource: Resource) -> float:
     store, shared = Store(), SharedParts()
 
     def take(count: int, line: bytes) -> int:
-        apply_event(store, resource, decode_event(line), shared)
+        apply_event(store, resource, decode_event(line, resource=resource), shared)
         return count + 1
 
     gc.collect()

@@ -43,6 +43,7 @@ ORDER = (
     "bench_aggregator",
     "bench_snapshot_decode",
     "bench_watch_path",
+    "bench_watcher",
     "bench_compression",
     "bench_failover",
     "bench_karpenter",

@@ -126,7 +126,10 @@ def test_a_pod_change_that_moves_a_workloads_node_order_touches_it(
         change = store.apply("Pod", ChangeType.DELETED, old)
     else:
         return
-    assert change is not None
+    if change is None:  # nothing the store keeps of the pod changed: nor did any snapshot
+        assert all(seen[(key, m)] == _consolidation(store, key, m) for key in (WEB, API)
+                   for m in measures)  # fmt: skip
+        return
     touched = node_load_neighbours(store, change)
     for key in (WEB, API):
         if any(seen[(key, m)] != _consolidation(store, key, m) for m in measures):

@@ -56,6 +56,32 @@ def test_an_event_with_the_stored_resource_version_is_a_duplicate() -> None:
     assert store.apply("Pod", ChangeType.MODIFIED, pod("a", "1")) is None
 
 
+def test_an_update_of_nothing_the_store_keeps_is_no_change_and_keeps_the_object_held() -> None:
+    store = Store()
+    store.apply("Pod", ChangeType.ADDED, pod("a", "1", tier="x"))
+    held = store.get("Pod", "ns", "a")
+    assert store.apply("Pod", ChangeType.MODIFIED, pod("a", "2", tier="x")) is None
+    assert store.get("Pod", "ns", "a") is held
+    assert held == pod("a", "2", tier="x")  # at the version the API server has
+    assert [p["metadata"]["name"] for p in store.indexes.pods_on_node("n1")] == ["a"]
+    change = store.apply("Pod", ChangeType.MODIFIED, pod("a", "3", tier="y"))
+    assert change is not None
+    assert (change.old, change.new) == (pod("a", "2", tier="x"), pod("a", "3", tier="y"))
+
+
+def test_an_object_with_a_field_more_or_less_is_a_change() -> None:
+    store = Store()
+    store.apply("Pod", ChangeType.ADDED, pod("a", "1"))
+    more = {**pod("a", "2"), "status": {"phase": "Running"}}
+    assert store.apply("Pod", ChangeType.MODIFIED, more) is not None
+    less = pod("a", "3")
+    del less["metadata"]["labels"]
+    assert store.apply("Pod", ChangeType.MODIFIED, less) is not None
+    unversioned = pod("a", "4")
+    del unversioned["metadata"]["resourceVersion"]
+    assert store.apply("Pod", ChangeType.MODIFIED, unversioned) is not None
+
+
 def test_deleting_an_unknown_object_changes_nothing() -> None:
     assert Store().apply("Pod", ChangeType.DELETED, pod("a", "1")) is None
 
@@ -72,17 +98,22 @@ def test_pods_are_indexed_by_the_node_they_are_bound_to() -> None:
 
 def test_a_relist_reports_only_what_changed_while_the_watch_was_down() -> None:
     store = Store()
-    for name in ("gone", "same", "changed"):
+    for name in ("gone", "same", "changed", "quiet"):
         store.apply("Pod", ChangeType.ADDED, pod(name, "1"))
-    changes = store.replace("Pod", [pod("same", "1"), pod("changed", "5"), pod("new", "6")])
+    changes = store.replace(
+        "Pod", [pod("same", "1"), pod("changed", "5", tier="x"), pod("new", "6"), pod("quiet", "7")]
+    )
     assert [(c.type, c.key.name) for c in changes] == [
         (ChangeType.DELETED, "gone"),
         (ChangeType.MODIFIED, "changed"),
         (ChangeType.ADDED, "new"),
     ]
-    assert sorted(p["metadata"]["name"] for p in store.objects("Pod")) == ["changed", "new", "same"]
+    names = ["changed", "new", "quiet", "same"]
+    assert sorted(p["metadata"]["name"] for p in store.objects("Pod")) == names
     on_node = store.indexes.pods_on_node("n1")
-    assert [p["metadata"]["name"] for p in on_node] == ["changed", "new", "same"]
+    assert [p["metadata"]["name"] for p in on_node] == names
+    # Only its resourceVersion moved: the store keeps what it held, at the listed version.
+    assert store.get("Pod", "ns", "quiet") == pod("quiet", "7")
 
 
 def test_a_relist_with_an_object_whose_name_is_not_text_keeps_every_object() -> None:
@@ -134,7 +165,8 @@ def test_a_relist_writes_the_store_before_it_builds_a_change_and_keeps_no_key_pe
     store = Watched()
     store.apply("Pod", ChangeType.ADDED, pod("changed", "1"))
     alive.clear()
-    listed = [pod(f"p{i}", "1", node=f"n{i % 3}") for i in range(40)] + [pod("changed", "2")]
+    listed = [pod(f"p{i}", "1", node=f"n{i % 3}") for i in range(40)]
+    listed.append(pod("changed", "2", tier="x"))
     gc.collect()
     before = keys_and_changes()
     changes = store.replace("Pod", listed)
@@ -170,6 +202,7 @@ def test_the_pod_indexes_hold_two_pointers_a_pod_in_name_order_not_a_map_by_name
     # An update that leaves the pod in the same entries takes the old one's place in each.
     update = pod("p03", "3", node="n1", app="web")
     update["metadata"]["ownerReferences"] = owner
+    update["status"] = {"phase": "Running"}
     store.apply("Pod", ChangeType.MODIFIED, update)
     assert all(entry.pods[3] is update for entry in entries)
 

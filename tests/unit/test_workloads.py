@@ -352,8 +352,18 @@ def test_touched_workloads(case: TouchCase) -> None:
     if case.before is not None:
         case.before(store)
     change = case.change(store)
-    assert change is not None, "the change should change the store"
+    if change is None:  # an update of nothing the store keeps: the store reports no change
+        assert case.touched == frozenset()
+        return
     assert touched_by(change, store) == case.touched
+
+
+def test_a_change_of_the_resource_version_alone_touches_nothing() -> None:
+    # The store reports none (``Store.apply``); a relist of another store could.
+    store = shop()
+    old = store.get("Pod", NS, "web-1-a")
+    assert old is not None
+    assert touched_by(Change("Pod", ChangeType.MODIFIED, old, bumped(old)), store) == frozenset()
 
 
 # --- feedback loop, in raw terms --------------------------------------------------------------
@@ -923,12 +933,58 @@ def test_deciding_that_a_pod_change_matters_leaves_the_new_version_in_the_cache(
     old = store.get("Pod", NS, "web-1-a")
     assert old is not None
     new = bumped(old)
-    new["metadata"]["labels"]["extra"] = "x"
+    new["spec"]["priority"] = 7
     change = store.apply("Pod", ChangeType.MODIFIED, new)
     assert change is not None
     quiet = functools.partial(pods.convert, report=False)
     assert touched_by(change, store, convert_pod=quiet) == touched_by(change, store) == {WEB}
     before = pods.misses
     [pod] = [p for p in workload_snapshot(store, WEB, pods=pods).pods if p.name == "web-1-a"]
-    assert pod.labels == {"app": "web", "extra": "x"}
+    assert pod.priority == 7
     assert pods.misses == before + 2  # the two other pods of web; web-1-a was converted already
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda pod: pod["metadata"]["labels"].update(extra="x"),
+        lambda pod: pod["metadata"].update(annotations={"note": "x"}),
+        lambda pod: pod["metadata"].update(deletionTimestamp="2026-01-01T00:00:00Z"),
+        lambda pod: pod["spec"].update(nodeName="n9"),
+    ],
+    ids=["labels", "annotations", "deletion", "node"],
+)
+def test_a_change_of_a_field_the_pod_carries_over_matters_without_converting(
+    edit: Callable[[dict[str, Any]], None],
+) -> None:
+    store, pods = shop(), PodCache()
+    old = store.get("Pod", NS, "web-1-a")
+    assert old is not None
+    new = bumped(old)
+    edit(new)
+    quiet = functools.partial(pods.convert, report=False)
+    assert pod_change_matters(old, new, convert=quiet)
+    assert (pods.hits, pods.misses) == (0, 0)
+    assert pod_from_json(old) != pod_from_json(new)  # what converting would have found
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "matters"),
+    [
+        ({"uid": "u", "generation": 1}, {"uid": "u", "generation": 2}, False),
+        ({"uid": "u", "annotations": {"a": "1"}}, {"uid": "u", "generation": 2}, True),
+        ({"uid": "u", "generation": 2}, {"uid": "u", "annotations": {"a": "1"}}, True),
+        ({"uid": "u"}, {"uid": "v"}, True),
+    ],
+)
+def test_a_metadata_change_beyond_the_noise_is_told_apart_from_the_noise(
+    before: dict[str, Any], after: dict[str, Any], matters: bool
+) -> None:
+    def pod(labels: dict[str, Any]) -> dict[str, Any]:
+        meta = {"name": "p", "namespace": NS, "labels": {"app": "web"}, **labels}
+        return {"metadata": meta, "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
+
+    old, new = pod(before), pod(after)
+    assert pod_change_matters(old, new) is matters
+    new["status"] = {"phase": "Failed"}
+    assert pod_change_matters(old, new)

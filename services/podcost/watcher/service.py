@@ -85,7 +85,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from podcost.runtime.clock import Clock, WallClock
 from podcost.runtime.events import recorder
-from podcost.runtime.heap import settle_heap, trim_forever
+from podcost.runtime.heap import HeapKeeper, settle_heap, trim_forever
 from podcost.runtime.metrics import Families, Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
@@ -98,7 +98,7 @@ from podcost.runtime.telemetry import (
     tracer,
     workload_resource,
 )
-from podcost_bus import Bus, BusSettings, Delivery, open_bus
+from podcost_bus import Bus, BusSettings, Delivery, MemoryBus, open_bus
 from podcost_contracts.messages import (
     GONE_DELETED,
     GONE_UNLISTED,
@@ -141,6 +141,8 @@ DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 VERSION_SPAN = 10**6
 #: Snapshots queued on the bus and not yet acknowledged before publishing waits for the oldest.
 MAX_IN_FLIGHT = 256
+#: How often the watcher's :class:`HeapKeeper` freezes what survived (``WatcherService.keep_heap``).
+KEEP_HEAP_EVERY_S = 1.0
 #: Pods with an invalid cost remembered as reported; when full, forgotten (reported again).
 REPORTED_LIMIT = 4096
 
@@ -363,6 +365,9 @@ class WatcherService:
     name: str = "watcher"
     events: EventRecorder | None = None
     """Its Kubernetes Events: a workload opted in, or refused for an invalid policy."""
+    keeper: HeapKeeper | None = None
+    """Keeps the collector's passes off the cache once settled (:meth:`keep_heap`); ``None``:
+    the collector runs as :func:`settle_heap` left it."""
 
     def __post_init__(self) -> None:
         self.store = Store()
@@ -399,6 +404,8 @@ class WatcherService:
         """Snapshots queued on the bus, oldest first, until acknowledged."""
         self._delivery_error: BaseException | None = None
         self._delivery_failed = asyncio.Event()
+        self._heap_settled = asyncio.Event()
+        """The first pass is published and the heap settled: :meth:`keep_heap` starts."""
         self.elector: LeaderElector | None = None
         if self.settings.leader_election:
             self.elector = LeaderElector(
@@ -529,6 +536,7 @@ class WatcherService:
                 asyncio.create_task(self._fail_on_lost_delivery(), name="watcher-deliveries"),
                 asyncio.create_task(self._watch_outage(informer), name="watcher-outage"),
                 asyncio.create_task(trim_forever(), name="watcher-trim"),
+                asyncio.create_task(self.keep_heap(), name="watcher-heap"),
                 asyncio.create_task(self._resync_forever(), name="watcher-resync"),
                 asyncio.create_task(self._publish_live_sets(), name="watcher-live-set"),
             ]
@@ -702,6 +710,26 @@ class WatcherService:
         while self._in_flight and self._in_flight[0].done():
             self._in_flight.popleft()
         settle_heap()
+        self._heap_settled.set()
+
+    async def keep_heap(self) -> None:
+        """Once the first pass is published and the heap settled, tick :attr:`keeper` every
+        ``KEEP_HEAP_EVERY_S`` of the watcher's clock (none: wait forever): the cache keeps being
+        replaced, a pod at a time, and each replaced pod outlives the young generations, so that
+        with the collector on a full pass walked the cache every few seconds of churn: a fifth
+        of the watcher's CPU per event in ``tests/bench/bench_watcher.py``. Reference cycles
+        that became garbage wait for the keeper's full collection."""
+        keeper = self.keeper
+        if keeper is None:
+            await asyncio.Event().wait()
+            return
+        try:
+            await self._heap_settled.wait()
+            while True:
+                keeper.tick()
+                await self.clock.sleep(KEEP_HEAP_EVERY_S)
+        finally:
+            keeper.stop()
 
     async def publish(self, emission: Emission[WorkloadKey]) -> bool:
         """Publish the snapshot of one emitted workload; ``False`` when there is nothing to say
@@ -887,9 +915,10 @@ def bootstrap(
         rules = watcher_settings.opt_in_rules(settings)
     except PolicyError as error:
         raise ValueError(f"PODCOST_POLICY_FILE: {error}") from error
+    bus = bus if bus is not None else open_bus(bus_settings)
     return WatcherService(
         kube=kube,
-        bus=bus if bus is not None else open_bus(bus_settings),
+        bus=bus,
         topics=bus_settings.topics,
         rules=rules,
         cluster=settings.cluster,
@@ -905,4 +934,7 @@ def bootstrap(
             else read_signing_key(watcher_settings.signing_key_file.read_text(encoding="utf-8"))
         ),
         events=recorder(settings, kube, "watcher"),
+        # Over the in-memory bus the process is `podcost run`'s, whose other services allocate
+        # as much: the collector stays on there (as the aggregator's keeper does).
+        keeper=None if isinstance(bus, MemoryBus) else HeapKeeper(),
     )
