@@ -493,8 +493,10 @@ class Store(faust_memory.Store[Any, Any]):
     (:meth:`on_recovery_completed` drops the others' and forgets their offsets), so a standby
     that becomes active reads only what it had not applied yet. Reading a changelog again from
     an earlier offset is harmless (each record sets its key's value again, in order), and this
-    store never says an offset it has not applied; the records the app writes itself
-    (``ChangelogWrites``) come after that offset, and are read again only after a rebalance.
+    store never says an offset it has not applied. The app's own writes (``ChangelogWrites``)
+    are counted too once the broker has them (:meth:`written`): the records it wrote itself in a
+    partition it kept are not read again after a rebalance, as faust reads them from the offset
+    its last recovery ended at.
     :meth:`apply_changelog_batch` applies the records in their order (a tombstone removes its
     key) in one pass, without faust's generator and second pass over the removed keys. Proof:
     ``test_plain_faust_s_memory_store_persists_no_offset_and_drops_its_standby_records`` (unit)
@@ -531,6 +533,13 @@ class Store(faust_memory.Store[Any, Any]):
 
     def persisted_offset(self, tp: Any) -> int | None:
         return self._applied.get(tp)
+
+    def written(self, tp: tuple[str, int], offset: int) -> None:
+        """The app put a record's value in this store itself and the broker has the record at
+        ``offset`` of changelog partition ``tp``: everything before it in that partition is in
+        the store too (the partition is the app's own, read to its end before it wrote)."""
+        if offset > self._applied.get(tp, -1):
+            self._applied[faust.types.TP(*tp)] = offset
 
     async def on_recovery_completed(self, active_tps: set[Any], standby_tps: set[Any]) -> None:
         kept = {tp.partition for tp in active_tps | standby_tps}
@@ -764,10 +773,15 @@ class ChangelogWrites:
         """Queue ``key``'s record (``value``, a tombstone when ``None``) on ``topic``."""
         self._sent.append(await self._send(topic, value, key=key))
 
-    async def delivered(self) -> None:
-        """Until the broker has every record sent (a failed delivery raises)."""
+    async def delivered(self) -> dict[tuple[str, int], int]:
+        """Until the broker has every record sent (a failed delivery raises); returns, per
+        changelog partition written, the offset of the last record."""
+        last: dict[tuple[str, int], int] = {}
         if self._sent:
-            await asyncio.gather(*self._sent)
+            for meta in await asyncio.gather(*self._sent):
+                tp = (meta.topic, meta.partition)
+                last[tp] = max(meta.offset, last.get(tp, -1))
+        return last
 
 
 # --- failing and stopping ---------------------------------------------------------------------

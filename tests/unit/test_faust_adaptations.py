@@ -24,6 +24,7 @@ from typing import Any
 
 import faust
 import pytest
+from aiokafka.structs import RecordMetadata
 from faust.transport.producer import ProducerBuffer
 from faust.types.tuples import Message
 from mode.threads import WorkerThread
@@ -274,11 +275,13 @@ class Producer:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None, bytes]] = []
-        self.deliveries: list[asyncio.Future[None]] = []
+        self.deliveries: list[asyncio.Future[RecordMetadata]] = []
 
-    async def send(self, topic: str, value: bytes | None, *, key: bytes) -> asyncio.Future[None]:
+    async def send(
+        self, topic: str, value: bytes | None, *, key: bytes
+    ) -> asyncio.Future[RecordMetadata]:
         self.sent.append((topic, value, key))
-        delivery: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        delivery: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
         self.deliveries.append(delivery)
         return delivery
 
@@ -293,11 +296,12 @@ async def test_changelog_writes_are_done_once_every_record_is_delivered() -> Non
         ("app-value-changelog", None, b"k2"),
     ]
     done = asyncio.ensure_future(writes.delivered())
-    producer.deliveries[1].set_result(None)
+    producer.deliveries[1].set_result(RecordMetadata("app-value-changelog", 0, None, 8, 0, 0, 0))
     await asyncio.sleep(0)  # one turn of the loop: not done with a record undelivered
     assert not done.done()
-    producer.deliveries[0].set_result(None)
-    await asyncio.wait_for(done, timeout=5)
+    producer.deliveries[0].set_result(RecordMetadata("app-value-changelog", 0, None, 7, 0, 0, 0))
+    # Done, with the last offset written per changelog partition.
+    assert await asyncio.wait_for(done, timeout=5) == {("app-value-changelog", 0): 8}
 
 
 async def test_plain_faust_s_wait_for_acks_swallows_its_cancellation(plain: Any) -> None:
