@@ -5,7 +5,9 @@ order within a batch, and an app stopped in the middle of a batch whose outputs 
 delivered: nothing of that batch is committed or stored, and the restart publishes them all; a
 batch committed while faust's producer still buffers its states (they must be delivered
 first); and a recovery whose changelog records are fetched but never reach it (as seen after a
-consumer-group rebalance) is sought again and ends; the progress watchdog: an app with a batch
+consumer-group rebalance) is sought again and ends; a recovery restores every value and
+removal written and says how far it applied the changelog (its own writes included), which is
+where a standby that takes over starts reading; the progress watchdog: an app with a batch
 stuck for good, one whose consumer stopped fetching, and one that does not start within its
 bound exit (``Stalled``), and a batch longer than the stall bound whose every record is
 quick enough does not. Every test has its topics and faust app id of its own."""
