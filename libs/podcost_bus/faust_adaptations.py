@@ -17,12 +17,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, TypeVar, cast
 
 import faust
+import faust.tables as faust_tables
+from faust.stores import memory as faust_memory
+from faust.tables import recovery as faust_recovery
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.utils.tracing import finish_span
+from mode import Service
 from mode.threads import WorkerThread
 from mode.utils.objects import cached_property
 from mode.utils.queues import FlowControlEvent
@@ -219,6 +225,33 @@ ADAPTATIONS: tuple[Adaptation, ...] = (
             "and_ends",
         ),
     ),
+    Adaptation(
+        "the memory store persists no offset and drops its standby records: standbys buy nothing",
+        (f"{_M}.Store", f"{_M}.Table"),
+        (
+            Upstream("faust", "stores/memory.py", 72, "def persisted_offset"),
+            Upstream("faust", "stores/memory.py", 60, "partitions = {partition for _, partition"),
+            Upstream("faust", "tables/recovery.py", 230, "persisted_offset = table.persisted_off"),
+            Upstream("faust", "tables/recovery.py", 740, "destination[tp] = max(last_value,"),
+        ),
+        (
+            f"{_UNIT}::test_plain_faust_s_memory_store_persists_no_offset_and_drops_its_standby_"
+            "records",
+            f"{_APP}::test_a_recovery_restores_every_value_and_removal_and_says_how_far_it_applied",
+        ),
+    ),
+    Adaptation(
+        "the recovery takes changelog records one at a time, with a task and a timer each",
+        (f"{_M}.Recovery", f"{_M}.TableManager"),
+        (
+            Upstream("faust", "tables/recovery.py", 835, "changelog_queue.get(), timeout=5.0"),
+            Upstream("faust", "tables/recovery.py", 850, 'logger.debug(f"Recovery message'),
+            Upstream("faust", "tables/recovery.py", 904, "await _maybe_signal_recovery_end()"),
+            Upstream("faust", "tables/recovery.py", 927, "return any(v > 0 for v in self"),
+            Upstream("faust", "tables/recovery.py", 881, "# active nor standby reaches here"),
+        ),
+        (f"{_APP}::test_a_recovery_restores_every_value_and_removal_and_says_how_far_it_applied",),
+    ),
 )
 
 
@@ -413,8 +446,13 @@ class ResumeKeepsCurrentBuffers(FlowControlEvent):
 
 
 class App(faust.App):
-    """``faust.App`` with :class:`Transport` and :class:`ResumeKeepsCurrentBuffers`, and what
-    they need to know of podcost's app."""
+    """``faust.App`` with :class:`Transport`, :class:`ResumeKeepsCurrentBuffers` and the tables'
+    :class:`TableManager` and :class:`Table`, and what they need to know of podcost's app."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("TableManager", TableManager)
+        kwargs.setdefault("Table", Table)
+        super().__init__(*args, **kwargs)
 
     source_topics: frozenset[str] = frozenset()
     """The topics the agent reads (the consumer thread's seek needs them)."""
@@ -429,6 +467,229 @@ class App(faust.App):
     @cached_property
     def flow_control(self) -> FlowControlEvent:
         return ResumeKeepsCurrentBuffers(loop=self.loop)
+
+
+# --- the tables' recovery ---------------------------------------------------------------------
+
+
+#: The most changelog records :class:`Recovery` takes off faust's changelog queue at once.
+RECOVERY_DRAIN_MAX = 2000
+
+
+class Store(faust_memory.Store[Any, Any]):
+    """faust's memory store, which keeps its standby partitions' records and says up to which
+    offset it applied each changelog partition, and applies a changelog batch in one pass.
+
+    faust's memory store says it persisted no offset (``persisted_offset`` returns None,
+    ``faust/stores/memory.py`` line 72), so the recovery of a partition starts from the
+    changelog's beginning (``faust/tables/recovery.py`` line 230 takes no offset from it, and
+    line 740 then starts at the earliest one), and once a recovery is complete it drops every
+    key of a partition that is not active (``faust/stores/memory.py`` line 60), a standby's too.
+    With standby replicas, the member that took over a dead one's partitions thus read their
+    whole changelogs again although its standby had followed them: standbys bought nothing
+    (``tests/bench/bench_failover.py``). This store remembers, per changelog partition, the
+    offset of the last record it applied (:meth:`persisted_offset`, after which faust's recovery
+    reads), and keeps the records of its active and standby partitions
+    (:meth:`on_recovery_completed` drops the others' and forgets their offsets), so a standby
+    that becomes active reads only what it had not applied yet. Reading a changelog again from
+    an earlier offset is harmless (each record sets its key's value again, in order), and this
+    store never says an offset it has not applied. The app's own writes (``ChangelogWrites``)
+    are counted too once the broker has them (:meth:`written`): the records it wrote itself in a
+    partition it kept are not read again after a rebalance, as faust reads them from the offset
+    its last recovery ended at.
+    :meth:`apply_changelog_batch` applies the records in their order (a tombstone removes its
+    key) in one pass, without faust's generator and second pass over the removed keys. Proof:
+    ``test_plain_faust_s_memory_store_persists_no_offset_and_drops_its_standby_records`` (unit)
+    and ``test_a_recovery_restores_every_value_and_removal_and_says_how_far_it_applied``
+    (integration).
+    """
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._applied: dict[Any, int] = {}
+        """Per changelog partition, the offset of the last record applied."""
+
+    def apply_changelog_batch(
+        self,
+        batch: Iterable[Any],
+        to_key: Callable[[Any], Any],
+        to_value: Callable[[Any], Any],
+    ) -> None:
+        data = self.data
+        partitions = self._key_partition
+        applied = self._applied
+        for event in batch:
+            message = event.message
+            key = to_key(event.key)
+            if message.value is None:  # a tombstone
+                data.pop(key, None)
+                partitions.pop(key, None)
+            else:
+                data[key] = to_value(event.value)
+                partitions[key] = message.partition
+            tp = message.tp
+            if message.offset > applied.get(tp, -1):
+                applied[tp] = message.offset
+
+    def persisted_offset(self, tp: Any) -> int | None:
+        return self._applied.get(tp)
+
+    def written(self, tp: tuple[str, int], offset: int) -> None:
+        """The app put a record's value in this store itself and the broker has the record at
+        ``offset`` of changelog partition ``tp``: everything before it in that partition is in
+        the store too (the partition is the app's own, read to its end before it wrote)."""
+        if offset > self._applied.get(tp, -1):
+            self._applied[faust.types.TP(*tp)] = offset
+
+    async def on_recovery_completed(self, active_tps: set[Any], standby_tps: set[Any]) -> None:
+        kept = {tp.partition for tp in active_tps | standby_tps}
+        for tp in [tp for tp in self._applied if tp.partition not in kept]:
+            del self._applied[tp]
+        gone = [key for key, partition in self._key_partition.items() if partition not in kept]
+        for key in gone:
+            self.data.pop(key, None)
+            del self._key_partition[key]
+
+
+class Table(faust.Table[Any, Any]):
+    """faust's table, with :class:`Store` for ``memory://``."""
+
+    def _new_store_by_url(self, url: Any) -> Any:
+        if not str(url).startswith("memory:"):
+            return super()._new_store_by_url(url)
+        return Store(
+            url,
+            self.app,
+            self,
+            table_name=self.name,
+            key_type=self.key_type,
+            key_serializer=self.key_serializer,
+            value_serializer=self.value_serializer,
+            value_type=self.value_type,
+            loop=self.loop,
+            options=self.options,
+        )
+
+
+class Recovery(faust_recovery.Recovery):
+    """faust's recovery, which applies the changelog records it finds queued in bulk.
+
+    faust's recovery takes the changelog records off its queue one at a time
+    (``_slurp_changelogs``), each with an ``asyncio.wait_for`` (a task and a timer per record,
+    ``faust/tables/recovery.py`` line 835), two debug lines formatted whether or not they are
+    logged (line 850), and a check whether the recovery is done (line 904) that sums the
+    remaining records of every partition (line 927); at 50,000 states of 25 pods that cost per
+    record was most of what the survivor's event loop did while it took over a dead member's
+    partitions (``tests/bench/bench_failover.py``). This recovery waits for a record only when
+    none is queued, then takes what is queued (up to :data:`RECOVERY_DRAIN_MAX`), buffers each
+    record as faust does (an offset applied once, the table's buffer applied when full), and
+    checks once per drain whether the recovery is done and the standbys are ready. A record of
+    a changelog partition that is neither active nor standby here (left from before a
+    rebalance) is skipped, where faust applies it to the previous record's table (line 881).
+    Proof: ``test_a_recovery_restores_every_value_and_removal_and_says_how_far_it_applied``
+    (integration) and ``tests/bench/bench_failover.py``.
+    """
+
+    @Service.task
+    async def _slurp_changelogs(self) -> None:
+        queue = self.tables.changelog_queue
+        timeouts = 0
+        while not self.should_stop:
+            try:
+                self.signal_recovery_end.clear()
+                if queue.empty():
+                    try:
+                        first = await asyncio.wait_for(queue.get(), timeout=5.0)
+                    except TimeoutError:
+                        timeouts += 1
+                        if self.should_stop:
+                            return
+                        await self._end_if_done(timeouts)
+                        continue
+                else:
+                    first = queue.get_nowait()
+                timeouts = 0
+                events = [first]
+                while len(events) < RECOVERY_DRAIN_MAX and not queue.empty():
+                    events.append(queue.get_nowait())
+                await self._apply(events)
+                await self._end_if_done(0)
+                if not (self._standbys_span is None and self.tables.standbys_ready) and not (
+                    self.standby_remaining_total()
+                ):
+                    if self._standbys_span:
+                        finish_span(self._standbys_span)
+                        self._standbys_span = None
+                    self.tables.on_standbys_ready()
+            except Exception as error:  # as faust's: a recovery goes on
+                log.warning("error in the recovery: %r", error)
+
+    async def _apply(self, events: list[Any]) -> None:
+        """Buffer each record not applied yet in its table's buffer, applied when full (what
+        faust does per record)."""
+        now = time.monotonic()
+        active_tps, standby_tps = self.active_tps, self.standby_tps
+        buffers, sizes = self.buffers, self.buffer_sizes
+        for event in events:
+            message = event.message
+            tp = message.tp
+            table: Any = self.tp_to_table.get(tp)
+            if tp in active_tps:
+                offsets = self.active_offsets
+                self._active_events_received_at[tp] = now
+                size = sizes.get(tp) or sizes.setdefault(tp, table.recovery_buffer_size)
+            elif tp in standby_tps:
+                offsets = self.standby_offsets
+                self._standby_events_received_at[tp] = now
+                size = sizes.get(tp) or sizes.setdefault(tp, table.standby_buffer_size)
+            else:
+                log.debug("recovery: skipped a record of %s, not assigned here", tp)
+                continue
+            seen = offsets.get(tp)
+            if seen is not None and message.offset <= seen:
+                continue
+            offsets[tp] = message.offset
+            buffer = buffers[table]
+            buffer.append(event)
+            if table._on_changelog_event is not None:
+                await table.on_changelog_event(event)
+            if len(buffer) >= size:
+                table.apply_changelog_batch(buffer)
+                buffer.clear()
+                self._last_flush_at = now
+        if self.in_recovery:
+            self._last_active_event_processed_at = time.monotonic()
+
+    async def _end_if_done(self, timeouts: int) -> None:
+        """faust's end of a recovery: once every active partition is at its highwater, apply
+        what the buffers hold and signal the end (after a second timeout in a row, within a
+        transaction, look for aborted transactions first, as faust does)."""
+        if timeouts > 1 and self.app.in_transaction:
+            await self._skip_aborted()
+        if self.in_recovery and not self.need_recovery():
+            self.flush_buffers()
+            self._set_recovery_ended()
+            if self._actives_span is not None:
+                self._actives_span.set_tag("Actives-Ready", True)
+            self.signal_recovery_end.set()
+
+    async def _skip_aborted(self) -> None:
+        offsets = self.active_offsets
+        for tp, highwater in self.active_highwaters.items():
+            if highwater is not None and offsets[tp] is not None and offsets[tp] < highwater:
+                position = await self.app.consumer.position(tp)
+                if position is not None and position >= highwater:
+                    offsets[tp] = highwater
+
+
+class TableManager(faust_tables.TableManager):
+    """faust's table manager, with :class:`Recovery`."""
+
+    @property
+    def recovery(self) -> Recovery:
+        if self._recovery is None:
+            self._recovery = Recovery(self.app, self, beacon=self.beacon, loop=self.loop)
+        return cast(Recovery, self._recovery)
 
 
 # --- the tables' changelogs -------------------------------------------------------------------
@@ -512,10 +773,15 @@ class ChangelogWrites:
         """Queue ``key``'s record (``value``, a tombstone when ``None``) on ``topic``."""
         self._sent.append(await self._send(topic, value, key=key))
 
-    async def delivered(self) -> None:
-        """Until the broker has every record sent (a failed delivery raises)."""
+    async def delivered(self) -> dict[tuple[str, int], int]:
+        """Until the broker has every record sent (a failed delivery raises); returns, per
+        changelog partition written, the offset of the last record."""
+        last: dict[tuple[str, int], int] = {}
         if self._sent:
-            await asyncio.gather(*self._sent)
+            for meta in await asyncio.gather(*self._sent):
+                tp = (meta.topic, meta.partition)
+                last[tp] = max(meta.offset, last.get(tp, -1))
+        return last
 
 
 # --- failing and stopping ---------------------------------------------------------------------

@@ -82,6 +82,7 @@ from podcost_bus.faust_adaptations import (
     seek_stalled_recovery,
     stop_bounded,
 )
+from podcost_bus.faust_adaptations import Store as MemoryStore
 from podcost_bus.kafka import key_partition, partition_by_key
 from podcost_bus.keyed import (
     DROP,
@@ -723,7 +724,12 @@ class FaustKeyedApp(Generic[S]):
             stored = tuple(store.get(key) for store in stores.values())
             self._remember(key, _Decoded(stored, new, self.processor.wakeup(new)))
         # A failed delivery raises, and the batch is withheld like any failure's.
-        await writes.delivered()
+        written = await writes.delivered()
+        tables = dict(zip(self.changelog_topics(), self.tables.values(), strict=True))
+        for tp, offset in written.items():
+            kept = tables[tp[0]].data
+            if isinstance(kept, MemoryStore):  # what a recovery need not read again
+                kept.written(tp, offset)
 
     async def _fail(self, error: BaseException, messages: Sequence[Any] = ()) -> None:
         log.error("%s stops: %r", self.app_id, error, exc_info=error)

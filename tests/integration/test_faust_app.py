@@ -5,7 +5,9 @@ order within a batch, and an app stopped in the middle of a batch whose outputs 
 delivered: nothing of that batch is committed or stored, and the restart publishes them all; a
 batch committed while faust's producer still buffers its states (they must be delivered
 first); and a recovery whose changelog records are fetched but never reach it (as seen after a
-consumer-group rebalance) is sought again and ends; the progress watchdog: an app with a batch
+consumer-group rebalance) is sought again and ends; a recovery restores every value and
+removal written and says how far it applied the changelog (its own writes included), which is
+where a standby that takes over starts reading; the progress watchdog: an app with a batch
 stuck for good, one whose consumer stopped fetching, and one that does not start within its
 bound exit (``Stalled``), and a batch longer than the stall bound whose every record is
 quick enough does not. Every test has its topics and faust app id of its own."""
@@ -21,12 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka import TopicPartition as KafkaTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from faust.types import TP
 from tests.support.pipeline import eventually
 
-from podcost_bus import BusSettings, Delivery, KafkaBus, faust_app
+from podcost_bus import BusSettings, Delivery, KafkaBus, faust_adaptations, faust_app
 from podcost_bus.faust_app import FaustAppFailed, FaustKeyedApp
-from podcost_bus.keyed import Drop
+from podcost_bus.keyed import DROP, Drop
 from podcost_bus.protocol import Record
 
 pytestmark = pytest.mark.integration
@@ -104,6 +109,14 @@ class Relay(Remember):
         await asyncio.gather(*acks)
         if len(delivered) < len(values):
             await asyncio.Event().wait()  # "dies" here: the rest is never sent
+
+
+class Writes(Remember):
+    """Keeps each key's last value; a record whose value is ``-`` removes the key's state."""
+
+    def on_record(self, record: Record, state: bytes | None) -> bytes | Drop | None:
+        self.seen.append(record.value)
+        return DROP if record.value == b"-" else record.value
 
 
 class DueAt(Remember):
@@ -557,7 +570,19 @@ async def test_a_recovery_that_gets_none_of_its_changelog_records_seeks_them_aga
                 continue
             return event
 
+    get_nowait = queue.get_nowait
+
+    def drop_once_nowait() -> Any:
+        # The recovery takes what is already queued without waiting.
+        while True:
+            event = get_nowait()
+            if event.message.offset not in dropped:
+                dropped.add(event.message.offset)
+                continue
+            return event
+
     monkeypatch.setattr(queue, "get", drop_once)
+    monkeypatch.setattr(queue, "get_nowait", drop_once_nowait)
     task = await started(second)
     try:
         assert second.ready()
@@ -607,5 +632,63 @@ async def test_the_states_a_recovery_restores_are_scanned_after_it_and_their_wak
         assert all(second.tables[PART].get(key) == b"100.0" for key in later)
         if isinstance(processor, DueAtTold):
             assert set(processor.loaded) == set(due)
+    finally:
+        await stopped(task)
+
+
+async def end_offset(kafka: Kafka, topic: str) -> int:
+    """The end offset of ``topic``'s partition 0 (the offset its next record gets)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=kafka.bus.settings.bootstrap_servers)
+    await consumer.start()
+    try:
+        tp = KafkaTopicPartition(topic, 0)
+        return int((await consumer.end_offsets([tp]))[tp])
+    finally:
+        await consumer.stop()
+
+
+async def test_a_recovery_restores_every_value_and_removal_and_says_how_far_it_applied(
+    kafka: Kafka, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = [f"k{index}".encode() for index in range(60)]
+    first = kafka.app(Writes())
+    task = await started(first)
+    try:
+        acks = [await kafka.bus.send(kafka.source, key, b"1") for key in keys]
+        acks += [await kafka.bus.send(kafka.source, key, b"-") for key in keys[:20]]
+        acks += [await kafka.bus.send(kafka.source, key, b"2") for key in keys[20:40]]
+        # Written again after its removal, then removed again.
+        acks += [await kafka.bus.send(kafka.source, keys[0], value) for value in (b"3", b"-")]
+        end = max(delivery.offset for delivery in await asyncio.gather(*acks)) + 1
+        deadline = time.monotonic() + 30.0
+        while await committed(kafka) != end:  # every state written and delivered
+            assert not task.done(), task.exception()
+            assert time.monotonic() < deadline, "the records were never committed"
+            await asyncio.sleep(0.1)
+        written = dict(first.tables[PART].data.data)
+    finally:
+        await stopped(task)
+    assert written == {key: b"2" for key in keys[20:40]} | {key: b"1" for key in keys[40:]}
+
+    # The next app restores the same from the changelog, its tombstones included, taking a
+    # few queued records at a time and applying its table's buffer whenever it is full.
+    monkeypatch.setattr(faust_adaptations, "RECOVERY_DRAIN_MAX", 7)
+    second = kafka.app(Remember())
+    second.tables[PART].recovery_buffer_size = 10
+    task = await started(second)
+    try:
+        store = second.tables[PART].data
+        assert dict(store.data) == written
+        # And it says the last changelog offset it applied: a recovery of this partition by
+        # this member (a standby taking over) reads only the records after it.
+        tp = TP(second.changelog_topics()[0], 0)
+        recovered = store.persisted_offset(tp)
+        assert recovered == await end_offset(kafka, tp.topic) - 1
+        # Its own writes count too, once the broker has them: a partition it keeps through a
+        # rebalance is not read again.
+        await published(kafka.bus, kafka.source, [b"4"])
+        await eventually(lambda: store.persisted_offset(tp) != recovered, "the write counted")
+        assert store.data.get(b"key") == b"4"
+        assert store.persisted_offset(tp) == await end_offset(kafka, tp.topic) - 1
     finally:
         await stopped(task)

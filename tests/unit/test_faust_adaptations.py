@@ -24,6 +24,7 @@ from typing import Any
 
 import faust
 import pytest
+from aiokafka.structs import RecordMetadata
 from faust.transport.producer import ProducerBuffer
 from faust.types.tuples import Message
 from mode.threads import WorkerThread
@@ -274,11 +275,13 @@ class Producer:
 
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None, bytes]] = []
-        self.deliveries: list[asyncio.Future[None]] = []
+        self.deliveries: list[asyncio.Future[RecordMetadata]] = []
 
-    async def send(self, topic: str, value: bytes | None, *, key: bytes) -> asyncio.Future[None]:
+    async def send(
+        self, topic: str, value: bytes | None, *, key: bytes
+    ) -> asyncio.Future[RecordMetadata]:
         self.sent.append((topic, value, key))
-        delivery: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        delivery: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
         self.deliveries.append(delivery)
         return delivery
 
@@ -293,11 +296,12 @@ async def test_changelog_writes_are_done_once_every_record_is_delivered() -> Non
         ("app-value-changelog", None, b"k2"),
     ]
     done = asyncio.ensure_future(writes.delivered())
-    producer.deliveries[1].set_result(None)
+    producer.deliveries[1].set_result(RecordMetadata("app-value-changelog", 0, None, 8, 0, 0, 0))
     await asyncio.sleep(0)  # one turn of the loop: not done with a record undelivered
     assert not done.done()
-    producer.deliveries[0].set_result(None)
-    await asyncio.wait_for(done, timeout=5)
+    producer.deliveries[0].set_result(RecordMetadata("app-value-changelog", 0, None, 7, 0, 0, 0))
+    # Done, with the last offset written per changelog partition.
+    assert await asyncio.wait_for(done, timeout=5) == {("app-value-changelog", 0): 8}
 
 
 async def test_plain_faust_s_wait_for_acks_swallows_its_cancellation(plain: Any) -> None:
@@ -329,3 +333,48 @@ async def test_a_withheld_message_is_never_recorded_for_a_commit_nor_waited_for(
     consumer._clean_unacked_messages()
     assert set(consumer.unacked) == set()
     assert consumer._acked[held.tp] == []
+
+
+def _changelog_event(partition: int, offset: int, key: bytes, value: bytes | None) -> Any:
+    """A changelog record as faust's recovery hands it to a table (``value`` None: removed)."""
+    message = Message("app-part-changelog", partition, offset, 0.0, 0, {}, key, value, None)
+    return SimpleNamespace(key=key, value=value, message=message)
+
+
+async def test_plain_faust_s_memory_store_persists_no_offset_and_drops_its_standby_records(
+    plain: Any, keyed_app: FaustKeyedApp[int]
+) -> None:
+    active = _changelog_event(0, 0, b"mine", b"1").message.tp
+    standby = _changelog_event(1, 0, b"theirs", b"1").message.tp
+    stores = [plain.Table("part").data, next(iter(keyed_app.tables.values())).data]
+    for store in stores:
+        store.apply_changelog_batch(
+            [
+                _changelog_event(0, 3, b"mine", b"1"),
+                _changelog_event(0, 4, b"gone", b"1"),
+                _changelog_event(0, 5, b"gone", None),  # removed
+                _changelog_event(1, 7, b"theirs", b"1"),
+                _changelog_event(1, 8, b"theirs", b"2"),
+            ],
+            to_key=lambda key: key,
+            to_value=lambda value: value,
+        )
+        assert dict(store.data) == {b"mine": b"1", b"theirs": b"2"}
+    plain_store, store = stores
+    # Plain faust: no offset, so a recovery of either partition reads its changelog from the
+    # beginning; and once a recovery is complete, the standby partition's records are gone.
+    assert plain_store.persisted_offset(active) is None
+    assert plain_store.persisted_offset(standby) is None
+    await plain_store.on_recovery_completed({active}, {standby})
+    assert dict(plain_store.data) == {b"mine": b"1"}
+    # The adapted store says how far it applied each partition and keeps the standby's records,
+    # so a standby taking over reads only what follows; a partition that is neither is dropped
+    # with its offset.
+    assert store.persisted_offset(active) == 5
+    assert store.persisted_offset(standby) == 8
+    await store.on_recovery_completed({active}, {standby})
+    assert dict(store.data) == {b"mine": b"1", b"theirs": b"2"}
+    await store.on_recovery_completed({active}, set())
+    assert dict(store.data) == {b"mine": b"1"}
+    assert store.persisted_offset(standby) is None
+    assert store.persisted_offset(active) == 5

@@ -21,8 +21,9 @@ Variables (defaults in brackets), all prefixed ``PODCOST_AGGREGATOR_``:
   changelog topics [podcost-aggregator]
 - ``DATA_DIR``: faust's data directory [``<tmp>/podcost/<app id>``; tables are in memory]
 - ``COMMIT_INTERVAL_SECONDS``: how often faust commits processed offsets [1]
-- ``STANDBY_REPLICAS``: faust standby copies of each table partition, for a faster take-over
-  when several aggregators run [0]
+- ``STANDBY_REPLICAS``: faust standby copies of each table partition on other aggregators: a
+  replica that takes over a crashed one's partitions has them already, and reads none of their
+  changelogs again, for each replica holding the other's states too [1]
 - ``STALL_SECONDS``: faust engine: seconds with records to process and none processed after which
   the aggregator reports not ready (from half of it) and then exits for its supervisor to
   restart it [60]
@@ -107,7 +108,7 @@ class AggregatorSettings(BaseSettings):
             field="commit_interval_seconds",
         ),
     )
-    standby_replicas: int = Field(default=0, ge=0, le=10, description="faust standby replicas.")
+    standby_replicas: int = Field(default=1, ge=0, le=10, description="faust standby replicas.")
     stall_seconds: float = Field(
         default=60.0,
         gt=0,
