@@ -46,7 +46,12 @@ def slim_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
     entries = meta["managedFields"]
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         return obj  # not what the API serves: left for the readers to refuse
-    owners = cost_managers(cast(ObjectMetaJSON, meta))
+    _keep_cost_owners(meta, cost_managers(cast(ObjectMetaJSON, meta)))
+    return obj
+
+
+def _keep_cost_owners(meta: dict[str, Any], owners: Sequence[str]) -> None:
+    """``meta``'s managed fields reduced to one minimal entry per owner of the cost, or none."""
     if owners:
         meta["managedFields"] = [
             {"manager": manager, "fieldsV1": {"f:metadata": {"f:annotations": {COST_FIELD: {}}}}}
@@ -54,7 +59,6 @@ def slim_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
         ]
     else:
         del meta["managedFields"]
-    return obj
 
 
 # --- what an informer keeps of a pod ---------------------------------------------------------
@@ -433,13 +437,7 @@ def _slim_decoded_managed_fields(meta: dict[str, Any]) -> None:
             manager = entry.get("manager", "")
             if manager not in owners:
                 owners.append(manager)
-    if owners:
-        meta["managedFields"] = [
-            {"manager": manager, "fieldsV1": {"f:metadata": {"f:annotations": {COST_FIELD: {}}}}}
-            for manager in owners
-        ]
-    else:
-        del meta["managedFields"]
+    _keep_cost_owners(meta, owners)
 
 
 def _metadata_but_version(meta: dict[str, Any], before: dict[str, Any]) -> dict[str, Any] | None:

@@ -131,7 +131,7 @@ def test_traced_from_the_first_signal_the_second_dump_holds_what_grew_since(
     tmp_path: Path, restored: None
 ) -> None:
     if tracemalloc.is_tracing():
-        pytest.skip("tracemalloc is already on in this session (python -X tracemalloc)")
+        pytest.skip("tracemalloc is already on in this process (python -X tracemalloc)")
     environ = {"PODCOST_HEAP_DUMP": str(tmp_path / "heap"), "PODCOST_HEAP_DUMP_FROM": "signal"}
     directory = heap_dumps_on_signal(environ)
     assert directory is not None
