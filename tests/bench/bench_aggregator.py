@@ -498,7 +498,8 @@ async def bench_replicas(
         print(procs.describe_machine(cpu.machine, indent="    "))
     record_row(
         "bench_aggregator",
-        f"the chart's aggregator Deployment of {replicas} processes over the real broker, "
+        f"the chart's aggregator Deployment of {replicas} process{'es' * (replicas > 1)} over "
+        "the real broker, "
         f"{settings.partitions} partitions: a backlog of {count:,} workloads with every answer of "
         "the default policy",
         [
