@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NoReturn, TypeVar, cast
+from typing import Any, Final, Generic, NoReturn, TypeVar, cast
 
 import faust
 import faust.tables as faust_tables
@@ -238,6 +238,8 @@ ADAPTATIONS: tuple[Adaptation, ...] = (
             f"{_UNIT}::test_plain_faust_s_memory_store_persists_no_offset_and_drops_its_standby_"
             "records",
             f"{_APP}::test_a_recovery_restores_every_value_and_removal_and_says_how_far_it_applied",
+            "tests/integration/test_aggregator_standby.py::test_after_a_crash_the_survivor_"
+            "decides_as_the_core_does_reading_what_its_standby_lacked",
         ),
     ),
     Adaptation(
@@ -460,6 +462,9 @@ class App(faust.App):
     """The fetch settings the consumer thread gives its consumer (set before the app starts)."""
     on_source_seek: Callable[[Mapping[TopicPartition, int]], None] | None = None
     """Told, after the source partitions were sought, the offset each one reads next."""
+    on_recovery_read: Callable[[str, int], None] | None = None
+    """Told, as :class:`Recovery` takes changelog records into the tables, how many it took of
+    partitions of each role (:data:`ACTIVE`, :data:`STANDBY`): what a takeover read."""
 
     def _new_transport(self) -> Any:
         return Transport(self.conf.broker_consumer, self)
@@ -474,6 +479,11 @@ class App(faust.App):
 
 #: The most changelog records :class:`Recovery` takes off faust's changelog queue at once.
 RECOVERY_DRAIN_MAX = 2000
+
+#: The roles of a changelog partition a recovery reads (``App.on_recovery_read``): one whose
+#: states this member decides for (read before it decides), or a standby copy of another's.
+ACTIVE: Final = "active"
+STANDBY: Final = "standby"
 
 
 class Store(faust_memory.Store[Any, Any]):
@@ -499,9 +509,11 @@ class Store(faust_memory.Store[Any, Any]):
     its last recovery ended at.
     :meth:`apply_changelog_batch` applies the records in their order (a tombstone removes its
     key) in one pass, without faust's generator and second pass over the removed keys. Proof:
-    ``test_plain_faust_s_memory_store_persists_no_offset_and_drops_its_standby_records`` (unit)
-    and ``test_a_recovery_restores_every_value_and_removal_and_says_how_far_it_applied``
-    (integration).
+    ``test_plain_faust_s_memory_store_persists_no_offset_and_drops_its_standby_records`` (unit),
+    ``test_a_recovery_restores_every_value_and_removal_and_says_how_far_it_applied``
+    (integration), and ``test_aggregator_standby.py`` (two aggregator processes, one SIGKILLed:
+    with a standby the survivor's takeover reads none of the dead one's changelog, without one
+    all of it).
     """
 
     def __post_init__(self) -> None:
@@ -586,7 +598,9 @@ class Recovery(faust_recovery.Recovery):
     checks once per drain whether the recovery is done and the standbys are ready. A record of
     a changelog partition that is neither active nor standby here (left from before a
     rebalance) is skipped, where faust applies it to the previous record's table (line 881).
-    Proof: ``test_a_recovery_restores_every_value_and_removal_and_says_how_far_it_applied``
+    It tells ``App.on_recovery_read`` how many records it took, per role of their partition (the
+    aggregator's ``podcost_aggregator_recovery_records_total``). Proof:
+    ``test_a_recovery_restores_every_value_and_removal_and_says_how_far_it_applied``
     (integration) and ``tests/bench/bench_failover.py``.
     """
 
@@ -630,16 +644,17 @@ class Recovery(faust_recovery.Recovery):
         now = time.monotonic()
         active_tps, standby_tps = self.active_tps, self.standby_tps
         buffers, sizes = self.buffers, self.buffer_sizes
+        taken = {ACTIVE: 0, STANDBY: 0}
         for event in events:
             message = event.message
             tp = message.tp
             table: Any = self.tp_to_table.get(tp)
             if tp in active_tps:
-                offsets = self.active_offsets
+                offsets, role = self.active_offsets, ACTIVE
                 self._active_events_received_at[tp] = now
                 size = sizes.get(tp) or sizes.setdefault(tp, table.recovery_buffer_size)
             elif tp in standby_tps:
-                offsets = self.standby_offsets
+                offsets, role = self.standby_offsets, STANDBY
                 self._standby_events_received_at[tp] = now
                 size = sizes.get(tp) or sizes.setdefault(tp, table.standby_buffer_size)
             else:
@@ -649,6 +664,7 @@ class Recovery(faust_recovery.Recovery):
             if seen is not None and message.offset <= seen:
                 continue
             offsets[tp] = message.offset
+            taken[role] += 1
             buffer = buffers[table]
             buffer.append(event)
             if table._on_changelog_event is not None:
@@ -659,6 +675,11 @@ class Recovery(faust_recovery.Recovery):
                 self._last_flush_at = now
         if self.in_recovery:
             self._last_active_event_processed_at = time.monotonic()
+        told = cast(App, self.app).on_recovery_read
+        if told is not None:
+            for role, count in taken.items():
+                if count:
+                    told(role, count)
 
     async def _end_if_done(self, timeouts: int) -> None:
         """faust's end of a recovery: once every active partition is at its highwater, apply

@@ -65,7 +65,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -171,7 +171,12 @@ class _Decoded(Generic[S]):
 
 
 class FaustKeyedApp(Generic[S]):
-    """A :class:`KeyedProcessor` run by faust-streaming (see the module docstring)."""
+    """A :class:`KeyedProcessor` run by faust-streaming (see the module docstring).
+
+    ``on_recovery_read`` is told, as the tables' recovery takes changelog records, how many it
+    took of partitions of each role (``active``: read before this member decides for them;
+    ``standby``: a copy of another member's): with a standby, a takeover reads only what the
+    standby did not have yet."""
 
     def __init__(
         self,
@@ -189,6 +194,7 @@ class FaustKeyedApp(Generic[S]):
         stop_timeout_s: float = STOP_TIMEOUT_S,
         stall_s: float = PROGRESS_STALL_S,
         start_timeout_s: float = START_TIMEOUT_S,
+        on_recovery_read: Callable[[str, int], None] | None = None,
     ) -> None:
         if not settings.bootstrap_servers:
             raise ValueError("the faust app needs Kafka bootstrap servers (PODCOST_KAFKA)")
@@ -278,6 +284,9 @@ class FaustKeyedApp(Generic[S]):
         self.app.source_topics = frozenset(self.topics)
         self.app.bus_settings = settings
         self.app.on_source_seek = self._on_source_seek
+        # Told how many changelog records each recovery step took, by the role of their
+        # partition (``faust_adaptations.ACTIVE`` or ``STANDBY``).
+        self.app.on_recovery_read = on_recovery_read
         self.tables = {
             part: self.app.Table(
                 part,

@@ -214,6 +214,7 @@ def bootstrap(
     ):
         # Imported here: faust (and mode, croniter, ...) is a second of imports that embedded
         # mode and the consumer engine never use.
+        from podcost_bus.faust_adaptations import ACTIVE, STANDBY
         from podcost_bus.faust_app import FaustKeyedApp
 
         transport = FaustKeyedApp(
@@ -227,12 +228,15 @@ def bootstrap(
             standby_replicas=config.standby_replicas,
             stall_s=config.stall_seconds,
             start_timeout_s=config.start_timeout_seconds,
+            on_recovery_read=lambda role, count: metrics.recovery_records.labels(role).inc(count),
         )
         internal = [*transport.changelog_topics(), transport.assignor_topic()]
         stalled = transport.stalled
         metrics.aggregator_stalled.set_function(lambda: 1.0 if stalled() else 0.0)
         metrics.states.set_function(transport.state_count)
         metrics.recovering.set_function(transport.recovering_for)
+        for role in (ACTIVE, STANDBY):  # both series exported from the start, at 0
+            metrics.recovery_records.labels(role)
     else:
         loop = transport = KeyedConsumerLoop(
             bus, sources, config.app_id, processor, tick_s=config.tick_seconds, sleep=clock.sleep

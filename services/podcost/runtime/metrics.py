@@ -161,6 +161,14 @@ class Families:
             "rebuilding its states from the changelogs (after a start or a rebalance) without "
             "deciding for those partitions; 0 when it is not recovering.", [c], registry=r,
         )  # fmt: skip
+        self.recovery_records = Counter(
+            "podcost_aggregator_recovery_records", "Changelog records the aggregator's "
+            "recovery took into its states, by role of their partition (active: one it "
+            "decides for, read after a start or a rebalance before it decides again; "
+            "standby: a copy of another replica's, followed all along): with standby "
+            "replicas, a takeover reads only what its standby did not have yet.",
+            [c, "role"], registry=r,
+        )  # fmt: skip
         self.event_to_annotation = Histogram(
             "podcost_event_to_annotation_seconds",
             "From the change that caused a snapshot to the patch that wrote its cost.",
@@ -268,6 +276,7 @@ class Metrics:
         self.states_forgotten = Labelled(f.states_forgotten, component)
         self.states = SingleGauge(f.states, component)
         self.recovering = SingleGauge(f.recovering, component)
+        self.recovery_records = Labelled(f.recovery_records, component)
         self.topic_config_drift = Labelled(f.topic_config_drift, component)
         self.unregistered_records = Labelled(f.unregistered_records, component)
 
