@@ -675,10 +675,17 @@ async def test_a_recovery_restores_every_value_and_removal_and_says_how_far_it_a
     monkeypatch.setattr(faust_adaptations, "RECOVERY_DRAIN_MAX", 7)
     second = kafka.app(Remember())
     second.tables[PART].recovery_buffer_size = 10
+    taken: dict[str, int] = {}
+    second.app.on_recovery_read = lambda role, count: taken.update(
+        {role: taken.get(role, 0) + count}
+    )
     task = await started(second)
     try:
         store = second.tables[PART].data
         assert dict(store.data) == written
+        # Every changelog record was taken once, into a partition of its own (active).
+        changelog_end = await end_offset(kafka, second.changelog_topics()[0])
+        assert taken == {faust_adaptations.ACTIVE: changelog_end}
         # And it says the last changelog offset it applied: a recovery of this partition by
         # this member (a standby taking over) reads only the records after it.
         tp = TP(second.changelog_topics()[0], 0)
