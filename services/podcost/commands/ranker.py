@@ -62,9 +62,10 @@ def ranker_command(
     heap_dumps_on_signal()
     shared = len(names) > 1
     if shared:
-        # Every strategy's consumer reads the same records, up to a poll apart: the first
-        # decode of a record must outlive the others' arrival at it.
-        keep_decoded_snapshots(2 * bus_settings.max_poll_records + 64)
+        # Every strategy's consumer reads the same records, as far apart as what each has
+        # fetched ahead (several polls): the first decode of a record must outlive the others'
+        # arrival at it, and is let go once every one of them has read it.
+        keep_decoded_snapshots(8 * bus_settings.max_poll_records + 64, readers=len(names))
     bus = open_bus(bus_settings)
     families = Families() if shared else None
     try:
