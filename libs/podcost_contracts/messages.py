@@ -486,8 +486,11 @@ class _DecodedSnapshots:
 
     def keep(self, size: int, readers: int | None = None, value_bytes: int | None = None) -> None:
         """Keep the last ``size`` records' messages from now on (within the bytes bound), each
-        until ``readers`` reads have taken it (``None``: until the bounds push it out)."""
+        until ``readers`` reads have taken it (``None``: until the bounds push it out). A new
+        count of readers lets go of what is kept: its reads were counted for the former one."""
         self._size = size
+        if readers != self._readers:
+            self.clear()
         self._readers = readers
         if value_bytes is not None:
             self._value_bytes = value_bytes
