@@ -460,8 +460,8 @@ class _DecodedSnapshots:
                 raise
             kept.messages[unread] = message
         kept.reads += 1
-        # Every reader has taken it: nobody asks again (but a reader that reads it again after
-        # a restart or a rebalance, and decodes it again).
+        # Every reader has taken it: none asks again, unless it reads the record again after a
+        # restart or a rebalance (and then decodes it again).
         if self._readers is not None and kept.reads >= self._readers:
             self._forget(record)
         return message
@@ -476,9 +476,6 @@ class _DecodedSnapshots:
         ):
             (value, _, _), _ = self._kept.popitem(last=False)
             self._bytes -= len(value)
-
-    def __len__(self) -> int:
-        return len(self._kept)
 
     def clear(self) -> None:
         self._kept.clear()
