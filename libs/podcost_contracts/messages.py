@@ -31,7 +31,7 @@ import zlib
 from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Final, Literal, Self, TypeVar
 
 from pydantic import (
@@ -416,41 +416,59 @@ class _DecodedSnapshots:
     topic (each ranker, the aggregator) decodes the same records, and in one process (embedded
     mode, or several services together) the first decode serves the others. A whole message
     serves any reader; one decoded with fields left unread serves only readers that leave the
-    same ones unread. Messages are frozen; errors are not kept."""
+    same ones unread. Messages are frozen; errors are not kept.
+
+    Kept: the last ``size`` records (and at most ``value_bytes`` of their values); with
+    ``readers`` set, a record's messages are also let go as soon as that many reads have taken
+    them, so what is kept is what a reader has still to reach, however far apart the readers'
+    positions drift within the bounds."""
 
     def __init__(self, size: int, value_bytes: int = 8 * 2**20) -> None:
         self._size = size
         self._value_bytes = value_bytes
         """At most this many bytes of record values kept (a few large snapshots, or many
         small ones)."""
+        self._readers: int | None = None
         self._bytes = 0
-        self._kept: OrderedDict[
-            tuple[bytes, bytes | None, bytes | None], dict[Unread | None, WorkloadSnapshotMessage]
-        ] = OrderedDict()
+        self._kept: OrderedDict[tuple[bytes, bytes | None, bytes | None], _Kept] = OrderedDict()
 
     def decoded(
         self, value: bytes, schema: bytes | None, encoding: bytes | None, unread: Unread | None
     ) -> WorkloadSnapshotMessage:
         record = (value, schema, encoding)
         kept = self._kept.get(record)
+        message = None
         if kept is not None:
             self._kept.move_to_end(record)
-            message = kept.get(None)
+            message = kept.messages.get(None)
             if message is None:
-                message = kept.get(unread)
-            if message is not None:
-                return message
-        headers = {SCHEMA_HEADER: schema} if schema is not None else {}
-        if encoding is not None:
-            headers[CONTENT_ENCODING] = encoding
-        validator = None if unread is None else snapshot_validator(unread)
-        message = decode(WorkloadSnapshotMessage, value, headers, validator=validator)
-        if kept is None:
-            kept = self._kept[record] = {}
+                message = kept.messages.get(unread)
+        else:
+            kept = self._kept[record] = _Kept()
             self._bytes += len(value)
             self._trim()
-        kept[unread] = message
+        if message is None:
+            headers = {SCHEMA_HEADER: schema} if schema is not None else {}
+            if encoding is not None:
+                headers[CONTENT_ENCODING] = encoding
+            validator = None if unread is None else snapshot_validator(unread)
+            try:
+                message = decode(WorkloadSnapshotMessage, value, headers, validator=validator)
+            except DecodeError:
+                if not kept.messages:  # errors are not kept
+                    self._forget(record)
+                raise
+            kept.messages[unread] = message
+        kept.reads += 1
+        # Every reader has taken it: none asks again, unless it reads the record again after a
+        # restart or a rebalance (and then decodes it again).
+        if self._readers is not None and kept.reads >= self._readers:
+            self._forget(record)
         return message
+
+    def _forget(self, record: tuple[bytes, bytes | None, bytes | None]) -> None:
+        if self._kept.pop(record, None) is not None:
+            self._bytes -= len(record[0])
 
     def _trim(self) -> None:
         while len(self._kept) > 1 and (
@@ -463,25 +481,45 @@ class _DecodedSnapshots:
         self._kept.clear()
         self._bytes = 0
 
-    def keep(self, size: int) -> None:
-        """Keep the last ``size`` records' messages from now on (within the bytes bound)."""
+    def keep(self, size: int, readers: int | None = None, value_bytes: int | None = None) -> None:
+        """Keep the last ``size`` records' messages from now on (within the bytes bound), each
+        until ``readers`` reads have taken it (``None``: until the bounds push it out). A new
+        count of readers lets go of what is kept: its reads were counted for the former one."""
         self._size = size
+        if readers != self._readers:
+            self.clear()
+        self._readers = readers
+        if value_bytes is not None:
+            self._value_bytes = value_bytes
         self._trim()
+
+
+@dataclass(slots=True)
+class _Kept:
+    """A record's decoded messages (by what their readers leave unread) and the reads so far."""
+
+    messages: dict[Unread | None, WorkloadSnapshotMessage] = field(default_factory=dict)
+    reads: int = 0
 
 
 _SNAPSHOTS: Final = _DecodedSnapshots(64)
 
 
-def keep_decoded_snapshots(size: int) -> None:
+def keep_decoded_snapshots(
+    size: int, *, readers: int | None = None, value_bytes: int | None = None
+) -> None:
     """Keep the last ``size`` snapshot records' decoded messages in this process (64 by default).
 
     For a process whose readers of the workloads topic each have a consumer of their own (the
-    rankers of several strategies in one process): their positions drift apart by as much as a
-    poll brings (``PODCOST_KAFKA_MAX_POLL_RECORDS``), and a record decoded by the first must
-    still be kept when the last reaches it, or each decodes it again. Costs memory: a decoded
-    10-pod snapshot is some tens of KB; whatever ``size``, at most 8 MiB of record values are
-    kept (fewer large snapshots)."""
-    _SNAPSHOTS.keep(size)
+    rankers of several strategies in one process): their positions drift apart (by what each
+    consumer has fetched ahead, up to several polls of ``PODCOST_KAFKA_MAX_POLL_RECORDS``), and
+    a record decoded by the first must still be kept when the last reaches it, or each decodes
+    it again. ``readers``: how many reads each record gets in this process (one per consumer);
+    a record's messages are let go once they all have taken them, so the bounds hold only what
+    some reader has still to reach. Costs memory: a decoded 10-pod snapshot is some tens of KB;
+    whatever ``size``, at most ``value_bytes`` of record values (8 MiB unless given) are kept
+    (fewer large snapshots)."""
+    _SNAPSHOTS.keep(size, readers, value_bytes)
 
 
 @functools.lru_cache(maxsize=32)

@@ -2,21 +2,26 @@
 of every ranker process together, beside the rankers' floor.
 
 A script, not a test (``python -m tests.bench.bench_rankers [--rate 150 --seconds 30
---rankers apart|shared]``); it prints numbers and asserts nothing. It starts its own Kafka broker
-(``podcost_localinfra``) unless ``PODCOST_KAFKA`` points at a running one, and uses topics of
-its own.
+--rankers apart|shared --replicas N --partitions P]``); it prints numbers and asserts nothing. It
+starts its own Kafka broker (``podcost_localinfra``) unless ``PODCOST_KAFKA`` points at a running
+one, and uses topics of its own.
 
 The rankers run as the chart's core mode starts them (``procs.chart_core_specs``): a
 ``podcost ranker`` process per strategy of the default policy (``--rankers apart``), or one
-process running them all, each strategy in its own consumer group (``--rankers shared``). This
+process running them all, each strategy in its own consumer group (``--rankers shared``).
+``--replicas N`` runs each of those Deployments as ``N`` processes (the chart's
+``rankers.replicaCount``), which split the partitions of the run's topics (``--partitions P``,
+3 by default) within each strategy's consumer group: what replicas give on this machine. This
 process then publishes snapshots of ``--workloads`` Deployments of ``--pods`` pods (those of
 ``bench_aggregator``), encoded as the watcher encodes them, at ``--rate`` snapshots/s for
 ``--seconds``, one workload after another with growing versions: the trickle a core serving
 many quiet clusters sees (``bench_fleet`` at N = 50 and 400 events/s made about 150 snapshots/s).
 Measured: the ranker processes' CPU (``/proc``) from the first snapshot until every strategy has
-consumed every snapshot, per snapshot; beside it the floor (``floors.core_floors``: each ranker's
-decode and strategy, in one process without Kafka) and the ratio. The machine's load is printed:
-the ratio, not the rate, is the figure to compare between runs.
+consumed every snapshot, per snapshot, and the rate they ranked at (snapshots ranked by every
+strategy per second, from the first snapshot offered to the last one ranked); beside it the
+floor (``floors.core_floors``: each ranker's decode and strategy, in one process without Kafka)
+and the ratio. The machine's load and what its cores did meanwhile are printed: the ratio, not
+the rate, is the figure to compare between runs.
 """
 
 from __future__ import annotations
@@ -47,10 +52,12 @@ from podcost_localinfra import build, kafka
 async def bench(brokers: str, args: argparse.Namespace) -> None:
     run = uuid.uuid4().hex[:8]
     core = procs.chart_core_specs(
-        build.ensure_helm(), brokers, run, shared_rankers=args.rankers == "shared"
-    )
+        build.ensure_helm(), brokers, run, shared_rankers=args.rankers == "shared",
+        partitions=args.partitions, replicas=args.replicas if args.replicas > 1 else None,
+    )  # fmt: skip
     specs = [spec for spec in core if procs.strategies_in(spec)]
-    strategies = {spec.name: procs.strategies_in(spec) for spec in specs}
+    # Each strategy's group consumes every snapshot once, whichever of its replicas reads it.
+    groups = len({name for spec in specs for name in procs.strategy_names(spec)})
     env = specs[0].env
     settings = BusSettings(
         bootstrap_servers=brokers,
@@ -59,6 +66,7 @@ async def bench(brokers: str, args: argparse.Namespace) -> None:
         topic_ranks=env["PODCOST_TOPIC_RANKS"],
         topic_costs=env["PODCOST_TOPIC_COSTS"],
         topic_deadletter=env["PODCOST_TOPIC_DEADLETTER"],
+        partitions=args.partitions,
     )
     items = workloads(args.workloads, args.pods)
     floors = core_floors(items[:50])
@@ -92,7 +100,7 @@ async def bench(brokers: str, args: argparse.Namespace) -> None:
                         got += procs.consumed(metrics, settings.topic_workloads)
                     return got
 
-                wanted = count * sum(strategies.values())
+                wanted = count * groups
                 deadline = time.monotonic() + args.drain_seconds
                 while (done := await consumed()) < wanted:
                     if time.monotonic() > deadline:
@@ -105,16 +113,18 @@ async def bench(brokers: str, args: argparse.Namespace) -> None:
         await bus.stop()
     seconds = sum(share for share, _ in used.values()) * elapsed
     # Per snapshot ranked: on a loaded machine the backlog may not drain within the wait.
-    ranked = done / sum(strategies.values())
+    ranked = done / groups
     per_snapshot = seconds / max(ranked, 1.0)
     print(
-        f"rankers {args.rankers} ({len(specs)} process(es), {sum(strategies.values())} "
-        f"strategies): {count} snapshots of {args.pods} pods offered at {args.rate:,.0f}/s over "
-        f"{offered_s:.1f}s, {ranked:,.0f} ranked by every strategy {elapsed - offered_s:.1f}s "
-        "after; load average "
+        f"rankers {args.rankers} ({len(specs)} process(es), {groups} strategies, "
+        f"{args.partitions} partitions): {count} snapshots of {args.pods} pods offered at "
+        f"{args.rate:,.0f}/s over {offered_s:.1f}s, {ranked:,.0f} ranked by every strategy "
+        f"{elapsed - offered_s:.1f}s after: {ranked / elapsed:,.0f} snapshots/s; load average "
         f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
     print(procs.describe_usage(used, indent="    "))
+    if cpu.machine is not None:
+        print(procs.describe_machine(cpu.machine, indent="    "))
     print(
         f"  rankers' CPU per snapshot {per_snapshot * 1e3:.3f} ms; floor (each ranker's decode "
         f"and strategy, one process, no Kafka) {ranker_floor * 1e3:.3f} ms: "
@@ -132,7 +142,14 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=10)
     parser.add_argument("--drain-seconds", type=float, default=120.0)
     parser.add_argument("--rankers", choices=("apart", "shared"), default="apart")
+    parser.add_argument(
+        "--replicas", type=int, default=1,
+        help="processes of each ranker Deployment, splitting the partitions (docstring)",
+    )  # fmt: skip
+    parser.add_argument("--partitions", type=int, default=3, help="of every topic of the run")
     args = parser.parse_args()
+    if args.replicas < 1 or args.partitions < 1:
+        parser.error("--replicas and --partitions are at least 1")
     with contextlib.ExitStack() as stack:
         brokers = os.environ.get("PODCOST_KAFKA")
         if not brokers:

@@ -78,6 +78,12 @@ def strategies_in(spec: ServiceSpec) -> int:
     return spec.args.count("--strategy") if spec.args and spec.args[0] == "ranker" else 0
 
 
+def strategy_names(spec: ServiceSpec) -> list[str]:
+    """The strategies whose rankers a ranker process runs (the values of its ``--strategy``)."""
+    args = spec.args if spec.args and spec.args[0] == "ranker" else ()
+    return [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--strategy"]
+
+
 def agent_spec(
     name: str, args: Sequence[str], env: Mapping[str, str], core: ServiceSpec
 ) -> ServiceSpec:

@@ -7,15 +7,17 @@ the container's arguments and environment as the chart renders them (``tests.sup
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
-from tests.support.pipeline import fresh_kafka_settings
+from tests.support.pipeline import eventually, fresh_kafka_settings
 from tests.support.services import chart_specs, processes, sample
 from tests.support.snapshots import snapshot
 from tests.support.tools import require_helm
 
+from podcost.ranker import together_bus_settings
 from podcost_bus import open_bus
 from podcost_contracts.messages import (
     StrategyRanksBatchMessage,
@@ -95,3 +97,37 @@ async def committed_groups(bootstrap: str) -> set[str]:
         return {group for group, _ in await admin.list_consumer_groups()}
     finally:
         await admin.close()
+
+
+async def test_two_processes_of_rankers_together_read_the_same_partitions_in_every_group(
+    kafka_bootstrap: str,
+) -> None:
+    # Two replicas of the rankers' Deployment, each a bus with the process's own client id and
+    # a consumer per strategy's group: every group must give each process the same partitions,
+    # or its strategies would each decode records the others never read.
+    base = fresh_kafka_settings(kafka_bootstrap, "aligned").model_copy(update={"partitions": 6})
+    groups = [f"{base.topic_workloads}-rankers-{name}" for name in ("a", "b", "c", "d")]
+    async with contextlib.AsyncExitStack() as stack:
+        buses = []
+        for _ in range(2):
+            bus = open_bus(together_bus_settings(base))
+            await stack.enter_async_context(bus)
+            buses.append(bus)
+        await buses[0].ensure_topics([base.topic_workloads])
+        consumers = [
+            [
+                await stack.enter_async_context(bus.consumer([base.topic_workloads], group=group))
+                for group in groups
+            ]
+            for bus in buses
+        ]
+
+        def settled() -> bool:
+            # Each group's two members hold three partitions each (the group has rebalanced).
+            return all(len(c.assignment()) == 3 for process in consumers for c in process)
+
+        await eventually(settled, "both processes' consumers hold three partitions each", 60)
+        for process in consumers:
+            assert len({c.assignment() for c in process}) == 1, [
+                sorted(tp.partition for tp in c.assignment()) for c in process
+            ]

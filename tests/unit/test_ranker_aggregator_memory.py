@@ -33,6 +33,7 @@ from podcost.aggregator import AggregatorService, AggregatorSettings
 from podcost.ranker import RankerService, RankerSettings, group_of
 from podcost.ranker import service as ranker_service
 from podcost.ranker.service import BATCH_MAX_ANSWERS
+from podcost.runtime.metrics import Families
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
     ATTR_COMPLETE,
@@ -48,6 +49,7 @@ from podcost.runtime.telemetry import (
 )
 from podcost_bus import BusSettings, MemoryBus, Record, publish_message
 from podcost_bus.keyed import KeyedConsumerLoop
+from podcost_contracts import messages
 from podcost_contracts.messages import (
     GONE_UNLISTED,
     TRACEPARENT,
@@ -63,6 +65,7 @@ from podcost_contracts.messages import (
     decode,
     decode_costs_record,
     encode,
+    keep_decoded_snapshots,
     live_set_key,
 )
 from podcost_core.aggregate import WorkloadState
@@ -775,3 +778,52 @@ async def test_a_workload_that_opted_out_gets_a_release_of_its_pods_costs_a_dele
         # Forgotten now: a second word that it is gone has no snapshot to release.
         await world.gone(version=SNAPSHOT.version + 2, emitted_at=START + 2, reason="opted out")
         await costs.nothing_more(0.2)
+
+
+async def test_rankers_together_decode_each_snapshot_once_and_each_group_dead_letters_a_poison(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three strategies' rankers in one process, as `podcost ranker --strategy A --strategy B`
+    # runs them: whole snapshots, one registry of metrics, each record kept until all three
+    # have read it.
+    decodes: list[type] = []
+    real_decode = messages.decode
+
+    def counting(kind: type[Any], *args: Any, **kwargs: Any) -> Any:
+        decodes.append(kind)
+        return real_decode(kind, *args, **kwargs)
+
+    monkeypatch.setattr(messages, "decode", counting)
+    keep_decoded_snapshots(8 * BUS.max_poll_records + 64, readers=3)
+    families = Families()
+    rankers = [
+        ranker.bootstrap(
+            SETTINGS, BUS, strategy=name, bus=world.bus, clock=world.clock,
+            tracer_provider=world.provider, whole_snapshots=True, families=families,
+        )
+        for name in (CAP, AGE, SPREAD)
+    ]  # fmt: skip
+    snapshots = [
+        replace(deployment(f"app-{index}", pods=3, nodes=3, seed=index), annotations=ANNOTATIONS)
+        for index in range(30)
+    ]
+    try:
+        async with (
+            running(*rankers),
+            AnswersReader(world.bus, TOPICS.ranks) as answers,
+            Reader(world.bus, TOPICS.deadletter, DeadLetter) as dead,
+        ):
+            await world.bus.publish(TOPICS.workloads, SNAPSHOT.workload.key, b"{not json")
+            for item in snapshots:
+                await world.publish(item)
+            got = await answers.take(2 * len(snapshots))  # the spread strategy answers nothing
+            letters = await dead.take(3)
+    finally:
+        keep_decoded_snapshots(64)
+    keys = {item.workload.key for item in snapshots}
+    assert {(a.strategy, a.key) for a in got} == {(s, k) for s in (CAP, AGE) for k in keys}
+    # The poison once per strategy's group (each reader tries it: errors are not kept) ...
+    assert sorted(letter.group for letter in letters) == sorted(map(group_of, (CAP, AGE, SPREAD)))
+    # ... and every good snapshot decoded once for all three.
+    snapshot_decodes = [kind for kind in decodes if kind is WorkloadSnapshotMessage]
+    assert len(snapshot_decodes) == len(snapshots) + 3

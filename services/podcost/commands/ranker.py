@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings
-from podcost.ranker import RankerSettings, bootstrap
+from podcost.ranker import RankerSettings, bootstrap, together_bus_settings
 from podcost.runtime.heap import heap_dumps_on_signal
 from podcost.runtime.logs import configure_logging
 from podcost.runtime.metrics import Families
@@ -62,9 +62,12 @@ def ranker_command(
     heap_dumps_on_signal()
     shared = len(names) > 1
     if shared:
-        # Every strategy's consumer reads the same records, up to a poll apart: the first
-        # decode of a record must outlive the others' arrival at it.
-        keep_decoded_snapshots(2 * bus_settings.max_poll_records + 64)
+        # Every strategy's consumer reads the same records, as far apart as what each has
+        # fetched ahead (several polls): the first decode of a record must outlive the others'
+        # arrival at it, and is let go once every one of them has read it.
+        keep_decoded_snapshots(8 * bus_settings.max_poll_records + 64, readers=len(names))
+        # And they read the same partitions, whatever the replicas: one decode serves them all.
+        bus_settings = together_bus_settings(bus_settings)
     bus = open_bus(bus_settings)
     families = Families() if shared else None
     try:

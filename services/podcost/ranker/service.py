@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -96,6 +97,19 @@ LAG_EVERY_S = 1.0
 def group_of(strategy: str) -> str:
     """The consumer group of the rankers of ``strategy`` with the default settings."""
     return RankerSettings().group_for(strategy)
+
+
+def together_bus_settings(settings: BusSettings) -> BusSettings:
+    """The bus settings of a process that runs several strategies' rankers: a client id of the
+    process's own, ``<client id>-<8 hex digits>``.
+
+    The broker names a group member ``<client id>-<uuid>``, and the assignor deals the
+    partitions out to the members in the order of their names: with a client id per process,
+    every strategy's group orders the processes alike and gives each process the same
+    partitions, so that what a process fetches is read, and decoded once, by all of its
+    strategies. With one client id for all, each group orders the processes at random, and a
+    process's strategies read different partitions (each decoding what it alone reads)."""
+    return settings.model_copy(update={"client_id": f"{settings.client_id}-{secrets.token_hex(4)}"})
 
 
 #: The most answers one ranks record holds, and about the most bytes of JSON (estimated from the

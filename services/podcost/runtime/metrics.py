@@ -197,15 +197,21 @@ class Families:
 class Labelled(Generic[F]):
     """A family bound to one component: ``labels(...)`` takes the family's other labels."""
 
-    __slots__ = ("_component", "family")
+    __slots__ = ("_children", "_component", "family")
 
     def __init__(self, family: F, component: str) -> None:
         self.family: F = family
         self._component = component
+        self._children: dict[tuple[str, ...], F] = {}
+        """The children asked for so far: finding one in the family takes a lock and checks
+        every label, and the services ask for the same few on every record."""
 
     def labels(self, *values: str) -> F:
         """The child of this component and ``values`` (the family's other labels, in order)."""
-        return self.family.labels(self._component, *values)
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.family.labels(self._component, *values)
+        return child
 
 
 class Single(Generic[F]):
