@@ -30,6 +30,7 @@ BOUNDED_LABELS = {
     "revision": "build_info: one value per process",
     "python": "build_info: one value per process",
     "setting": "the settings of the topic contract",
+    "role": "a changelog partition's role in a recovery: active, standby",
     "le": "histogram buckets",
 }
 

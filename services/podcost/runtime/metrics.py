@@ -163,7 +163,7 @@ class Families:
         )  # fmt: skip
         self.recovery_records = Counter(
             "podcost_aggregator_recovery_records", "Changelog records the aggregator's "
-            "recovery took into its states, by role of their partition (active: one it "
+            "recovery applied to its states, by role of their partition (active: one it "
             "decides for, read after a start or a rebalance before it decides again; "
             "standby: a copy of another replica's, followed all along): with standby "
             "replicas, a takeover reads only what its standby did not have yet.",
