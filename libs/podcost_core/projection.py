@@ -454,13 +454,36 @@ def _metadata_but_version(meta: dict[str, Any], before: dict[str, Any]) -> dict[
     return same
 
 
+def slim_decoded_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod``, as :func:`decode_pod_line` decoded it, with of its managed fields only who owns
+    the deletion cost and of its conditions only Ready (changed in place, and returned): equal
+    then, by value, to what :func:`keep_pod` keeps of it, which only interns its strings and
+    shares or reuses its parts. So the informer's store can tell that an update changes nothing
+    it keeps from ``pod`` itself, before anything is kept of it (``Store.apply``). Slimming an
+    already slim pod leaves it as it is."""
+    meta = pod.get("metadata")
+    if meta is not None and meta.get("managedFields") is not None:
+        _slim_decoded_managed_fields(meta)
+    status = pod.get("status")
+    if status is not None and (conditions := status.get("conditions")) is not None:
+        # Decoded as ``ConditionJSON``: every one is well-formed, so only its type tells
+        # whether anything reads it (``_unread_condition``).
+        status["conditions"] = [c for c in conditions if c.get("type", "Ready") == "Ready"]
+    return pod
+
+
 def keep_pod(
-    pod: dict[str, Any], old: Mapping[str, Any] | None, shared: SharedParts | None = None
+    pod: dict[str, Any],
+    old: Mapping[str, Any] | None,
+    shared: SharedParts | None = None,
+    *,
+    slimmed: bool = False,
 ) -> dict[str, Any]:
     """What an informer keeps of a pod that :func:`decode_pod_line` decoded (``pod``, whose
-    managed fields and conditions are slimmed in place): equal to what :func:`project_pod` keeps
-    of the whole pod after :func:`slim_managed_fields`, its strings interned and its dicts
-    sharing their keys the same way; ``tests/unit/test_pod_lines.py`` checks it.
+    managed fields and conditions are slimmed in place, :func:`slim_decoded_pod`, unless
+    ``slimmed`` says they are already): equal to what :func:`project_pod` keeps of the whole pod
+    after :func:`slim_managed_fields`, its strings interned and its dicts sharing their keys the
+    same way; ``tests/unit/test_pod_lines.py`` checks it.
 
     ``old`` is the version of the pod the store holds (``None`` for a new pod): each section
     (``spec``, ``status``; ``metadata`` but for its resourceVersion) and each part of one (a map
@@ -470,14 +493,8 @@ def keep_pod(
     are projected and shared as :func:`project_pod` does. Equal is Python's ``==``: ``1`` for
     ``1.0`` or ``true`` keeps the earlier of the two, which validation and the quantities read
     the same."""
-    meta = pod.get("metadata")
-    if meta is not None and meta.get("managedFields") is not None:
-        _slim_decoded_managed_fields(meta)
-    status = pod.get("status")
-    if status is not None and (conditions := status.get("conditions")) is not None:
-        # Decoded as ``ConditionJSON``: every one is well-formed, so only its type tells
-        # whether anything reads it (``_unread_condition``).
-        status["conditions"] = [c for c in conditions if c.get("type", "Ready") == "Ready"]
+    if not slimmed:
+        slim_decoded_pod(pod)
     kept: dict[str, Any] = _PodRoot().__dict__
     old_get = old.get if isinstance(old, dict) else None
     intern, intern_max = sys.intern, _INTERN_MAX

@@ -69,6 +69,7 @@ from podcost_core.projection import (
     project_node,
     project_pod,
     project_workload,
+    slim_decoded_pod,
     slim_managed_fields,
 )
 from podcost_kube.client import Kube, KubeError
@@ -77,7 +78,6 @@ from podcost_kube.store import (
     ChangeType,
     RawObject,
     Store,
-    object_key,
     resource_version,
 )
 
@@ -274,10 +274,19 @@ def apply_event(
     kind = resource.kind
     obj = resource.typed(event.obj)
     if event.partial:
-        # Kept next to the version held: the parts it did not change are taken from it.
-        key = object_key(kind, obj)
-        kept = keep_pod(obj, store.get(kind, key.namespace, key.name), shared)
-        return store.apply(kind, _CHANGE_TYPES[event.type], kept, key)
+        change_type = _CHANGE_TYPES[event.type]
+        if change_type is ChangeType.DELETED:
+            # Nothing of the deleted version is kept: the store drops the one it holds.
+            return store.apply(kind, change_type, obj)
+        # Compared as it is with the version held (slimmed, it equals what would be kept of
+        # it), and kept only if it changes something, next to that version: the parts it did
+        # not change are taken from it.
+        slim_decoded_pod(obj)
+
+        def keep(pod: RawObject, held: RawObject | None) -> RawObject:
+            return keep_pod(pod, held, shared, slimmed=True)
+
+        return store.apply(kind, change_type, obj, keep=keep)
     return store.apply(kind, _CHANGE_TYPES[event.type], _kept(kind, obj, shared))
 
 
