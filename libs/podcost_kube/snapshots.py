@@ -162,6 +162,10 @@ class _NamespacePods:
     """The names of the irregular pods."""
 
 
+#: Most entries of :attr:`WorkloadIndexes.owners` (then it starts over): about one per
+#: ReplicaSet with pods.
+OWNERS_KEPT = 4096
+
 #: The kinds whose objects are also indexed by their controller
 #: (:meth:`WorkloadIndexes.controlled_by`).
 CONTROLLED_KINDS = frozenset({"ReplicaSet"})
@@ -257,6 +261,14 @@ class WorkloadIndexes:
     _node_stamps: dict[str, int] = field(default_factory=dict)
     """node name → the stamp of the last change of the pods bound to it (:meth:`node_stamp`);
     none for a node without pods."""
+    owners: dict[tuple[str, int], tuple[object, str, RawObject, frozenset[WorkloadKey]]] = field(
+        default_factory=dict
+    )
+    """What ``podcost_kube.workloads.workloads_of_pod`` found for the pods of a namespace with
+    one owner references list (by its identity: the informer shares equal lists between pods):
+    that list (kept, so that no other takes its identity), the name of the ReplicaSet it names,
+    that ReplicaSet as the store held it, and the workloads. Good while the store holds that
+    ReplicaSet object (the reader checks); at most :data:`OWNERS_KEPT` entries."""
 
     # --- reading ------------------------------------------------------------------------------
 
@@ -272,6 +284,12 @@ class WorkloadIndexes:
             for ns in sorted(by_namespace)
             for pod in map(self._pods_of(ns).__getitem__, by_namespace[ns].names)
         ]
+
+    def each_pod_on_node(self, node: str) -> Iterator[RawObject]:
+        """:meth:`pods_on_node`, one at a time: for a reader that may stop after a few."""
+        by_namespace = self._pods_by_node.get(node, {})
+        for ns in sorted(by_namespace):
+            yield from map(self._pods_of(ns).__getitem__, by_namespace[ns].names)
 
     def keyed_pods_on_node(self, node: str) -> list[tuple[str, str, RawObject]]:
         """:meth:`pods_on_node` with each pod's namespace and name (as strings), in that order."""
