@@ -282,14 +282,21 @@ class SharedParts:
     def __len__(self) -> int:
         return len(self._parts)
 
-    def share(self, part: Any) -> Any:
-        """An equal part seen before, or ``part`` (remembered)."""
+    def share(self, part: Any, project: Callable[[Any], Any] | None = None) -> Any:
+        """An equal part seen before, or ``part`` (remembered). With ``project``, ``part`` is
+        one not yet projected, and what is remembered (and returned) is ``project(part)``, made
+        only when no equal part was seen before: a projection keeps the part's keys in their
+        order and its values equal (:func:`_projector`), so ``part`` and its projection have
+        the same key, and a part seen before (a workload's containers, a condition of a pod
+        started in the same second) is found without being projected again."""
         key = _part_key(part)
         if key is None:
-            return part
+            return part if project is None else project(part)
         found = self._parts.get(key)
         if found is not None:
             return found
+        if project is not None:
+            part = project(part)
         if len(self._parts) >= self.limit:
             self._parts.clear()
         # A copy of its exact size: the bytes orjson returns keep the whole buffer it wrote in
@@ -525,10 +532,10 @@ def keep_pod(
                         if earlier is not None and type(earlier) is type(item) and earlier == item:
                             part_of[key] = earlier
                             continue
-                    if project is not None:
-                        item = project(item)
                     if shared is not None:
-                        item = shared.share(item)
+                        item = shared.share(item, project)
+                    elif project is not None:
+                        item = project(item)
                 elif project is not None:
                     item = project(item)
             elif project is _intern and type(item) is str:

@@ -319,3 +319,26 @@ def test_a_fuzzed_pod_is_kept_or_refused_as_the_whole_line(raw: Any) -> None:
     fast_change = apply_event(next_fast, POD, decode_event(text, "watch", POD), SharedParts())
     assert (whole_change is None) == (fast_change is None)
     assert next_fast.objects("Pod") == next_whole.objects("Pod")
+
+
+def test_a_part_equal_to_one_seen_before_is_taken_without_being_projected_again() -> None:
+    shared = SharedParts()
+    projected: list[Any] = []
+
+    def project(part: Any) -> Any:
+        projected.append(part)
+        return [dict(item) for item in part]
+
+    first = shared.share([{"type": "Ready", "status": "True"}], project)
+    assert projected == [first]
+    again = shared.share([{"type": "Ready", "status": "True"}], project)
+    assert again is first
+    assert projected == [first]
+    other = shared.share([{"type": "Ready", "status": "False"}], project)
+    assert other == [{"type": "Ready", "status": "False"}]
+    assert len(projected) == 2
+    # A part without a key (an int beyond 64 bits) is projected, and not remembered.
+    big = [{"restartCount": 2**70}]
+    assert shared.share(big, project) == big
+    assert len(projected) == 3
+    assert len(shared) == 2
