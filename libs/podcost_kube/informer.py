@@ -29,9 +29,10 @@ Objects stay raw JSON from the socket to the store: responses are read with
 its cache of keys shares one string per key name across objects), never deserialised into
 client-library models (``tests/bench/bench_informer.py`` measures why). A watch line of whole
 pods, the stream that never rests, is decoded only as far as the store keeps the pod
-(``podcost_core.projection.decode_pod_line``: the rest is skipped unread) and kept next to the
-version the store holds, whose unchanged parts it takes (``keep_pod``); an update that changes
-nothing the store keeps is no change (``Store.apply``): ``tests/bench/bench_watcher.py``
+(``podcost_core.projection.decode_pod_line``: the rest is skipped unread), compared as it is
+with the version the store holds, and kept next to it only if it changes something, taking its
+unchanged parts (``keep_pod``); an update that changes nothing the store keeps is no change and
+costs a comparison (``Store.apply``), a deletion keeps nothing: ``tests/bench/bench_watcher.py``
 measures the watcher's whole path per event against ``orjson.loads`` of the same lines. Of
 each object's ``managedFields`` the store keeps only who owns the deletion cost
 (``podcost_core.projection.slim_managed_fields``), as client-go informers are told to drop them with
