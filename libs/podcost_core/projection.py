@@ -282,14 +282,21 @@ class SharedParts:
     def __len__(self) -> int:
         return len(self._parts)
 
-    def share(self, part: Any) -> Any:
-        """An equal part seen before, or ``part`` (remembered)."""
+    def share(self, part: Any, project: Callable[[Any], Any] | None = None) -> Any:
+        """An equal part seen before, or ``part`` (remembered). With ``project``, ``part`` is
+        one not yet projected, and what is remembered (and returned) is ``project(part)``, made
+        only when no equal part was seen before: a projection keeps the part's keys in their
+        order and its values equal (:func:`_projector`), so ``part`` and its projection have
+        the same key, and a part seen before (a workload's containers, a condition of a pod
+        started in the same second) is found without being projected again."""
         key = _part_key(part)
         if key is None:
-            return part
+            return part if project is None else project(part)
         found = self._parts.get(key)
         if found is not None:
             return found
+        if project is not None:
+            part = project(part)
         if len(self._parts) >= self.limit:
             self._parts.clear()
         # A copy of its exact size: the bytes orjson returns keep the whole buffer it wrote in
@@ -454,13 +461,36 @@ def _metadata_but_version(meta: dict[str, Any], before: dict[str, Any]) -> dict[
     return same
 
 
+def slim_decoded_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod``, as :func:`decode_pod_line` decoded it, with of its managed fields only who owns
+    the deletion cost and of its conditions only Ready (changed in place, and returned): equal
+    then, by value, to what :func:`keep_pod` keeps of it, which only interns its strings and
+    shares or reuses its parts. So the informer's store can tell that an update changes nothing
+    it keeps from ``pod`` itself, before anything is kept of it (``Store.apply``). Slimming an
+    already slim pod leaves it as it is."""
+    meta = pod.get("metadata")
+    if meta is not None and meta.get("managedFields") is not None:
+        _slim_decoded_managed_fields(meta)
+    status = pod.get("status")
+    if status is not None and (conditions := status.get("conditions")) is not None:
+        # Decoded as ``ConditionJSON``: every one is well-formed, so only its type tells
+        # whether anything reads it (``_unread_condition``).
+        status["conditions"] = [c for c in conditions if c.get("type", "Ready") == "Ready"]
+    return pod
+
+
 def keep_pod(
-    pod: dict[str, Any], old: Mapping[str, Any] | None, shared: SharedParts | None = None
+    pod: dict[str, Any],
+    old: Mapping[str, Any] | None,
+    shared: SharedParts | None = None,
+    *,
+    slimmed: bool = False,
 ) -> dict[str, Any]:
     """What an informer keeps of a pod that :func:`decode_pod_line` decoded (``pod``, whose
-    managed fields and conditions are slimmed in place): equal to what :func:`project_pod` keeps
-    of the whole pod after :func:`slim_managed_fields`, its strings interned and its dicts
-    sharing their keys the same way; ``tests/unit/test_pod_lines.py`` checks it.
+    managed fields and conditions are slimmed in place, :func:`slim_decoded_pod`, unless
+    ``slimmed`` says they are already): equal to what :func:`project_pod` keeps of the whole pod
+    after :func:`slim_managed_fields`, its strings interned and its dicts sharing their keys the
+    same way; ``tests/unit/test_pod_lines.py`` checks it.
 
     ``old`` is the version of the pod the store holds (``None`` for a new pod): each section
     (``spec``, ``status``; ``metadata`` but for its resourceVersion) and each part of one (a map
@@ -470,14 +500,8 @@ def keep_pod(
     are projected and shared as :func:`project_pod` does. Equal is Python's ``==``: ``1`` for
     ``1.0`` or ``true`` keeps the earlier of the two, which validation and the quantities read
     the same."""
-    meta = pod.get("metadata")
-    if meta is not None and meta.get("managedFields") is not None:
-        _slim_decoded_managed_fields(meta)
-    status = pod.get("status")
-    if status is not None and (conditions := status.get("conditions")) is not None:
-        # Decoded as ``ConditionJSON``: every one is well-formed, so only its type tells
-        # whether anything reads it (``_unread_condition``).
-        status["conditions"] = [c for c in conditions if c.get("type", "Ready") == "Ready"]
+    if not slimmed:
+        slim_decoded_pod(pod)
     kept: dict[str, Any] = _PodRoot().__dict__
     old_get = old.get if isinstance(old, dict) else None
     intern, intern_max = sys.intern, _INTERN_MAX
@@ -508,10 +532,10 @@ def keep_pod(
                         if earlier is not None and type(earlier) is type(item) and earlier == item:
                             part_of[key] = earlier
                             continue
-                    if project is not None:
-                        item = project(item)
                     if shared is not None:
-                        item = shared.share(item)
+                        item = shared.share(item, project)
+                    elif project is not None:
+                        item = project(item)
                 elif project is not None:
                     item = project(item)
             elif project is _intern and type(item) is str:

@@ -29,9 +29,10 @@ Objects stay raw JSON from the socket to the store: responses are read with
 its cache of keys shares one string per key name across objects), never deserialised into
 client-library models (``tests/bench/bench_informer.py`` measures why). A watch line of whole
 pods, the stream that never rests, is decoded only as far as the store keeps the pod
-(``podcost_core.projection.decode_pod_line``: the rest is skipped unread) and kept next to the
-version the store holds, whose unchanged parts it takes (``keep_pod``); an update that changes
-nothing the store keeps is no change (``Store.apply``): ``tests/bench/bench_watcher.py``
+(``podcost_core.projection.decode_pod_line``: the rest is skipped unread), compared as it is
+with the version the store holds, and kept next to it only if it changes something, taking its
+unchanged parts (``keep_pod``); an update that changes nothing the store keeps is no change and
+costs a comparison (``Store.apply``), a deletion keeps nothing: ``tests/bench/bench_watcher.py``
 measures the watcher's whole path per event against ``orjson.loads`` of the same lines. Of
 each object's ``managedFields`` the store keeps only who owns the deletion cost
 (``podcost_core.projection.slim_managed_fields``), as client-go informers are told to drop them with
@@ -69,6 +70,7 @@ from podcost_core.projection import (
     project_node,
     project_pod,
     project_workload,
+    slim_decoded_pod,
     slim_managed_fields,
 )
 from podcost_kube.client import Kube, KubeError
@@ -77,7 +79,6 @@ from podcost_kube.store import (
     ChangeType,
     RawObject,
     Store,
-    object_key,
     resource_version,
 )
 
@@ -274,10 +275,19 @@ def apply_event(
     kind = resource.kind
     obj = resource.typed(event.obj)
     if event.partial:
-        # Kept next to the version held: the parts it did not change are taken from it.
-        key = object_key(kind, obj)
-        kept = keep_pod(obj, store.get(kind, key.namespace, key.name), shared)
-        return store.apply(kind, _CHANGE_TYPES[event.type], kept, key)
+        change_type = _CHANGE_TYPES[event.type]
+        if change_type is ChangeType.DELETED:
+            # Nothing of the deleted version is kept: the store drops the one it holds.
+            return store.apply(kind, change_type, obj)
+        # Compared as it is with the version held (slimmed, it equals what would be kept of
+        # it), and kept only if it changes something, next to that version: the parts it did
+        # not change are taken from it.
+        slim_decoded_pod(obj)
+
+        def keep(pod: RawObject, held: RawObject | None) -> RawObject:
+            return keep_pod(pod, held, shared, slimmed=True)
+
+        return store.apply(kind, change_type, obj, keep=keep)
     return store.apply(kind, _CHANGE_TYPES[event.type], _kept(kind, obj, shared))
 
 

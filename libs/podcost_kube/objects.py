@@ -79,7 +79,11 @@ def key_text(value: object) -> str:
 def resource_version(obj: Mapping[str, Any]) -> str:
     """``metadata.resourceVersion``; ``""`` when absent (or the metadata is not an object)."""
     meta = obj.get("metadata")
-    return str(meta.get("resourceVersion", "")) if isinstance(meta, Mapping) else ""
+    # ``type`` first: the objects the store keeps are dicts, and an ABC's check is slow.
+    if type(meta) is dict or isinstance(meta, Mapping):
+        version = meta.get("resourceVersion", "")
+        return version if type(version) is str else str(version)
+    return ""
 
 
 DEPLOYMENT = "Deployment"

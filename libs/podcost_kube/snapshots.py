@@ -97,40 +97,37 @@ def _node_of(kind: str, obj: Mapping[str, Any]) -> str | None:
 
 @dataclass(slots=True)
 class _SortedPods:
-    """Pods of one index entry (a node's in one namespace, a ReplicaSet's, a label set's) sorted
-    by name, their names alongside: 16 bytes a pod where a map by name took 28-36 (its table for
-    a node's or a ReplicaSet's 30 pods, allocated outside pymalloc), searched by
-    ``bisect`` on the names. A list (a relist) puts its pods in name order, at the end, without
-    a search."""
+    """The names of the pods of one index entry (a node's in one namespace, a ReplicaSet's, a
+    label set's), sorted: 8 bytes a pod where a map by name took 28-36 (its table for a node's or
+    a ReplicaSet's 30 pods, allocated outside pymalloc), searched by ``bisect``. The pods
+    themselves are the store's, found by name in their namespace when read
+    (:meth:`WorkloadIndexes.pods_on_node` ...): an update that leaves a pod in the same entries
+    (a status change, most of them) changes no entry at all. A list (a relist) puts its pods in
+    name order, at the end, without a search."""
 
     names: list[str] = field(default_factory=list)
     """The names the store holds the pods under (the pods' own strings)."""
-    pods: list[RawObject] = field(default_factory=list)
 
-    def put(self, name: str, pod: RawObject) -> None:
-        """Put ``pod`` under ``name``, in place of the one held under it if there is one."""
+    def put(self, name: str) -> None:
+        """Put ``name`` in, if it is not in already."""
         names = self.names
         if not names or names[-1] < name:
             names.append(name)
-            self.pods.append(pod)
             return
         index = bisect_left(names, name)
-        if index < len(names) and names[index] == name:
-            self.pods[index] = pod
-        else:
+        if index == len(names) or names[index] != name:
             names.insert(index, name)
-            self.pods.insert(index, pod)
 
-    def __iter__(self) -> Iterator[tuple[str, RawObject]]:
-        """Each pod with its name, in name order."""
-        return zip(self.names, self.pods, strict=True)
+    def of(self, held: Mapping[str, RawObject]) -> Iterator[tuple[str, RawObject]]:
+        """Each pod with its name, in name order, taken from ``held`` (its namespace's pods)."""
+        names = self.names
+        return zip(names, map(held.__getitem__, names), strict=True)
 
     def drop(self, name: str) -> None:
-        """Drop the pod held under ``name``, if there is one."""
+        """Drop ``name``, if it is in."""
         index = bisect_left(self.names, name)
         if index < len(self.names) and self.names[index] == name:
             del self.names[index]
-            del self.pods[index]
 
 
 #: A pod's labels as a dictionary key: its ``(name, value)`` pairs.
@@ -164,6 +161,10 @@ class _NamespacePods:
     irregular: set[Any] = field(default_factory=set)
     """The names of the irregular pods."""
 
+
+#: Most entries of :attr:`WorkloadIndexes.owners` (then it starts over): about one per
+#: ReplicaSet with pods.
+OWNERS_KEPT = 4096
 
 #: The kinds whose objects are also indexed by their controller
 #: (:meth:`WorkloadIndexes.controlled_by`).
@@ -260,13 +261,35 @@ class WorkloadIndexes:
     _node_stamps: dict[str, int] = field(default_factory=dict)
     """node name → the stamp of the last change of the pods bound to it (:meth:`node_stamp`);
     none for a node without pods."""
+    owners: dict[tuple[str, int], tuple[object, str, RawObject, frozenset[WorkloadKey]]] = field(
+        default_factory=dict
+    )
+    """What ``podcost_kube.workloads.workloads_of_pod`` found for the pods of a namespace with
+    one owner references list (by its identity: the informer shares equal lists between pods):
+    that list (kept, so that no other takes its identity), the name of the ReplicaSet it names,
+    that ReplicaSet as the store held it, and the workloads. Good while the store holds that
+    ReplicaSet object (the reader checks); at most :data:`OWNERS_KEPT` entries."""
 
     # --- reading ------------------------------------------------------------------------------
+
+    def _pods_of(self, namespace: str) -> Mapping[str, RawObject]:
+        """The pods of ``namespace`` by name (the store's own map, read-only here)."""
+        return self._objects.get("Pod", {}).get(namespace, {})
 
     def pods_on_node(self, node: str) -> list[RawObject]:
         """The pods bound to ``node`` (any phase), sorted by namespace and name."""
         by_namespace = self._pods_by_node.get(node, {})
-        return [pod for ns in sorted(by_namespace) for pod in by_namespace[ns].pods]
+        return [
+            pod
+            for ns in sorted(by_namespace)
+            for pod in map(self._pods_of(ns).__getitem__, by_namespace[ns].names)
+        ]
+
+    def each_pod_on_node(self, node: str) -> Iterator[RawObject]:
+        """:meth:`pods_on_node`, one at a time: for a reader that may stop after a few."""
+        by_namespace = self._pods_by_node.get(node, {})
+        for ns in sorted(by_namespace):
+            yield from map(self._pods_of(ns).__getitem__, by_namespace[ns].names)
 
     def keyed_pods_on_node(self, node: str) -> list[tuple[str, str, RawObject]]:
         """:meth:`pods_on_node` with each pod's namespace and name (as strings), in that order."""
@@ -274,7 +297,7 @@ class WorkloadIndexes:
         return [
             (ns, name, pod)
             for ns in sorted(by_namespace)
-            for name, pod in zip(by_namespace[ns].names, by_namespace[ns].pods, strict=True)
+            for name, pod in by_namespace[ns].of(self._pods_of(ns))
         ]
 
     def controlled_by(
@@ -324,7 +347,7 @@ class WorkloadIndexes:
         with their names, sorted by name; only when :meth:`pods_indexed`."""
         index = self._pods_by_namespace.get(namespace)
         found = index.by_controller.get((kind, uid)) if index is not None else None
-        return found if found is not None else ()
+        return found.of(self._pods_of(namespace)) if found is not None else ()
 
     def pod_label_sets(
         self, namespace: str
@@ -334,8 +357,9 @@ class WorkloadIndexes:
         :meth:`pods_indexed`."""
         index = self._pods_by_namespace.get(namespace)
         if index is not None:
+            held = self._pods_of(namespace)
             for group in index.by_labels.values():
-                yield group.labels, group.pods
+                yield group.labels, group.pods.of(held)
 
     def pod_label_sets_with(
         self, namespace: str, pairs: Iterable[tuple[str, str]]
@@ -348,9 +372,10 @@ class WorkloadIndexes:
         chosen: set[LabelSet] = set()
         for pair in pairs:
             chosen.update(index.by_pair.get(pair, ()))
+        held = self._pods_of(namespace)
         for labels in chosen:
             group = index.by_labels[labels]
-            yield group.labels, group.pods
+            yield group.labels, group.pods.of(held)
 
     # --- writing (by the cache, on every write) -----------------------------------------------
 
@@ -369,7 +394,7 @@ class WorkloadIndexes:
             on_node = by_namespace.get(key.namespace)
             if on_node is None:
                 on_node = by_namespace[key.namespace] = _SortedPods()
-            on_node.put(key.name, new)
+            on_node.put(key.name)
             self._touch(node)
         index = self._pods_by_namespace.get(key.namespace)
         if index is None:
@@ -383,17 +408,18 @@ class WorkloadIndexes:
             controlled = index.by_controller.get(controller)
             if controlled is None:
                 controlled = index.by_controller[controller] = _SortedPods()
-            controlled.put(key.name, new)
+            controlled.put(key.name)
         group = index.by_labels.get(labels)
         if group is None:
             group = index.by_labels[labels] = _LabelGroup(dict(labels))
             for pair in labels:
                 index.by_pair.setdefault(pair, []).append(labels)
-        group.pods.put(key.name, new)
+        group.pods.put(key.name)
 
     def reindex(self, key: ObjectKey, old: RawObject, new: RawObject) -> bool:
-        """Put ``new`` in the place of ``old`` in every index entry when it goes in the same
-        ones (same node, controller and labels: most updates); whether it did."""
+        """Whether ``new``, stored under ``key`` in the place of ``old``, goes in the same index
+        entries (same node, controller and labels: most updates), which then stay as they are
+        (they hold names); its node's stamp moves on."""
         if key.kind in CONTROLLED_KINDS:
             return _controller_keys(new) == _controller_keys(old)
         if key.kind != "Pod":
@@ -401,26 +427,19 @@ class WorkloadIndexes:
         node = _node_of(key.kind, new)
         if node != _node_of(key.kind, old):
             return False
-        keys = _pod_index_keys(new)
-        if keys is None:
-            return False
         old_meta, new_meta = old.get("metadata"), new.get("metadata")
         same_parts = (
             type(old_meta) is dict
             and type(new_meta) is dict
-            and all(
-                old_meta.get(f) is new_meta.get(f) for f in ("name", "labels", "ownerReferences")
-            )
+            and old_meta.get("name") is new_meta.get("name")
+            and old_meta.get("labels") is new_meta.get("labels")
+            and old_meta.get("ownerReferences") is new_meta.get("ownerReferences")
         )  # what the keys are made of, the same objects (the informer keeps them so): same keys
-        if not same_parts and keys != _pod_index_keys(old):
-            return False
-        index = self._pods_by_namespace[key.namespace]
-        controller, labels = keys
-        index.by_labels[labels].pods.put(key.name, new)
-        if controller is not None:
-            index.by_controller[controller].put(key.name, new)
+        if not same_parts:
+            keys = _pod_index_keys(new)
+            if keys is None or keys != _pod_index_keys(old):
+                return False
         if node is not None:
-            self._pods_by_node[node][key.namespace].put(key.name, new)
             self._touch(node)
         return True
 
@@ -470,7 +489,7 @@ class WorkloadIndexes:
             on_node = by_namespace.get(key.namespace)
             if on_node is not None:
                 on_node.drop(key.name)
-                if not on_node.pods:
+                if not on_node.names:
                     del by_namespace[key.namespace]
             if by_namespace:
                 self._touch(node)
@@ -489,12 +508,12 @@ class WorkloadIndexes:
             if controller is not None and controller in index.by_controller:
                 controlled = index.by_controller[controller]
                 controlled.drop(key.name)
-                if not controlled.pods:
+                if not controlled.names:
                     del index.by_controller[controller]
             group = index.by_labels.get(labels)
             if group is not None:
                 group.pods.drop(key.name)
-                if not group.pods.pods:
+                if not group.pods.names:
                     del index.by_labels[labels]
                     for pair in labels:
                         holding = index.by_pair[pair]

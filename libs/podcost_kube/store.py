@@ -19,7 +19,7 @@ imported from here too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from podcost_kube.objects import (
@@ -36,6 +36,7 @@ from podcost_kube.snapshots import WorkloadIndexes
 __all__ = [
     "Change",
     "ChangeType",
+    "Keep",
     "ObjectKey",
     "RawObject",
     "Store",
@@ -43,6 +44,10 @@ __all__ = [
     "resource_version",
     "same_but_version",
 ]
+
+
+#: What :meth:`Store.apply` keeps of an object, given the version it holds (``None``: none).
+Keep = Callable[[RawObject, RawObject | None], RawObject]
 
 
 def same_but_version(old: RawObject, new: RawObject) -> bool:
@@ -136,7 +141,12 @@ class Store:
     # --- writing ------------------------------------------------------------------------------
 
     def apply(
-        self, kind: str, change_type: ChangeType, obj: RawObject, key: ObjectKey | None = None
+        self,
+        kind: str,
+        change_type: ChangeType,
+        obj: RawObject,
+        key: ObjectKey | None = None,
+        keep: Keep | None = None,
     ) -> Change | None:
         """Apply one watch event; the change it makes, or ``None`` when it changes nothing.
 
@@ -149,6 +159,14 @@ class Store:
         resourceVersion moved on to the event's, so that the store holds the versions the API
         server does. ``key``: ``obj``'s (``object_key``), when
         the caller has it already.
+
+        ``keep``: what the store keeps of ``obj`` (given the version held, ``None`` for a new
+        object), when ``obj`` is not that yet: called only for an update that changes something
+        (never for a duplicate, a deletion or an update that changes nothing), and ``obj``
+        must equal by value what it returns (an informer's decoded pod and ``keep_pod``, which
+        only interns and shares its parts), so that whether anything changed is told from
+        ``obj`` itself. Most pod events change nothing the store keeps (status noise): they
+        then cost a comparison, not the making of a kept version thrown away.
         """
         if key is None:
             key = object_key(kind, obj)
@@ -165,6 +183,8 @@ class Store:
             if same_but_version(old, obj):
                 _move_version(old, version)
                 return None
+        if keep is not None:
+            obj = keep(obj, old)
         self._put(key, old, obj)
         return Change(kind, ChangeType.MODIFIED if old is not None else ChangeType.ADDED, old, obj)
 

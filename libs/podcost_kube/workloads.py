@@ -46,7 +46,7 @@ from podcost_core.tomodel import cost_owner, node_from_json, pod_from_json
 from podcost_kube.objects import DEPLOYMENT as DEPLOYMENT
 from podcost_kube.objects import REPLICASET as REPLICASET
 from podcost_kube.objects import WorkloadKey as WorkloadKey
-from podcost_kube.snapshots import controller_of, metadata, same_object, selector_of
+from podcost_kube.snapshots import OWNERS_KEPT, controller_of, metadata, same_object, selector_of
 from podcost_kube.store import Change, ChangeType, Store
 
 #: Metadata that changes with every write and says nothing about the object.
@@ -71,41 +71,63 @@ def workload_of_replicaset(replicaset: Mapping[str, Any]) -> WorkloadKey:
     return WorkloadKey(namespace, REPLICASET, str(meta.get("name", "")))
 
 
-def workloads_of_pod(store: Store, pod: Mapping[str, Any]) -> set[WorkloadKey]:
+def workloads_of_pod(store: Store, pod: Mapping[str, Any]) -> frozenset[WorkloadKey]:
     """The workloads whose snapshot shows ``pod``.
 
     A pod a ReplicaSet controls belongs to that ReplicaSet's workload (nothing, while the
     ReplicaSet is not in the store: its own arrival touches the workload). A pod no ReplicaSet
     controls (an orphan the ReplicaSet controller may adopt, or a bystander it counts) concerns
     every workload with a live ReplicaSet in the namespace whose selector matches its labels.
+
+    The answer for a controlled pod is kept by the identity of its owner references list, which
+    the informer shares between the pods of a ReplicaSet (``WorkloadIndexes.owners``): the pods
+    of a ReplicaSet, and every version of each, are answered by one lookup while the store holds
+    the same ReplicaSet object. Every pod change asks (and, for a pod landing on or leaving a
+    node, the other pods there: ``node_load_neighbours``).
     """
     meta = metadata(pod)
     namespace = str(meta.get("namespace", ""))
+    refs = meta.get("ownerReferences")
+    owners = store.indexes.owners
+    if type(refs) is list:
+        known = owners.get((namespace, id(refs)))
+        if (
+            known is not None
+            and known[0] is refs
+            and store.get(REPLICASET, namespace, known[1]) is known[2]
+        ):
+            return known[3]
     ref = controller_of(pod)
     if ref is not None and ref.get("kind") == REPLICASET:
-        replicaset = store.get(REPLICASET, namespace, str(ref.get("name", "")))
+        name = str(ref.get("name", ""))
+        replicaset = store.get(REPLICASET, namespace, name)
         if replicaset is None or not same_object(ref, replicaset):
-            return set()
-        return {workload_of_replicaset(replicaset)}
+            return frozenset()
+        found = frozenset({workload_of_replicaset(replicaset)})
+        if type(refs) is list:
+            if len(owners) >= OWNERS_KEPT:
+                owners.clear()
+            owners[(namespace, id(refs))] = (refs, name, replicaset, found)
+        return found
     labels = meta.get("labels") or {}
-    return {
+    return frozenset(
         workload_of_replicaset(replicaset)
         for replicaset in store.objects(REPLICASET, namespace)
         if metadata(replicaset).get("deletionTimestamp") is None
         and selector_matches(selector_of(replicaset), labels)
-    }
+    )
 
 
 def _pod_workloads(
     store: Store, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
-) -> set[WorkloadKey]:
+) -> frozenset[WorkloadKey]:
     """:func:`workloads_of_pod` of both versions of a changed pod, together. What it reads (the
     namespace, the owner references, the labels) is the same objects in both versions when the
     change left them alone (the informer keeps them so, ``keep_pod``): one answer then serves
     both."""
     if old is None or new is None:
         pod = new if new is not None else old
-        return workloads_of_pod(store, pod) if pod is not None else set()
+        return workloads_of_pod(store, pod) if pod is not None else frozenset()
     old_meta, new_meta = metadata(old), metadata(new)
     if all(
         old_meta.get(field) is new_meta.get(field)
@@ -480,8 +502,8 @@ def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
         daemon = any(share is not None and share[0] == node and share[2] for share in (old, new))
         others = 0
         own: dict[WorkloadKey, int] = {}
-        first: set[WorkloadKey] | None = None
-        for pod in store.indexes.pods_on_node(node):
+        first: frozenset[WorkloadKey] | None = None
+        for pod in store.indexes.each_pod_on_node(node):
             share = node_share(pod)
             if share is None or share[0] != node or share[2]:
                 continue

@@ -28,7 +28,9 @@ from podcost_core.kubejson import ConversionError
 from podcost_core.projection import (
     SharedParts,
     decode_pod_line,
+    keep_pod,
     project_pod,
+    slim_decoded_pod,
     slim_managed_fields,
 )
 from podcost_core.tomodel import pod_from_json
@@ -139,6 +141,52 @@ def test_status_noise_is_no_change_and_the_store_keeps_the_version_it_holds() ->
     assert store.get("Pod", *_name(raw)) is held
     assert held is not None
     assert held["metadata"]["resourceVersion"] == "9002"
+
+
+def test_an_event_is_kept_only_when_it_changes_something_the_store_keeps() -> None:
+    # Status noise, a duplicate and a deletion are told from the decoded pod itself: nothing is
+    # kept of them. A change is kept next to the version held.
+    shared = SharedParts()
+    kept_next_to: list[Any] = []
+
+    def keep(pod: dict[str, Any], held: dict[str, Any] | None) -> dict[str, Any]:
+        kept_next_to.append(held)
+        return keep_pod(pod, held, shared, slimmed=True)
+
+    def decoded(text: bytes) -> dict[str, Any]:
+        found = decode_pod_line(text)
+        assert found is not None
+        return slim_decoded_pod({**found[1], "kind": "Pod"})
+
+    store = Store()
+    raw = copy.deepcopy(SERVED[2])
+    assert store.apply("Pod", ChangeType.ADDED, decoded(line("ADDED", raw)), keep=keep)
+    assert kept_next_to == [None]
+    held = store.get("Pod", *_name(raw))
+    raw["metadata"]["resourceVersion"] = "9004"
+    for condition in raw["status"]["conditions"]:
+        if condition["type"] != "Ready":
+            condition["lastProbeTime"] = "2026-01-01T00:00:00Z"  # read by nothing
+    noise = decoded(line("MODIFIED", raw))
+    for event in (noise, noise):  # then the same line again: a duplicate
+        assert store.apply("Pod", ChangeType.MODIFIED, event, keep=keep) is None
+    assert kept_next_to == [None]
+    assert store.get("Pod", *_name(raw)) is held
+    assert held is not None
+    assert held["metadata"]["resourceVersion"] == "9004"
+    raw["metadata"]["resourceVersion"] = "9005"
+    raw["metadata"]["labels"]["tier"] = "gold"
+    change = store.apply("Pod", ChangeType.MODIFIED, decoded(line("MODIFIED", raw)), keep=keep)
+    assert change is not None
+    assert change.old is held
+    assert kept_next_to == [None, held]
+    assert exact(change.new) == exact(whole(raw))
+    assert change.new["spec"] is held["spec"]
+    raw["metadata"]["resourceVersion"] = "9006"
+    gone = store.apply("Pod", ChangeType.DELETED, decoded(line("DELETED", raw)), keep=keep)
+    assert gone is not None
+    assert gone.old is change.new
+    assert kept_next_to == [None, held]
 
 
 def test_a_deleted_pod_leaves_the_store() -> None:
@@ -271,3 +319,26 @@ def test_a_fuzzed_pod_is_kept_or_refused_as_the_whole_line(raw: Any) -> None:
     fast_change = apply_event(next_fast, POD, decode_event(text, "watch", POD), SharedParts())
     assert (whole_change is None) == (fast_change is None)
     assert next_fast.objects("Pod") == next_whole.objects("Pod")
+
+
+def test_a_part_equal_to_one_seen_before_is_taken_without_being_projected_again() -> None:
+    shared = SharedParts()
+    projected: list[Any] = []
+
+    def project(part: Any) -> Any:
+        projected.append(part)
+        return [dict(item) for item in part]
+
+    first = shared.share([{"type": "Ready", "status": "True"}], project)
+    assert projected == [first]
+    again = shared.share([{"type": "Ready", "status": "True"}], project)
+    assert again is first
+    assert projected == [first]
+    other = shared.share([{"type": "Ready", "status": "False"}], project)
+    assert other == [{"type": "Ready", "status": "False"}]
+    assert len(projected) == 2
+    # A part without a key (an int beyond 64 bits) is projected, and not remembered.
+    big = [{"restartCount": 2**70}]
+    assert shared.share(big, project) == big
+    assert len(projected) == 3
+    assert len(shared) == 2

@@ -175,9 +175,9 @@ def test_a_relist_writes_the_store_before_it_builds_a_change_and_keeps_no_key_pe
     assert max(alive) - before <= 1
 
 
-def test_the_pod_indexes_hold_two_pointers_a_pod_in_name_order_not_a_map_by_name() -> None:
+def test_the_pod_indexes_hold_one_pointer_a_pod_its_name_in_order_not_a_map_by_name() -> None:
     # A map by name took 28-36 bytes a pod (its table for 30 pods, outside pymalloc); the
-    # sorted lists of the pods and of their names take 16.
+    # sorted list of their names takes 8, the pods found by name in the store when read.
     names = [f"p{index:02d}" for index in range(30)]
     store = Store()
     owner = [{"kind": "ReplicaSet", "name": "web-1", "uid": "u1", "controller": True}]
@@ -192,19 +192,24 @@ def test_the_pod_indexes_hold_two_pointers_a_pod_in_name_order_not_a_map_by_name
     by_name = dict.fromkeys(names)
     for entry in entries:
         assert entry.names == names
-        assert [p["metadata"]["name"] for p in entry.pods] == names
-        for part in (entry.names, entry.pods):
-            assert sys.getsizeof(part) <= sys.getsizeof([None] * 40) < sys.getsizeof(by_name) / 2
+        assert sys.getsizeof(entry.names) <= sys.getsizeof([None] * 40) < sys.getsizeof(by_name) / 2
     store.apply("Pod", ChangeType.DELETED, pod("p07", "2"))
     on_node = store.indexes.pods_on_node("n1")
     assert [p["metadata"]["name"] for p in on_node] == names[:7] + names[8:]
     assert [name for _, name, _ in store.indexes.keyed_pods_on_node("n1")] == names[:7] + names[8:]
-    # An update that leaves the pod in the same entries takes the old one's place in each.
+    # An update that leaves the pod in the same entries changes none of them, but moves its
+    # node's stamp on; what the entries read is the update.
+    stamp = store.indexes.node_stamp("n1")
+    held = [list(entry.names) for entry in entries]
     update = pod("p03", "3", node="n1", app="web")
     update["metadata"]["ownerReferences"] = owner
     update["status"] = {"phase": "Running"}
     store.apply("Pod", ChangeType.MODIFIED, update)
-    assert all(entry.pods[3] is update for entry in entries)
+    assert [entry.names for entry in entries] == held
+    assert store.indexes.node_stamp("n1") != stamp
+    assert store.indexes.pods_on_node("n1")[3] is update
+    assert dict(store.indexes.pods_controlled_by("ns", "ReplicaSet", "u1"))["p03"] is update
+    assert [dict(pods)["p03"] for _, pods in store.indexes.pod_label_sets("ns")] == [update]
 
 
 # --- watch lines ------------------------------------------------------------------------------

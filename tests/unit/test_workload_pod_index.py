@@ -236,11 +236,18 @@ def outcome(
 
 
 def indexes(store: Store) -> Any:
+    def held(namespace: str) -> dict[str, Any]:
+        return {key.name: store.get("Pod", namespace, key.name) for key in store.keys("Pod")
+                if key.namespace == namespace}  # fmt: skip
+
     return {
         namespace: (
-            {controller: (e.names, e.pods) for controller, e in index.by_controller.items()},
             {
-                labels: (g.labels, g.pods.names, g.pods.pods)
+                controller: list(e.of(held(namespace)))
+                for controller, e in index.by_controller.items()
+            },
+            {
+                labels: (g.labels, list(g.pods.of(held(namespace))))
                 for labels, g in index.by_labels.items()
             },
             set(index.irregular),

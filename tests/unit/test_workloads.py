@@ -47,6 +47,7 @@ from podcost_kube.workloads import (
     resolve_policy,
     touched_by,
     workload_policy,
+    workloads_of_pod,
 )
 
 DATA = Path(__file__).parent / "data"
@@ -988,3 +989,28 @@ def test_a_metadata_change_beyond_the_noise_is_told_apart_from_the_noise(
     assert pod_change_matters(old, new) is matters
     new["status"] = {"phase": "Failed"}
     assert pod_change_matters(old, new)
+
+
+def test_a_pods_workload_is_found_by_its_owner_references_while_its_replicaset_holds() -> None:
+    store = shop()
+    pod = store.get("Pod", NS, "web-1-a")
+    assert pod is not None
+    # Another pod (or version) of the ReplicaSet with the same owner references list, as the
+    # informer shares it: answered from what was found for the first.
+    twin = {**pod, "metadata": {**pod["metadata"], "name": "web-1-z"}}
+    first = workloads_of_pod(store, pod)
+    assert first == {WEB}
+    assert workloads_of_pod(store, twin) is first
+    # The ReplicaSet moves to another Deployment: the answer follows the store, not the memo.
+    replicaset = store.get(REPLICASET, NS, "web-1")
+    assert replicaset is not None
+    moved = bumped(replicaset)
+    moved["metadata"]["ownerReferences"][0]["name"] = "api"
+    store.apply(REPLICASET, ChangeType.MODIFIED, moved)
+    assert workloads_of_pod(store, twin) == {API}
+    # Gone: no workload, nothing kept about it answered.
+    store.apply(REPLICASET, ChangeType.DELETED, moved)
+    assert workloads_of_pod(store, pod) == frozenset()
+    # The same references list in another namespace names another ReplicaSet.
+    elsewhere = {**pod, "metadata": {**pod["metadata"], "namespace": "elsewhere"}}
+    assert workloads_of_pod(store, elsewhere) == frozenset()
