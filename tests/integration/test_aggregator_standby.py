@@ -30,12 +30,11 @@ dead member's changelog partitions hold (their end offsets on the broker):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
-from tests.support.pipeline import fresh_kafka_settings
+from tests.support.pipeline import fresh_kafka_bus
 from tests.support.services import ServiceProcess, chart_policy, chart_specs, processes
 from tests.support.snapshots import snapshot as deployment
 from tests.support.tools import require_helm
@@ -318,22 +317,12 @@ class Takeover:
     seconds: float
 
 
-@contextlib.asynccontextmanager
-async def fresh_bus(bootstrap: str) -> AsyncIterator[KafkaBus]:
-    """A bus over topics of this run's own, of :data:`PARTITIONS` partitions, created."""
-    settings = fresh_kafka_settings(bootstrap, "standby").model_copy(
-        update={"partitions": PARTITIONS}
-    )
-    async with KafkaBus(settings) as bus:
-        topics = settings.topics
-        await bus.ensure_topics([*topics.shared(), topics.costs_for(CLUSTER)])
-        yield bus
-
-
 async def take_over(bootstrap: str, log_dir: Path, standbys: int) -> Takeover:
     """The scenario of the module docstring with ``standbys`` standby replicas, on topics and
     an app id of its own."""
-    async with fresh_bus(bootstrap) as kafka:
+    async with fresh_kafka_bus(
+        bootstrap, "standby", partitions=PARTITIONS, clusters=(CLUSTER,)
+    ) as kafka:
         return await _take_over(kafka, bootstrap, log_dir, standbys)
 
 

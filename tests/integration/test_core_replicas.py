@@ -81,7 +81,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.pipeline import Reader, Runnable, answers_of, fresh_kafka_settings, running
+from tests.support.pipeline import Reader, Runnable, answers_of, fresh_kafka_bus, running
 from tests.support.services import ServiceProcess, ServiceSpec, assert_alive, chart_specs, processes
 from tests.support.snapshots import CLUSTER
 from tests.support.snapshots import snapshot as deployment
@@ -371,12 +371,9 @@ async def twin_decisions(
 
 @pytest.fixture
 async def kafka(kafka_bootstrap: str) -> AsyncIterator[KafkaBus]:
-    settings = fresh_kafka_settings(kafka_bootstrap, "replicas").model_copy(
-        update={"partitions": PARTITIONS}
-    )
-    async with KafkaBus(settings) as bus:
-        topics = settings.topics
-        await bus.ensure_topics([*topics.shared(), topics.costs_for(CLUSTER)])
+    async with fresh_kafka_bus(
+        kafka_bootstrap, "replicas", partitions=PARTITIONS, clusters=(CLUSTER,)
+    ) as bus:
         yield bus
 
 

@@ -5,7 +5,8 @@ real-broker ones (``tests/integration/test_ranker_aggregator.py``): the same ser
 helpers, only the bus differs. ``running`` starts services as tasks and stops them at the end
 (a service that failed fails the test), ``Reader`` reads a topic as its own consumer group, and
 ``expected_costs`` is what the pipeline must decide, computed directly with ``rank`` and
-``label_costs``; ``fresh_kafka_settings`` points a test at topics of its own on the real broker.
+``label_costs``; ``fresh_kafka_settings`` points a test at topics of its own on the real broker,
+and ``fresh_kafka_bus`` opens a bus over them with the topics created.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, Generic, Protocol, TypeVar
 
-from podcost_bus import Bus, BusSettings, Consumer, Record
+from podcost_bus import Bus, BusSettings, Consumer, KafkaBus, Record
 from podcost_contracts.messages import (
     Message,
     StrategyRanksBatchMessage,
@@ -49,6 +50,19 @@ def fresh_kafka_settings(bootstrap: str, prefix: str) -> BusSettings:
         partitions=2,
         session_timeout_ms=6000,
     )
+
+
+@asynccontextmanager
+async def fresh_kafka_bus(
+    bootstrap: str, prefix: str, *, partitions: int, clusters: tuple[str, ...] = ()
+) -> AsyncIterator[KafkaBus]:
+    """A bus over topics of this run's own (:func:`fresh_kafka_settings`) of ``partitions``
+    partitions, with the shared topics and each of ``clusters``' costs topic created."""
+    settings = fresh_kafka_settings(bootstrap, prefix).model_copy(update={"partitions": partitions})
+    async with KafkaBus(settings) as bus:
+        topics = settings.topics
+        await bus.ensure_topics([*topics.shared(), *map(topics.costs_for, clusters)])
+        yield bus
 
 
 class Runnable(Protocol):
