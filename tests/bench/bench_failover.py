@@ -79,6 +79,9 @@ class Row:
     fill_s: float
     kill: Outcome
     add: Outcome
+    load: float
+    """The machine's load average (5 minutes) at the end of the scenario: the times are wall
+    clock, so a busy machine lengthens them."""
 
 
 def fill_snapshots(count: int, pods: int) -> list[Snapshot]:
@@ -280,7 +283,7 @@ async def scenario(bootstrap: str, count: int, standbys: int, pods: int, partiti
         finally:
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)
-    return Row(count, standbys, fill, killed, added)
+    return Row(count, standbys, fill, killed, added, os.getloadavg()[1])
 
 
 def seconds(value: float | None) -> str:
@@ -290,15 +293,16 @@ def seconds(value: float | None) -> str:
 def table(rows: list[Row]) -> str:
     lines = [
         "| workloads | standbys | kill: noticed / ready / decides (s) | recovering peak (s) | "
-        "survivor CPU, RSS | add: ready / decides (s) |",
-        "|---:|---:|---|---:|---|---|",
+        "survivor CPU, RSS | add: ready / decides (s) | load (5 min) |",
+        "|---:|---:|---|---:|---|---|---:|",
     ]
     for row in rows:
         k, a = row.kill, row.add
         lines.append(
             f"| {row.workloads:,} | {row.standbys} | {seconds(k.noticed_s)} / "
             f"{seconds(k.ready_s)} / {seconds(k.decides_s)} | {k.recovering_peak_s:.0f} | "
-            f"{k.cpu:.0%}, {k.rss_mib:.0f} MiB | {seconds(a.ready_s)} / {seconds(a.decides_s)} |"
+            f"{k.cpu:.0%}, {k.rss_mib:.0f} MiB | {seconds(a.ready_s)} / {seconds(a.decides_s)} | "
+            f"{row.load:.0f} |"
         )
     return "\n".join(lines)
 
@@ -353,6 +357,7 @@ def main() -> None:
                 f"kill -> every partition decides again {seconds(row.kill.decides_s)} s "
                 f"(noticed {seconds(row.kill.noticed_s)} s, ready {seconds(row.kill.ready_s)} s)",
                 f"member added -> decides {seconds(row.add.decides_s)} s",
+                f"load average {row.load:.0f} (5 min) at the end of the run",
             ],
             variant=f"{row.workloads}-standby-{row.standbys}{session and '-session'}",
         )
