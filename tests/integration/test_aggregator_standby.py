@@ -44,6 +44,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka import TopicPartition as KafkaTopicPartition
 from tests.support.pipeline import fresh_kafka_bus
 from tests.support.services import ServiceProcess, chart_policy, chart_specs, processes
+from tests.support.snapshots import reshuffled
 from tests.support.snapshots import snapshot as deployment
 from tests.support.tools import require_helm
 
@@ -65,7 +66,7 @@ from podcost_core.aggregate import (
     PolicyResolver,
     WorkloadState,
 )
-from podcost_core.model import DELETION_COST_ANNOTATION, NodeName, PodUID, QoSClass, Snapshot
+from podcost_core.model import PodUID, Snapshot
 from podcost_core.strategies.registry import default_registry
 
 pytestmark = pytest.mark.integration
@@ -113,24 +114,7 @@ def version_of(name: str, version: int) -> Snapshot:
     other priorities, restarts and current costs, so that each version decides otherwise."""
     base = deployment(name, pods=PODS, nodes=NODES, version=version, seed=int(name.split("-")[1]))
     base = replace(base, workload=replace(base.workload, cluster=CLUSTER))
-    rng = random.Random(f"{name}/{version}")
-    nodes = sorted(base.nodes)
-    costs = rng.sample(range(-PODS, PODS), PODS)
-    pods = tuple(
-        replace(
-            pod,
-            node=NodeName(nodes[rng.randrange(len(nodes))]),
-            restarts=rng.randrange(4),
-            ready_since=base.taken_at - rng.randrange(600, 200_000),
-            priority=rng.choice((0, 1000, 2000)),
-            qos=rng.choice((QoSClass.BURSTABLE, QoSClass.GUARANTEED, QoSClass.BEST_EFFORT)),
-            annotations={DELETION_COST_ANNOTATION: str(cost)},
-            deletion_cost=cost,
-            deletion_cost_raw=str(cost),
-        )
-        for pod, cost in zip(base.pods, costs, strict=True)
-    )
-    return replace(base, pods=pods)
+    return reshuffled(base, random.Random(f"{name}/{version}"))
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ from typing import Any
 import pytest
 from tests.support.pipeline import Reader, Runnable, answers_of, fresh_kafka_bus, running
 from tests.support.services import ServiceProcess, ServiceSpec, assert_alive, chart_specs, processes
-from tests.support.snapshots import CLUSTER
+from tests.support.snapshots import CLUSTER, reshuffled
 from tests.support.snapshots import snapshot as deployment
 from tests.support.tools import require_helm
 
@@ -98,7 +98,7 @@ from podcost_contracts.messages import (
     WorkloadSnapshotMessage,
     decode,
 )
-from podcost_core.model import DELETION_COST_ANNOTATION, NodeName, QoSClass, Snapshot
+from podcost_core.model import Snapshot
 
 pytestmark = pytest.mark.integration
 
@@ -143,24 +143,7 @@ def workload_snapshot(index: int, version: int, seed: int = 0) -> Snapshot:
     between nodes, restarted, re-prioritised and carrying other current costs, so that every
     strategy's answer and the decision change between versions. Deterministic for a ``seed``."""
     base = deployment(f"web-{index:02d}", pods=PODS, nodes=NODES, version=version, seed=index)
-    rng = random.Random(f"{seed}/{index}/{version}")
-    nodes = sorted(base.nodes)
-    costs = rng.sample(range(-PODS, PODS), PODS)
-    pods = tuple(
-        replace(
-            pod,
-            node=NodeName(nodes[rng.randrange(len(nodes))]),
-            restarts=rng.randrange(4),
-            ready_since=base.taken_at - rng.randrange(600, 200_000),
-            priority=rng.choice((0, 1000, 1000, 2000)),
-            qos=rng.choice((QoSClass.BURSTABLE, QoSClass.GUARANTEED, QoSClass.BEST_EFFORT)),
-            annotations={DELETION_COST_ANNOTATION: str(cost)},
-            deletion_cost=cost,
-            deletion_cost_raw=str(cost),
-        )
-        for pod, cost in zip(base.pods, costs, strict=True)
-    )
-    return replace(base, pods=pods)
+    return reshuffled(base, random.Random(f"{seed}/{index}/{version}"), (0, 1000, 1000, 2000))
 
 
 def essence(decision: DesiredCostsMessage) -> Essence:

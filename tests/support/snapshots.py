@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from dataclasses import replace
 
 from podcost_core.model import (
     DELETION_COST_ANNOTATION,
@@ -109,6 +110,32 @@ def snapshot(
         version=version,
         taken_at=CREATED + 3600,
     )
+
+
+def reshuffled(
+    base: Snapshot, rng: random.Random, priorities: tuple[int, ...] = (0, 1000, 2000)
+) -> Snapshot:
+    """``base``'s pods (same uids) moved between its nodes, restarted, re-prioritised (one of
+    ``priorities`` each) and carrying other current costs, drawn from ``rng``: another version
+    of the same workload, on which every strategy's answer and the decision change."""
+    pods_count = len(base.pods)
+    nodes = sorted(base.nodes)
+    costs = rng.sample(range(-pods_count, pods_count), pods_count)
+    pods = tuple(
+        replace(
+            pod,
+            node=NodeName(nodes[rng.randrange(len(nodes))]),
+            restarts=rng.randrange(4),
+            ready_since=base.taken_at - rng.randrange(600, 200_000),
+            priority=rng.choice(priorities),
+            qos=rng.choice((QoSClass.BURSTABLE, QoSClass.GUARANTEED, QoSClass.BEST_EFFORT)),
+            annotations={DELETION_COST_ANNOTATION: str(cost)},
+            deletion_cost=cost,
+            deletion_cost_raw=str(cost),
+        )
+        for pod, cost in zip(base.pods, costs, strict=True)
+    )
+    return replace(base, pods=pods)
 
 
 def large_snapshot(pods: int = 10_000, nodes: int = 500) -> Snapshot:
