@@ -6,7 +6,8 @@ client library leaves it (records become ``Record``, errors become ``BusError`` 
 ``retriable`` verdict).
 
 Producer: ``acks=all`` and idempotence (no duplicate or reordered records from the producer's own
-retries), batching with a short linger, zstd batch compression (``PODCOST_KAFKA_COMPRESSION``).
+retries), batching with a short linger, zstd batch compression (``PODCOST_KAFKA_COMPRESSION``; with
+contexts kept between batches, ``podcost_bus.codec``).
 Consumer: a group member with ``enable_auto_commit=False``; offsets move only when the caller
 commits what it has processed, so delivery is at least once. Pausing a consumer keeps it polling
 (so the group does not evict it) while nothing is delivered, also for partitions assigned while
@@ -42,6 +43,7 @@ from aiokafka.errors import (
 from aiokafka.helpers import create_ssl_context
 from aiokafka.partitioner import murmur2
 
+from podcost_bus import codec
 from podcost_bus.protocol import (
     BusError,
     Delivery,
@@ -53,6 +55,10 @@ from podcost_bus.protocol import (
 )
 from podcost_bus.settings import BusSettings
 from podcost_contracts.topic_contract import TopicDrift, drift
+
+# Every producer and consumer of the process, faust's included, reads and writes zstd batches with
+# kept contexts instead of a new one a batch (podcost_bus.codec).
+codec.install()
 
 log = logging.getLogger(__name__)
 

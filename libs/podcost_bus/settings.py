@@ -38,11 +38,11 @@ Environment variables (defaults in brackets):
   ``PODCOST_TOPIC_DEADLETTER``: the topic names [podcost.workloads, podcost.ranks,
   podcost.costs, podcost.deadletter]
 
-Batch compression is zstd by default, with aiokafka's ``zstd`` extra (cramjam), at aiokafka's
-level (3, the broker's default). Over the records podcost sends it takes from a fifteenth (a
-ranker's batch of 100 answers, 64 KB already gzipped) to a third (a 25-pod snapshot) of the CPU
-of aiokafka's gzip (level 9, which aiokafka does not let a producer change), and 85 % on a single
-small answer, for the same bytes; consumers decode it faster too
+Batch compression is zstd by default, at aiokafka's level (3, the broker's default), with
+contexts kept between batches (``podcost_bus.codec``; aiokafka's own codec sets one up for every
+batch, which is most of the cost of a small one). Over the records podcost sends it takes from a
+tenth to a thirtieth of the CPU of aiokafka's gzip (level 9, which aiokafka does not let a
+producer change) for the same bytes, and consumers decode it in a few microseconds a batch
 (``tests/bench/bench_compression.py``). Most large values are gzipped one by one already
 (``podcost_contracts.messages.encode``), so a batch codec gains little on them and its cost is
 what matters; small records (a few pods' snapshot, a single answer) it compresses as well as
