@@ -372,7 +372,8 @@ async def fleet_step(
 
 def describe_floors(step: Step, floors: CoreFloors, strategies: Mapping[str, int]) -> str:
     """The core's CPU per event, per snapshot and per decision beside its floors (``floors``):
-    the same work in one process without Kafka."""
+    the same work in one process without Kafka, per snapshot as the floors are measured (fewer
+    decisions are published than snapshots taken in)."""
     assert step.usage is not None
     events = step.events_per_s
     snapshots = step.per_second(lambda s: s.snapshots)
@@ -389,9 +390,10 @@ def describe_floors(step: Step, floors: CoreFloors, strategies: Mapping[str, int
         f"      core CPU per event {core / events * 1e3:.3f} ms (floor {floor_per_event * 1e3:.3f} "
         f"ms: {ratio(core / events, floor_per_event)}); per snapshot: rankers "
         f"{rankers / snapshots * 1e3:.3f} ms (floor, each decoding and scoring: "
-        f"{ranker_floor * 1e3:.3f} ms, {ratio(rankers / snapshots, ranker_floor)}), aggregator per "
-        f"decision {aggregator / decisions * 1e3:.3f} ms (floor: combine + labels "
-        f"{floors.aggregator * 1e3:.3f} ms, {ratio(aggregator / decisions, floors.aggregator)})"
+        f"{ranker_floor * 1e3:.3f} ms, {ratio(rankers / snapshots, ranker_floor)}), aggregator "
+        f"{aggregator / snapshots * 1e3:.3f} ms (floor: combine + labels "
+        f"{floors.aggregator * 1e3:.3f} ms, {ratio(aggregator / snapshots, floors.aggregator)}); "
+        f"aggregator per decision published {aggregator / decisions * 1e3:.3f} ms"
     )
 
 
