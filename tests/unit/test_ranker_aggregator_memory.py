@@ -58,7 +58,9 @@ from podcost_contracts.messages import (
     Encoded,
     MessageTooLarge,
     RankedWorkload,
+    RanksBatchMessage,
     ReleaseCostsMessage,
+    StrategyAnswer,
     StrategyRanksBatchMessage,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
@@ -419,8 +421,9 @@ async def test_a_batch_that_does_not_fit_is_halved_and_an_answer_too_large_alone
     assert letter.reason.startswith("the ranks do not fit in a record")
 
 
+@pytest.mark.parametrize("several", [False, True], ids=["one strategy", "several strategies"])
 async def test_a_batch_of_answers_with_a_workload_of_another_partition_is_dead_lettered(
-    world: World,
+    world: World, several: bool
 ) -> None:
     here = world.bus.partition_of(SNAPSHOT.workload.key.encode())
     other = next(  # a workload the bus puts in another partition
@@ -436,7 +439,17 @@ async def test_a_batch_of_answers_with_a_workload_of_another_partition_is_dead_l
                        scores={pod.uid: 1.0 for pod in item.pods}, duration_seconds=0.0)
         for item in (SNAPSHOT, other)
     )  # fmt: skip
-    forged = StrategyRanksBatchMessage(strategy=AGE, answers=answers, emitted_at=START)
+    forged: StrategyRanksBatchMessage | RanksBatchMessage = (
+        RanksBatchMessage(
+            answers=tuple(
+                StrategyAnswer(strategy=strategy, **answer.model_dump())
+                for strategy, answer in zip((CAP, AGE), answers, strict=True)
+            ),
+            emitted_at=START,
+        )
+        if several
+        else StrategyRanksBatchMessage(strategy=AGE, answers=answers, emitted_at=START)
+    )
     combiner = world.aggregator()
     async with (
         running(world.ranker(CAP), world.ranker(AGE), combiner),
