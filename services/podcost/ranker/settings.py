@@ -11,6 +11,11 @@ Variables (defaults in brackets), all prefixed ``PODCOST_RANKER_``:
 - ``GROUP``: the prefix of the consumer groups; the rankers of strategy NAME join
   ``<GROUP>-NAME`` and share the workloads topic's partitions [podcost-ranker]. Two
   deployments (or two tests) reading the same broker keep apart by giving each its own.
+- ``COMBINE_STRATEGIES``: in a process of several strategies' rankers, publish their answers to
+  the same records together, one ``ranks-batch`` record per partition, instead of a
+  ``strategy-ranks-batch`` record per strategy [true]. An aggregator older than the
+  ``ranks-batch`` kind cannot read those: set it to false while one may still read the ranks
+  topic.
 """
 
 from __future__ import annotations
@@ -33,6 +38,14 @@ class RankerSettings(BaseSettings):
         max_length=180,
         pattern=r"^[a-zA-Z0-9._-]+$",
         description="The consumer group prefix: the rankers of NAME join <group>-NAME.",
+    )
+
+    combine_strategies: bool = Field(
+        default=True,
+        description="In a process of several strategies' rankers, publish their answers to the "
+        "same records in one ranks-batch record per partition rather than a "
+        "strategy-ranks-batch record per strategy. Set it to false while an aggregator of a "
+        "release without the ranks-batch kind may read the ranks topic.",
     )
 
     def group_for(self, strategy: str) -> str:
