@@ -74,7 +74,7 @@ def ranker_command(
     families = Families() if shared else None
     # One record per partition for every strategy's answers to the same snapshots.
     outbox = (
-        shared_outbox(settings, bus_settings, bus=bus, families=families)
+        shared_outbox(settings, bus_settings, bus=bus, families=families, config=config)
         if shared and config.combine_strategies
         else None
     )

@@ -11,12 +11,12 @@ those workloads reads it. A record of one strategy's answers is a ``StrategyRank
 (what a ranker alone publishes, always), one of several strategies' a ``RanksBatchMessage``.
 
 Shared by several strategies, it publishes what is pending once every strategy of the process
-has handed over what it read since the last records went out, or :data:`LINGER_S` after the
-first pending answer, whichever comes first. The strategies read the same records (each in its
-own consumer group) at about the same time, so one record then carries every strategy's answers
-to them: each record costs its fixed price (encode, produce and acknowledgement here; fetch,
-decode and faust's per-event path in the aggregator; a record on the broker) once instead of
-once per strategy.
+has handed over what it read since the last records went out, or a linger (:data:`LINGER_S`
+by default) after the first pending answer, whichever comes first. The strategies read the same
+records (each in its own consumer group) at about the same time, so one record then carries
+every strategy's answers to them: each record costs its fixed price (encode, produce and
+acknowledgement here; fetch, decode and faust's per-event path in the aggregator; a record on
+the broker) once instead of once per strategy.
 
 Every answer's fate goes back to the ranker that handed it: acknowledged, or refused for good
 (it does not fit in a record alone, or the bus refuses its record after the transient errors
@@ -62,10 +62,11 @@ BATCH_MAX_BYTES = 256 * 1024
 #: About what one pod's score takes in a batch's JSON (a uid of 36 characters and a float).
 _BYTES_PER_SCORE = 64
 #: How long a shared outbox holds the first pending answer for the other strategies' answers to
-#: the same records. Their consumers fetch the same records within a few milliseconds of each
-#: other, and rank them interleaved on one event loop; each ranker waits this long at most per
-#: poll, before its commit, which a trickle does not feel (the aggregator's deadline is seconds).
-LINGER_S = 0.005
+#: the same records, unless told otherwise (``PODCOST_RANKER_LINGER_MS``). Their consumers
+#: fetch the same records within a few milliseconds of each other, and rank them interleaved on
+#: one event loop; each ranker waits this long at most per poll, before its commit, which a
+#: trickle does not feel (the aggregator's deadline is seconds).
+LINGER_S = 0.020
 
 T = TypeVar("T")
 
@@ -166,7 +167,7 @@ class RanksOutbox:
     """The ranks records of one process's rankers (see the module docstring).
 
     ``metrics``: where the records published are counted (``podcost_messages_produced``);
-    ``linger_s``: :data:`LINGER_S` unless a test asks otherwise."""
+    ``linger_s``: the most seconds the first pending answer waits for the other strategies'."""
 
     def __init__(
         self,

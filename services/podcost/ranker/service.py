@@ -394,6 +394,7 @@ def shared_outbox(
     bus: Bus,
     families: Families | None = None,
     clock: Clock | None = None,
+    config: RankerSettings | None = None,
 ) -> RanksOutbox:
     """The outbox the rankers of several strategies in one process share (``podcost ranker
     --strategy A --strategy B``): their answers to the same records go out in one record. Its
@@ -402,4 +403,5 @@ def shared_outbox(
         bus, bus_settings.topics.ranks, metrics=Metrics("rankers", families),
         clock=clock if clock is not None else WallClock(),
         partition_of=key_partitioner(bus, bus_settings), backoff=settings.backoff(),
+        linger_s=(config if config is not None else RankerSettings()).linger_ms / 1000,
     )  # fmt: skip

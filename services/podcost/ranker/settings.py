@@ -16,6 +16,8 @@ Variables (defaults in brackets), all prefixed ``PODCOST_RANKER_``:
   ``strategy-ranks-batch`` record per strategy [true]. An aggregator older than the
   ``ranks-batch`` kind cannot read those: set it to false while one may still read the ranks
   topic.
+- ``LINGER_MS``: how long those answers wait for the other strategies' answers to the same
+  records before they go out without them [20].
 """
 
 from __future__ import annotations
@@ -46,6 +48,17 @@ class RankerSettings(BaseSettings):
         "same records in one ranks-batch record per partition rather than a "
         "strategy-ranks-batch record per strategy. Set it to false while an aggregator of a "
         "release without the ranks-batch kind may read the ranks topic.",
+    )
+
+    linger_ms: int = Field(
+        default=20,
+        ge=0,
+        le=10_000,
+        description="In a process of several strategies' rankers, the most milliseconds a "
+        "strategy's answers wait for the others' answers to the same records (they go out as "
+        "soon as every strategy has answered). Each strategy's consumers fetch the same "
+        "records at about the same time; a longer wait combines more answers when the "
+        "machine is loaded, at the price of that much latency per poll.",
     )
 
     def group_for(self, strategy: str) -> str:
