@@ -17,7 +17,8 @@ process then publishes snapshots of ``--workloads`` Deployments of ``--pods`` po
 ``--seconds``, one workload after another with growing versions: the trickle a core serving
 many quiet clusters sees (``bench_fleet`` at N = 50 and 400 events/s made about 150 snapshots/s).
 Measured: the ranker processes' CPU (``/proc``) from the first snapshot until every strategy has
-consumed every snapshot, per snapshot, and the rate they ranked at (snapshots ranked by every
+consumed every snapshot, per snapshot, the records they published on the ranks topic per
+snapshot, and the rate they ranked at (snapshots ranked by every
 strategy per second, from the first snapshot offered to the last one ranked); beside it the
 floor (``floors.core_floors``: each ranker's decode and strategy, in one process without Kafka)
 and the ratio. The machine's load and what its cores did meanwhile are printed: the ratio, not
@@ -100,6 +101,13 @@ async def bench(brokers: str, args: argparse.Namespace) -> None:
                         got += procs.consumed(metrics, settings.topic_workloads)
                     return got
 
+                async def published() -> float:
+                    """Records the rankers published on the ranks topic."""
+                    got = 0.0
+                    for process in running.values():
+                        got += procs.produced(await process.metrics(), settings.topic_ranks)
+                    return got
+
                 wanted = count * groups
                 deadline = time.monotonic() + args.drain_seconds
                 while (done := await consumed()) < wanted:
@@ -109,6 +117,7 @@ async def bench(brokers: str, args: argparse.Namespace) -> None:
                     await asyncio.sleep(0.5)
                 elapsed = time.monotonic() - started
                 used = cpu.stop(elapsed)
+                records = await published()
     finally:
         await bus.stop()
     seconds = sum(share for share, _ in used.values()) * elapsed
@@ -121,6 +130,10 @@ async def bench(brokers: str, args: argparse.Namespace) -> None:
         f"{args.rate:,.0f}/s over {offered_s:.1f}s, {ranked:,.0f} ranked by every strategy "
         f"{elapsed - offered_s:.1f}s after: {ranked / elapsed:,.0f} snapshots/s; load average "
         f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
+    print(
+        f"  ranks records {records:,.0f}: {records / max(ranked, 1.0):.3f} per snapshot ranked "
+        f"(what the aggregator fetches and steps through)"
     )
     print(procs.describe_usage(used, indent="    "))
     if cpu.machine is not None:
