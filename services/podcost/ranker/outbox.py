@@ -61,12 +61,14 @@ BATCH_MAX_ANSWERS = 100
 BATCH_MAX_BYTES = 256 * 1024
 #: About what one pod's score takes in a batch's JSON (a uid of 36 characters and a float).
 _BYTES_PER_SCORE = 64
-#: How long a shared outbox holds the first pending answer for the other strategies' answers to
-#: the same records, unless told otherwise (``PODCOST_RANKER_LINGER_MS``). Their consumers
-#: fetch the same records within a few milliseconds of each other, and rank them interleaved on
-#: one event loop; each ranker waits this long at most per poll, before its commit, which a
-#: trickle does not feel (the aggregator's deadline is seconds).
-LINGER_S = 0.020
+#: How long a shared outbox holds the first pending answer for the other strategies' answers,
+#: unless told otherwise (``PODCOST_RANKER_LINGER_MS``). At a trickle some strategy's consumer
+#: is often still waiting for its next fetch when the others have answered, so this paces the
+#: process's polls: at 150 snapshots/s over three partitions, 20 ms gave 0.4-0.5 ranks records
+#: a snapshot, 50 ms 0.24, 100 ms 0.19 (``bench_rankers --rankers shared --aggregator``). Each
+#: ranker waits this long at most per poll, before its commit: latency a trickle hardly feels
+#: (the watcher debounces 0.2 s, the aggregator's deadline is seconds).
+LINGER_S = 0.050
 
 T = TypeVar("T")
 

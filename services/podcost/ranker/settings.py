@@ -17,13 +17,15 @@ Variables (defaults in brackets), all prefixed ``PODCOST_RANKER_``:
   ``ranks-batch`` kind cannot read those: set it to false while one may still read the ranks
   topic.
 - ``LINGER_MS``: how long those answers wait for the other strategies' answers to the same
-  records before they go out without them [20].
+  records before they go out without them [50].
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from podcost.ranker.outbox import LINGER_S
 
 ENV_PREFIX = "PODCOST_RANKER_"
 DEFAULT_GROUP = "podcost-ranker"
@@ -51,14 +53,14 @@ class RankerSettings(BaseSettings):
     )
 
     linger_ms: int = Field(
-        default=20,
+        default=round(LINGER_S * 1000),
         ge=0,
         le=10_000,
         description="In a process of several strategies' rankers, the most milliseconds a "
         "strategy's answers wait for the others' answers to the same records (they go out as "
-        "soon as every strategy has answered). Each strategy's consumers fetch the same "
-        "records at about the same time; a longer wait combines more answers when the "
-        "machine is loaded, at the price of that much latency per poll.",
+        "soon as every strategy has answered). At a trickle some strategy's consumer often "
+        "waits for its next fetch, so this sets how many snapshots a poll and its records "
+        "gather: a longer wait, fewer records and polls, at the price of that much latency.",
     )
 
     def group_for(self, strategy: str) -> str:
