@@ -302,3 +302,27 @@ async def test_once_every_strategy_stopped_what_awaits_its_acknowledgement_is_ab
         box.leave(CAP)  # its ranker stopped (it never committed those offsets)
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(waiting, WITHIN)
+
+
+async def test_an_unexpected_failure_while_sending_fails_every_waiting_strategy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bus = MemoryBus()
+    box = outbox(bus, CAP, AGE)
+    [name] = same_partition(bus, 1)
+
+    def broken(message: Any, **kwargs: Any) -> Encoded:
+        raise RuntimeError("a defect in the encoder")
+
+    monkeypatch.setattr(outbox_module, "encode", broken)
+    async with leak_check():
+        results = await asyncio.wait_for(
+            asyncio.gather(
+                box.publish(CAP, [ranked(name)]),
+                box.publish(AGE, [ranked(name)]),
+                return_exceptions=True,
+            ),
+            WITHIN,
+        )
+    assert [str(result) for result in results] == ["a defect in the encoder"] * 2
+    assert not bus.records(TOPIC)

@@ -290,6 +290,13 @@ class RanksOutbox:
             for entry in entries:
                 entry.fate.cancel()
             raise
+        except Exception as error:  # a defect: each waiting ranker fails with it, none hangs
+            for _, _, ack in queued:
+                if inspect.iscoroutine(ack):
+                    ack.close()
+            for entry in entries:
+                if not entry.fate.done():
+                    entry.fate.set_exception(error)
 
     async def _delivered(self, encoded: Encoded, ack: Awaitable[Delivery] | None) -> Refusal | None:
         """Wait for a record's acknowledgement; publish it again while the error is transient;
