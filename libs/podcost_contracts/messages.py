@@ -641,16 +641,73 @@ class StrategyRanksBatchMessage(Message):
         )
 
 
+class StrategyAnswer(RankedWorkload):
+    """One answer inside a :class:`RanksBatchMessage`: a :class:`RankedWorkload` that names
+    its strategy."""
+
+    strategy: StrategyName
+    """The registered strategy name of this answer, e.g. ``capacity-type``."""
+
+
+class RanksBatchMessage(Message):
+    """The answers of several strategies for workloads of one partition (topic ``ranks``).
+
+    What a process running several strategies' rankers publishes (``podcost ranker --strategy A
+    --strategy B``): per partition of the workloads answered, one record holding the answers
+    every strategy of the process had pending, instead of one :class:`StrategyRanksBatchMessage`
+    per strategy. The same rules as that batch: keyed by its first answer's workload, every
+    answer of a workload of the record's partition (the aggregator dead-letters the record
+    otherwise), in the order each strategy read the snapshots.
+    """
+
+    KIND: ClassVar[str] = "ranks-batch"
+
+    schema_version: Literal[1] = 1
+    answers: tuple[StrategyAnswer, ...] = Field(min_length=1)
+    """Each strategy's answers in the order it read the snapshots (a workload may appear more
+    than once: for several strategies, or for successive versions)."""
+    emitted_at: float
+    """When the process published it (POSIX seconds)."""
+
+    def record_key(self) -> bytes:
+        return self.answers[0].key.encode()
+
+    def messages(self) -> tuple[StrategyRanksMessage, ...]:
+        """Each answer as the :class:`StrategyRanksMessage` it stands for."""
+        return tuple(
+            StrategyRanksMessage.model_construct(
+                schema_version=1,
+                key=answer.key,
+                version=answer.version,
+                strategy=answer.strategy,
+                scores=answer.scores,
+                duration_seconds=answer.duration_seconds,
+                emitted_at=self.emitted_at,
+                changed_at=answer.changed_at,
+            )
+            for answer in self.answers
+        )
+
+
+#: What a record of the ranks topic may hold (:func:`decode_ranks_record`).
+RanksRecord = StrategyRanksMessage | StrategyRanksBatchMessage | RanksBatchMessage
+
+
 def decode_ranks_record(
     value: bytes, headers: Mapping[str, bytes] | None = None, *, key: str | bytes | None = None
-) -> StrategyRanksMessage | StrategyRanksBatchMessage:
-    """A record of the ranks topic: a :class:`StrategyRanksBatchMessage` when its
-    ``podcost-schema`` header says so (what rankers publish), else a
-    :class:`StrategyRanksMessage` (one answer, what rankers published before batches). See
-    :func:`decode`, whose :class:`DecodeError` it raises."""
+) -> RanksRecord:
+    """A record of the ranks topic, by its ``podcost-schema`` header: a
+    :class:`RanksBatchMessage` (several strategies' answers, what a process of several rankers
+    publishes), a :class:`StrategyRanksBatchMessage` (one strategy's answers, what a ranker
+    alone in its process publishes), else a :class:`StrategyRanksMessage` (one answer, what
+    rankers published before batches). See :func:`decode`, whose :class:`DecodeError` it
+    raises."""
     raw = (headers or {}).get(SCHEMA_HEADER, b"")
-    if raw.decode("ascii", "replace").partition("/")[0] == StrategyRanksBatchMessage.KIND:
+    kind = raw.decode("ascii", "replace").partition("/")[0]
+    if kind == StrategyRanksBatchMessage.KIND:
         return decode(StrategyRanksBatchMessage, value, headers, key=key)
+    if kind == RanksBatchMessage.KIND:
+        return decode(RanksBatchMessage, value, headers, key=key)
     return decode(StrategyRanksMessage, value, headers, key=key)
 
 

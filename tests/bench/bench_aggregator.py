@@ -19,6 +19,11 @@ meanwhile (decisions per CPU-second are less disturbed by other work on the mach
 the faust engine, how many changelog records the tables wrote. Then it reads every decision back
 and says how many workloads were decided, how many completely.
 
+``--answers-per-record K`` puts each strategy's answers to ``K`` snapshots in a record (a
+ranker's batch); with ``--combined``, every strategy's answers to those ``K`` snapshots share
+one ``ranks-batch`` record, as rankers sharing a process publish them: what the aggregator
+saves on records of the same answers.
+
 ``--profile FILE`` writes cProfile stats of the run (the aggregator's process is this one).
 
 ``--stages`` also prints where the process's CPU went per decision: the CPU of the processor's
@@ -90,6 +95,8 @@ from podcost_contracts.messages import (
     TRACEPARENT,
     DesiredCostsMessage,
     RankedWorkload,
+    RanksBatchMessage,
+    StrategyAnswer,
     StrategyRanksBatchMessage,
     StrategyRanksMessage,
     WorkloadSnapshotMessage,
@@ -152,22 +159,32 @@ def answers(snapshots: list[Snapshot]) -> list[StrategyRanksMessage]:
 
 
 def batched(
-    ranks: list[StrategyRanksMessage], per_record: int, partitions: int
-) -> list[StrategyRanksMessage | StrategyRanksBatchMessage]:
+    ranks: list[StrategyRanksMessage], per_record: int, partitions: int, combined: bool = False
+) -> list[StrategyRanksMessage | StrategyRanksBatchMessage | RanksBatchMessage]:
     """The records rankers publish for ``ranks``: per partition of the snapshots, each ranker
     answers the same ``per_record`` snapshots in a record of its own, and the rankers' records
     for those snapshots follow one another, as rankers reading the same backlog publish them
-    (0: one ``StrategyRanksMessage`` per answer, as rankers published before batches)."""
+    (0: one ``StrategyRanksMessage`` per answer, as rankers published before batches).
+    ``combined``: every ranker's answers to those snapshots in one ``RanksBatchMessage``, as
+    rankers sharing a process publish them."""
     if per_record == 0:
         return list(ranks)
     by_partition: dict[int, dict[str, list[StrategyRanksMessage]]] = {}
     for answer in ranks:
         strategies = by_partition.setdefault(key_partition(answer.key.encode(), partitions), {})
         strategies.setdefault(answer.strategy, []).append(answer)
-    out: list[StrategyRanksMessage | StrategyRanksBatchMessage] = []
+    out: list[StrategyRanksMessage | StrategyRanksBatchMessage | RanksBatchMessage] = []
     for strategies in by_partition.values():
         longest = max(len(group) for group in strategies.values())
         for start in range(0, longest, per_record):
+            if combined:
+                every = tuple(
+                    StrategyAnswer(strategy=strategy, **RankedWorkload.of(answer).model_dump())
+                    for strategy, group in strategies.items()
+                    for answer in group[start : start + per_record]
+                )
+                out.append(RanksBatchMessage(answers=every, emitted_at=time.time()))
+                continue
             for strategy, group in strategies.items():
                 chunk = group[start : start + per_record]
                 if not chunk:
@@ -182,15 +199,20 @@ def batched(
 
 
 async def preload(
-    bus: KafkaBus, settings: BusSettings, snapshots: list[Snapshot], per_record: int
+    bus: KafkaBus,
+    settings: BusSettings,
+    snapshots: list[Snapshot],
+    per_record: int,
+    combined: bool = False,
 ) -> int:
     """Publish the snapshots and their answers (answers after their snapshot, the usual order);
     returns how many answers."""
     started = time.perf_counter()
     ranks = answers(snapshots)
     print(f"  computed {len(ranks)} answers in {time.perf_counter() - started:.1f}s")
-    records = batched(ranks, per_record, settings.partitions)
-    print(f"  in {len(records)} ranks records ({per_record or 1} answers a record)")
+    records = batched(ranks, per_record, settings.partitions, combined)
+    print(f"  in {len(records)} ranks records ({per_record or 1} snapshots' answers a record"
+          f"{', every strategy in one' if combined else ', one strategy each'})")  # fmt: skip
     topics = settings.topics
     acks: list[Awaitable[Delivery]] = []
     for index, item in enumerate(snapshots):
@@ -264,6 +286,7 @@ async def bench(
     replicas: int = 0,
     partitions: int = 3,
     record_figures: bool = True,
+    combined: bool = False,
 ) -> dict[str, float]:
     """Run the bench once; its figures (``decisions_per_cpu_second`` and ``decisions_per_second``
     from the aggregator's readiness, or from its first decision)."""
@@ -284,7 +307,7 @@ async def bench(
     snapshots = workloads(count, pods)
     async with KafkaBus(settings) as bus:
         await bus.ensure_topics(topics.shared())
-        answered = await preload(bus, settings, snapshots, per_record)
+        answered = await preload(bus, settings, snapshots, per_record, combined)
     print(f"  pre-loaded {count} snapshots and {answered} answers in "
           f"{time.perf_counter() - started:.1f}s")  # fmt: skip
     # The snapshots' cluster's costs topic; created below so that its end offsets can be asked.
@@ -582,6 +605,11 @@ def main() -> None:
         help="answers in a ranks record, as a ranker batches them (0: a record per answer)",
     )  # fmt: skip
     parser.add_argument(
+        "--combined", action="store_true",
+        help="every strategy's answers to the same snapshots in one ranks-batch record, as "
+        "rankers sharing a process publish them (--answers-per-record: snapshots a record)",
+    )  # fmt: skip
+    parser.add_argument(
         "--replicas", type=int, default=0,
         help="run the aggregator as this many processes, as the chart starts them (docstring)",
     )  # fmt: skip
@@ -624,6 +652,7 @@ def main() -> None:
                 replicas=args.replicas,
                 partitions=args.partitions,
                 record_figures=not args.result_line,
+                combined=args.combined,
             )
         )
         if args.result_line:

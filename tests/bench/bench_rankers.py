@@ -17,11 +17,14 @@ process then publishes snapshots of ``--workloads`` Deployments of ``--pods`` po
 ``--seconds``, one workload after another with growing versions: the trickle a core serving
 many quiet clusters sees (``bench_fleet`` at N = 50 and 400 events/s made about 150 snapshots/s).
 Measured: the ranker processes' CPU (``/proc``) from the first snapshot until every strategy has
-consumed every snapshot, per snapshot, and the rate they ranked at (snapshots ranked by every
+consumed every snapshot, per snapshot, the records they published on the ranks topic per
+snapshot, and the rate they ranked at (snapshots ranked by every
 strategy per second, from the first snapshot offered to the last one ranked); beside it the
 floor (``floors.core_floors``: each ranker's decode and strategy, in one process without Kafka)
 and the ratio. The machine's load and what its cores did meanwhile are printed: the ratio, not
-the rate, is the figure to compare between runs.
+the rate, is the figure to compare between runs. ``--aggregator`` also runs the chart's
+aggregator over what the rankers publish, waits until it has read every record of both topics,
+and prints its CPU per snapshot: what the records the rankers publish cost it at a trickle.
 """
 
 from __future__ import annotations
@@ -56,8 +59,13 @@ async def bench(brokers: str, args: argparse.Namespace) -> None:
         partitions=args.partitions, replicas=args.replicas if args.replicas > 1 else None,
     )  # fmt: skip
     specs = [spec for spec in core if procs.strategies_in(spec)]
+    # The aggregator reading what the rankers publish, as the chart's core runs it.
+    deciding = (
+        [spec for spec in core if spec.args[:1] == ("aggregator",)] if args.aggregator else []
+    )
     # Each strategy's group consumes every snapshot once, whichever of its replicas reads it.
     groups = len({name for spec in specs for name in procs.strategy_names(spec)})
+    names = {spec.name for spec in specs}
     env = specs[0].env
     settings = BusSettings(
         bootstrap_servers=brokers,
@@ -76,7 +84,9 @@ async def bench(brokers: str, args: argparse.Namespace) -> None:
     await bus.start()
     try:
         with tempfile.TemporaryDirectory(prefix="podcost-bench-rankers-") as tmp:
-            async with processes(specs, env={}, log_dir=Path(tmp), ready_timeout=600) as running:
+            async with processes(
+                [*specs, *deciding], env={}, log_dir=Path(tmp), ready_timeout=600
+            ) as running:
                 cpu = procs.CpuWatch({name: p.pid for name, p in running.items()})
                 load_before = os.getloadavg()[0]
                 started = time.monotonic()
@@ -93,11 +103,30 @@ async def bench(brokers: str, args: argparse.Namespace) -> None:
                     )
                 offered_s = time.monotonic() - started
 
+                rankers = [running[spec.name] for spec in specs]
+                aggregators = [running[spec.name] for spec in deciding]
+
                 async def consumed() -> float:
                     got = 0.0
-                    for process in running.values():
+                    for process in rankers:
                         metrics = await process.metrics()
                         got += procs.consumed(metrics, settings.topic_workloads)
+                    return got
+
+                async def published() -> float:
+                    """Records the rankers published on the ranks topic."""
+                    got = 0.0
+                    for process in rankers:
+                        got += procs.produced(await process.metrics(), settings.topic_ranks)
+                    return got
+
+                async def read_by_aggregators() -> float:
+                    """Records of both topics the aggregators consumed."""
+                    got = 0.0
+                    for process in aggregators:
+                        metrics = await process.metrics()
+                        for topic in (settings.topic_workloads, settings.topic_ranks):
+                            got += procs.consumed(metrics, topic)
                     return got
 
                 wanted = count * groups
@@ -107,11 +136,20 @@ async def bench(brokers: str, args: argparse.Namespace) -> None:
                         print(f"  not drained: {done:.0f} of {wanted} consumptions")
                         break
                     await asyncio.sleep(0.5)
+                while aggregators and (read := await read_by_aggregators()) < (
+                    count + await published()
+                ):
+                    if time.monotonic() > deadline:
+                        print(f"  the aggregator did not drain: {read:.0f} records read")
+                        break
+                    await asyncio.sleep(0.5)
                 elapsed = time.monotonic() - started
                 used = cpu.stop(elapsed)
+                records = await published()
     finally:
         await bus.stop()
-    seconds = sum(share for share, _ in used.values()) * elapsed
+    aggregator_seconds = sum(used[spec.name][0] for spec in deciding if spec.name in used) * elapsed
+    seconds = sum(share for name, (share, _) in used.items() if name in names) * elapsed
     # Per snapshot ranked: on a loaded machine the backlog may not drain within the wait.
     ranked = done / groups
     per_snapshot = seconds / max(ranked, 1.0)
@@ -122,6 +160,15 @@ async def bench(brokers: str, args: argparse.Namespace) -> None:
         f"{elapsed - offered_s:.1f}s after: {ranked / elapsed:,.0f} snapshots/s; load average "
         f"{load_before:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
+    print(
+        f"  ranks records {records:,.0f}: {records / max(ranked, 1.0):.3f} per snapshot ranked "
+        f"(what the aggregator fetches and steps through)"
+    )
+    if deciding:
+        print(
+            f"  aggregator's CPU per snapshot {aggregator_seconds / max(ranked, 1.0) * 1e3:.3f} ms "
+            f"(reading the snapshots and the rankers' records, deciding)"
+        )
     print(procs.describe_usage(used, indent="    "))
     if cpu.machine is not None:
         print(procs.describe_machine(cpu.machine, indent="    "))
@@ -147,6 +194,10 @@ def main() -> None:
         help="processes of each ranker Deployment, splitting the partitions (docstring)",
     )  # fmt: skip
     parser.add_argument("--partitions", type=int, default=3, help="of every topic of the run")
+    parser.add_argument(
+        "--aggregator", action="store_true",
+        help="also run the chart's aggregator on what the rankers publish, and print its CPU",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.replicas < 1 or args.partitions < 1:
         parser.error("--replicas and --partitions are at least 1")

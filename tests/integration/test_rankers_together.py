@@ -1,7 +1,9 @@
 """Several strategies' rankers in one process (``podcost ranker --strategy A --strategy B``, the
 chart's ``rankers.together``): each answers every snapshot in its own consumer group, as
-separate processes would, over the real broker; the process is a real ``podcost`` process with
-the container's arguments and environment as the chart renders them (``tests.support.services``).
+separate processes would, over the real broker, and their answers to the same snapshots travel
+together in ``ranks-batch`` records, from which the chart's aggregator decides what the pure core
+decides; the processes are real ``podcost`` processes with the container's arguments and
+environment as the chart renders them (``tests.support.services``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import time
 from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
-from tests.support.pipeline import eventually, fresh_kafka_settings
+from tests.support.pipeline import eventually, expected_costs, fresh_kafka_settings
 from tests.support.services import chart_specs, processes, sample
 from tests.support.snapshots import snapshot
 from tests.support.tools import require_helm
@@ -20,11 +22,15 @@ from tests.support.tools import require_helm
 from podcost.ranker import together_bus_settings
 from podcost_bus import open_bus
 from podcost_contracts.messages import (
+    DesiredCostsMessage,
+    RanksBatchMessage,
     StrategyRanksBatchMessage,
     WorkloadSnapshotMessage,
+    decode,
     decode_ranks_record,
     encode,
 )
+from podcost_core.policy import policy_from_text
 
 AGE, CAP = "age", "capacity-type"
 
@@ -32,19 +38,23 @@ AGE, CAP = "age", "capacity-type"
 async def test_one_process_answers_every_snapshot_for_each_of_its_strategies_in_their_own_groups(
     kafka_bootstrap: str, tmp_path: Path
 ) -> None:
+    # ... in records of both strategies' answers, from which the aggregator decides as the core.
     bus_settings = fresh_kafka_settings(kafka_bootstrap, "together")
+    strategies = [{"name": AGE, "tier": 0, "weight": 1}, {"name": CAP, "tier": 0, "weight": 1}]
     # The chart's core with rankers.together: one Deployment runs both strategies' rankers.
     values = {
         "mode": "core",
         "kafka": {"bootstrapServers": kafka_bootstrap},
         "rankers": {"together": True},
-        "policy": {"strategies": [{"name": AGE, "tier": 0, "weight": 1},
-                                  {"name": CAP, "tier": 0, "weight": 1}]},
+        "policy": {"strategies": strategies},
     }  # fmt: skip
     specs = {spec.name: spec for spec in chart_specs(require_helm(), values)}
     assert set(specs) == {"aggregator", "rankers"}
     spec = specs["rankers"]
     assert spec.args == ("ranker", "--strategy", AGE, "--strategy", CAP)
+    [(path, text)] = spec.files.items()
+    assert path == spec.env["PODCOST_POLICY_FILE"]
+    policy = policy_from_text(text, fmt="json")  # what the aggregator decides with
     env = {
         "PODCOST_TOPIC_WORKLOADS": bus_settings.topic_workloads,
         "PODCOST_TOPIC_RANKS": bus_settings.topic_ranks,
@@ -52,28 +62,51 @@ async def test_one_process_answers_every_snapshot_for_each_of_its_strategies_in_
         "PODCOST_TOPIC_DEADLETTER": bus_settings.topic_deadletter,
         "PODCOST_KAFKA_PARTITIONS": "2",
         "PODCOST_RANKER_GROUP": f"{bus_settings.topic_workloads}-rankers",
+        "PODCOST_AGGREGATOR_APP_ID": f"{bus_settings.topic_workloads}-aggregator",
+        # Both strategies' answers to a snapshot wait for each other however loaded the
+        # machine is (they go out as soon as both are there).
+        "PODCOST_RANKER_LINGER_MS": "3000",
     }
     items = [snapshot(f"web-{index}", pods=4, seed=index) for index in range(3)]
     bus = open_bus(bus_settings)
     await bus.start()
+    costs_topic = bus_settings.topics.costs_for(items[0].workload.cluster)
+    await bus.ensure_topics([*bus_settings.topics.shared(), costs_topic])  # read from the start
     try:
-        async with processes([spec], env=env, log_dir=tmp_path) as running:
+        async with processes([spec, specs["aggregator"]], env=env, log_dir=tmp_path) as running:
             rankers = running["rankers"]
             for item in items:
                 encoded = encode(WorkloadSnapshotMessage.of(item, emitted_at=time.time()))
                 await (await bus.send(bus_settings.topic_workloads, encoded.key, encoded.value,
                                       encoded.headers))  # fmt: skip
             answered: dict[str, set[str]] = {AGE: set(), CAP: set()}
-            async with bus.consumer([bus_settings.topic_ranks], group="together-check") as reader:
+            kinds: set[str] = set()
+            decided: dict[str, DesiredCostsMessage] = {}
+            topics = [bus_settings.topic_ranks, costs_topic]
+            async with bus.consumer(topics, group="together-check") as reader:
                 deadline = time.monotonic() + 60
-                while any(len(keys) < len(items) for keys in answered.values()):
-                    assert time.monotonic() < deadline, f"answers so far: {answered}"
+                while len(decided) < len(items) or any(
+                    len(keys) < len(items) for keys in answered.values()
+                ):
+                    assert time.monotonic() < deadline, f"answers so far: {answered}, {decided}"
                     for record in await reader.poll(max_wait=1.0):
+                        if record.topic != bus_settings.topic_ranks:
+                            costs = decode(DesiredCostsMessage, record.value, record.headers)
+                            decided[costs.key] = costs
+                            continue
                         message = decode_ranks_record(record.value, record.headers)
-                        assert isinstance(message, StrategyRanksBatchMessage)
-                        answered[message.strategy].update(a.key for a in message.answers)
+                        kinds.add(type(message).KIND)
+                        assert isinstance(message, RanksBatchMessage | StrategyRanksBatchMessage)
+                        for answer in message.messages():
+                            answered[answer.strategy].add(answer.key)
             keys = {item.workload.key for item in items}
             assert answered == {AGE: keys, CAP: keys}
+            # Both strategies' answers to the snapshots they read share records.
+            assert RanksBatchMessage.KIND in kinds, kinds
+            for item in items:
+                decision = decided[item.workload.key]
+                assert decision.complete
+                assert {pod.uid: pod.cost for pod in decision.costs} == expected_costs(item, policy)
             metrics = await rankers.metrics()
             # Each strategy consumed every snapshot once, as its own component.
             for name in (AGE, CAP):

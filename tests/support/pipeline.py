@@ -29,7 +29,7 @@ from podcost_contracts.messages import (
 )
 from podcost_core.combine import rank
 from podcost_core.implied import drop_implied
-from podcost_core.labels import current_costs, label_costs
+from podcost_core.labels import band_for, current_costs, label_costs
 from podcost_core.model import PodUID, Snapshot
 from podcost_core.policy import Policy
 
@@ -201,9 +201,10 @@ def answers_of(record: Record) -> tuple[StrategyRanksMessage, ...]:
 
 def expected_costs(snapshot: Snapshot, policy: Policy) -> dict[PodUID, int]:
     """What the pipeline must decide for ``snapshot``: ``rank``, ``label_costs``, then
-    ``drop_implied``."""
+    ``drop_implied``, in the band of ``policy`` (``non_negative_costs``)."""
     combined = rank(snapshot, policy)
     replicaset_of: Mapping[PodUID, str | None] = {p.uid: p.replicaset for p in snapshot.pods}
     current = current_costs(snapshot.pods)
-    labelled = label_costs(combined.order, replicaset_of, current)
-    return dict(drop_implied(labelled, combined.order, snapshot, current).costs)
+    band = band_for(policy.non_negative_costs)
+    labelled = label_costs(combined.order, replicaset_of, current, band=band)
+    return dict(drop_implied(labelled, combined.order, snapshot, current, band=band).costs)

@@ -36,6 +36,8 @@ from podcost_contracts.messages import (
     Message,
     PodCost,
     RankedWorkload,
+    RanksBatchMessage,
+    StrategyAnswer,
     StrategyRanksBatchMessage,
     StrategyRanksMessage,
     StrategyTerm,
@@ -81,6 +83,22 @@ VALID: dict[type[Message], Message] = {
                 trace={TRACEPARENT: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
             ),
             RankedWorkload(key=KEY, version=2, scores={UIDS[0]: 3.0}, duration_seconds=0.0),
+        ),
+        emitted_at=1_714_568_400.1,
+    ),
+    RanksBatchMessage: RanksBatchMessage(
+        answers=(
+            StrategyAnswer(
+                strategy="capacity-type",
+                key=KEY,
+                version=1,
+                scores={UIDS[0]: 1.0, UIDS[1]: -2.5, UIDS[2]: 0.0},
+                duration_seconds=0.002,
+                changed_at=1_714_568_399.5,
+            ),
+            StrategyAnswer(
+                strategy="age", key=KEY, version=1, scores={UIDS[0]: 3.0}, duration_seconds=0.0
+            ),
         ),
         emitted_at=1_714_568_400.1,
     ),
@@ -208,7 +226,7 @@ def _decode_any(
 ) -> Message:
     if kind is WorkloadSnapshotMessage:
         return decode_workload_record(value, headers, key=key)
-    if kind is StrategyRanksBatchMessage:  # what the aggregator reads the ranks topic with
+    if kind in (StrategyRanksBatchMessage, RanksBatchMessage):  # what the aggregator reads
         return decode_ranks_record(value, headers, key=key)
     return decode(kind, value, headers, key=key)
 

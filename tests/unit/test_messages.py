@@ -30,7 +30,9 @@ from podcost_contracts.messages import (
     PodCost,
     PodRef,
     RankedWorkload,
+    RanksBatchMessage,
     ReleaseCostsMessage,
+    StrategyAnswer,
     StrategyRanksBatchMessage,
     StrategyRanksMessage,
     StrategyTerm,
@@ -654,3 +656,71 @@ def test_an_empty_batch_or_one_with_a_malformed_key_is_refused() -> None:
     payload["answers"][0]["key"] = "shop/web"
     reason = reason_for(StrategyRanksBatchMessage, json.dumps(payload).encode())
     assert "answers.0.key: Value error, invalid workload key 'shop/web'" in reason
+
+
+def combined(*answers: tuple[str, str]) -> RanksBatchMessage:
+    """A batch of several strategies' answers: the answer of :func:`ranks` for each
+    ``(strategy, key)``."""
+    answer = ranks()
+    return RanksBatchMessage(
+        answers=tuple(
+            StrategyAnswer(
+                strategy=strategy, key=key, version=answer.version, scores=answer.scores,
+                duration_seconds=answer.duration_seconds, changed_at=1_714_568_399.0,
+                trace={TRACEPARENT: f"00-{'1' * 32}-{'2' * 16}-01"},
+            )
+            for strategy, key in answers
+        ),
+        emitted_at=answer.emitted_at,
+    )  # fmt: skip
+
+
+def test_a_batch_of_several_strategies_reads_as_each_strategy_s_answers() -> None:
+    web, api = "prod-eu-1/shop/Deployment/web", "prod-eu-1/shop/Deployment/api"
+    message = combined(("capacity-type", web), ("age", web), ("capacity-type", api))
+    encoded = encode(message)
+    assert encoded.key == web.encode()
+    assert encoded.headers[SCHEMA_HEADER] == b"ranks-batch/1"
+    decoded = decode_ranks_record(encoded.value, encoded.headers, key=encoded.key)
+    assert decoded == message
+    assert isinstance(decoded, RanksBatchMessage)
+    single = ranks(changed_at=1_714_568_399.0)
+    assert [answer.model_dump() for answer in decoded.messages()] == [
+        single.model_copy(update={"strategy": strategy, "key": key}).model_dump()
+        for strategy, key in (("capacity-type", web), ("age", web), ("capacity-type", api))
+    ]
+    # The same answers as one strategy's batch hold them, each with its strategy.
+    assert [RankedWorkload.of(answer) for answer in decoded.messages()] == [
+        RankedWorkload.model_validate(answer.model_dump(exclude={"strategy"}) | {"trace": {}})
+        for answer in message.answers
+    ]
+    # Keyed by its first answer: a reader checks the record's key against it.
+    with pytest.raises(DecodeError, match="record key"):
+        decode_ranks_record(encoded.value, encoded.headers, key=api.encode())
+
+
+def test_a_batch_of_several_strategies_without_answers_or_with_a_bad_strategy_is_refused() -> None:
+    payload = json.loads(encode(combined(("age", KEY))).value)
+    empty = json.dumps(payload | {"answers": []}).encode()
+    assert reason_for(RanksBatchMessage, empty).startswith(
+        "invalid ranks-batch: answers: Tuple should have at least 1 item"
+    )
+    for strategy in ("", "two words", None):
+        answers = [payload["answers"][0] | {"strategy": strategy}]
+        bad = json.dumps(payload | {"answers": answers}).encode()
+        assert reason_for(RanksBatchMessage, bad).startswith(
+            "invalid ranks-batch: answers.0.strategy"
+        )
+    unnamed = [{k: v for k, v in payload["answers"][0].items() if k != "strategy"}]
+    reason = reason_for(RanksBatchMessage, json.dumps(payload | {"answers": unnamed}).encode())
+    assert reason.startswith("invalid ranks-batch: answers.0.strategy: Field required")
+    payload["answers"][0]["key"] = "shop/web"
+    reason = reason_for(RanksBatchMessage, json.dumps(payload).encode())
+    assert "answers.0.key: Value error, invalid workload key 'shop/web'" in reason
+    payload["answers"][0]["key"] = KEY
+    payload["answers"][0]["scores"] = {"a": "NaN"}
+    assert "answers.0.scores.a" in reason_for(RanksBatchMessage, json.dumps(payload).encode())
+    # One strategy's batch read as several strategies' is refused by its header.
+    one = encode(batch(KEY))
+    with pytest.raises(DecodeError, match="expected a ranks-batch message"):
+        decode(RanksBatchMessage, one.value, one.headers)

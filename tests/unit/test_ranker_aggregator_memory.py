@@ -31,8 +31,8 @@ from tests.support.tasks import leak_check
 from podcost import aggregator, ranker
 from podcost.aggregator import AggregatorService, AggregatorSettings
 from podcost.ranker import RankerService, RankerSettings, group_of
-from podcost.ranker import service as ranker_service
-from podcost.ranker.service import BATCH_MAX_ANSWERS
+from podcost.ranker import outbox as ranker_outbox
+from podcost.ranker.outbox import BATCH_MAX_ANSWERS, RanksOutbox
 from podcost.runtime.metrics import Families
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import (
@@ -58,12 +58,15 @@ from podcost_contracts.messages import (
     Encoded,
     MessageTooLarge,
     RankedWorkload,
+    RanksBatchMessage,
     ReleaseCostsMessage,
+    StrategyAnswer,
     StrategyRanksBatchMessage,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
     decode,
     decode_costs_record,
+    decode_ranks_record,
     encode,
     keep_decoded_snapshots,
     live_set_key,
@@ -99,10 +102,17 @@ class World:
     provider: TracerProvider
     registry: Registry | None = None
 
-    def ranker(self, strategy: str, settings: ServiceSettings = SETTINGS) -> RankerService:
+    def ranker(
+        self,
+        strategy: str,
+        settings: ServiceSettings = SETTINGS,
+        outbox: RanksOutbox | None = None,
+        families: Families | None = None,
+    ) -> RankerService:
         return ranker.bootstrap(
             settings, BUS, strategy=strategy, bus=self.bus, clock=self.clock,
-            registry=self.registry, tracer_provider=self.provider,
+            registry=self.registry, tracer_provider=self.provider, outbox=outbox,
+            families=families,
         )  # fmt: skip
 
     def aggregator(self, deadline_s: float = 5.0) -> AggregatorService:
@@ -172,6 +182,35 @@ async def test_a_snapshot_goes_through_every_enabled_ranker_to_the_costs_rank_wo
     assert counted(rankers[0], "podcost_snapshots_ranked_total", strategy=CAP) == 1
     assert counted(rankers[0], "podcost_strategy_duration_seconds_count", strategy=CAP) == 1
     assert counted(rankers[3], "podcost_snapshots_ranked_total", strategy="priority-qos") == 0
+
+
+async def test_rankers_sharing_a_process_answer_in_one_record_and_decide_as_rank_would(
+    world: World,
+) -> None:
+    families = Families()
+    outbox = ranker.shared_outbox(SETTINGS, BUS, bus=world.bus, families=families)
+    rankers = [world.ranker(name, outbox=outbox, families=families) for name in (CAP, AGE, SPREAD)]
+    combiner = world.aggregator()
+    async with (
+        leak_check(),
+        running(*rankers, combiner),
+        Reader(world.bus, COSTS, DesiredCostsMessage) as costs,
+    ):
+        await world.publish()
+        [decision] = await costs.take(1)
+
+    [record] = world.bus.records(TOPICS.ranks)
+    message = decode_ranks_record(record.value, record.headers, key=record.key)
+    assert isinstance(message, RanksBatchMessage)
+    assert sorted(answer.strategy for answer in message.answers) == [AGE, CAP]
+    assert decision.complete
+    assert {pod.uid: pod.cost for pod in decision.costs} == expected_costs(SNAPSHOT, POLICY)
+    # The record is counted once, as the process's; each strategy counts what it ranked.
+    produced = "podcost_messages_produced_total"
+    assert counted(rankers[0], produced, component="rankers", topic=TOPICS.ranks) == 1
+    assert counted(rankers[0], produced, topic=TOPICS.ranks) == 0  # none as one strategy's
+    for service, name in zip(rankers, (CAP, AGE), strict=False):
+        assert counted(service, "podcost_snapshots_ranked_total", strategy=name) == 1
 
 
 async def test_the_costs_published_are_counted_by_the_costs_topic_of_their_cluster(
@@ -399,7 +438,7 @@ async def test_a_batch_that_does_not_fit_is_halved_and_an_answer_too_large_alone
             raise MessageTooLarge(message.KIND, 2_000_000, 1_000_000)
         return encode(message, **kwargs)
 
-    monkeypatch.setattr(ranker_service, "encode", sized)
+    monkeypatch.setattr(ranker_outbox, "encode", sized)
     records = []
     for item in items:
         encoded = encode(WorkloadSnapshotMessage.of(item, emitted_at=START))
@@ -419,8 +458,9 @@ async def test_a_batch_that_does_not_fit_is_halved_and_an_answer_too_large_alone
     assert letter.reason.startswith("the ranks do not fit in a record")
 
 
+@pytest.mark.parametrize("several", [False, True], ids=["one strategy", "several strategies"])
 async def test_a_batch_of_answers_with_a_workload_of_another_partition_is_dead_lettered(
-    world: World,
+    world: World, several: bool
 ) -> None:
     here = world.bus.partition_of(SNAPSHOT.workload.key.encode())
     other = next(  # a workload the bus puts in another partition
@@ -436,7 +476,17 @@ async def test_a_batch_of_answers_with_a_workload_of_another_partition_is_dead_l
                        scores={pod.uid: 1.0 for pod in item.pods}, duration_seconds=0.0)
         for item in (SNAPSHOT, other)
     )  # fmt: skip
-    forged = StrategyRanksBatchMessage(strategy=AGE, answers=answers, emitted_at=START)
+    forged: StrategyRanksBatchMessage | RanksBatchMessage = (
+        RanksBatchMessage(
+            answers=tuple(
+                StrategyAnswer(strategy=strategy, **answer.model_dump())
+                for strategy, answer in zip((CAP, AGE), answers, strict=True)
+            ),
+            emitted_at=START,
+        )
+        if several
+        else StrategyRanksBatchMessage(strategy=AGE, answers=answers, emitted_at=START)
+    )
     combiner = world.aggregator()
     async with (
         running(world.ranker(CAP), world.ranker(AGE), combiner),
@@ -501,13 +551,16 @@ async def test_a_ranker_restarted_before_committing_ranks_again_and_the_decision
             await world.publish(v2)
             [second] = await costs.take(1)
 
+            def both_committed() -> bool:  # once the restarted ranker's answers are acknowledged
+                return sum(world.bus.committed(group_of(CAP)).values()) == 2
+
+            await eventually(both_committed, "the restarted ranker committed both snapshots", 5)
+
     assert sorted(answer.strategy for answer in answers) == [AGE, CAP, CAP]
     before, again = [answer for answer in answers if answer.strategy == CAP]
     assert (again.version, again.scores) == (before.version, before.scores)
     assert (first.version, second.version) == (SNAPSHOT.version, v2.version)
     assert {pod.uid: pod.cost for pod in first.costs} == expected_costs(SNAPSHOT, POLICY)
-    committed = world.bus.committed(group_of(CAP))
-    assert sum(committed.values()) == 2  # both snapshots, once the restarted ranker committed
 
 
 async def test_rankers_given_a_group_prefix_commit_in_their_own_group_not_the_default_one(

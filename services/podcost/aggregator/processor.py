@@ -6,10 +6,10 @@ Both transports run it (``podcost_bus.faust_app.FaustKeyedApp`` over Kafka,
 builds it. Per record (:meth:`AggregationProcessor.split`): decode it as a snapshot (workloads
 topic; without the fields no decision reads, ``podcost_core.aggregate.DECISION_UNREAD``, whose
 invalid values are therefore the rankers' to dead-letter) or a ranker's answers (ranks topic: a
-``StrategyRanksBatchMessage``, one step per answer, each answer's workload in the record's
-partition; or one ``StrategyRanksMessage``), an undecodable
-one, a batch with an answer of another partition's workload, or a snapshot whose workload policy is
-invalid, going to the dead-letter topic with the reason. Per step
+``StrategyRanksBatchMessage`` of one strategy or a ``RanksBatchMessage`` of several, one step
+per answer, each answer's workload in the record's partition; or one ``StrategyRanksMessage``),
+an undecodable one, a batch with an answer of another partition's workload, or a snapshot whose
+workload policy is invalid, going to the dead-letter topic with the reason. Per step
 (:meth:`AggregationProcessor.on_record`): apply the transition; ask whether a decision is due and,
 if so, queue the desired costs for the costs topic of the workload's cluster (created on first
 use), in a ``podcost.combine`` span, child of the snapshot's trace (every pod's rank and cost in
@@ -80,7 +80,9 @@ from podcost_contracts.messages import (
     PodCost,
     PodRef,
     RankedWorkload,
+    RanksBatchMessage,
     ReleaseCostsMessage,
+    StrategyAnswer,
     StrategyRanksBatchMessage,
     StrategyRanksMessage,
     StrategyTerm,
@@ -315,7 +317,7 @@ class _Step:
     record: Record
     message: WorkloadSnapshotMessage | WorkloadGoneMessage | StrategyRanksMessage | RankedWorkload
     strategy: str = ""
-    """The strategy a batch's answer (``RankedWorkload``) is of."""
+    """The strategy a batch's answer (``RankedWorkload``, or ``StrategyAnswer``) is of."""
     live: frozenset[str] = frozenset()
     """A live set's keys (``WorkloadGoneMessage.live``)."""
 
@@ -427,7 +429,7 @@ class AggregationProcessor:
                 )
             else:
                 ranks = decode_ranks_record(record.value, record.headers, key=record.key)
-                if isinstance(ranks, StrategyRanksBatchMessage):
+                if isinstance(ranks, StrategyRanksBatchMessage | RanksBatchMessage):
                     return self._split_batch(record, ranks)
                 if not self._serves(record.key):
                     # The answer to a snapshot dead-lettered already: counted, not kept.
@@ -485,10 +487,12 @@ class AggregationProcessor:
         return [(EveryKey(select), _Step(record, message, live=live))]
 
     def _split_batch(
-        self, record: Record, batch: StrategyRanksBatchMessage
+        self, record: Record, batch: StrategyRanksBatchMessage | RanksBatchMessage
     ) -> list[tuple[bytes | EveryKey | None, _Step]]:
         steps: list[tuple[bytes | EveryKey | None, _Step]] = []
-        for answer in batch.answers:
+        shared = batch.strategy if isinstance(batch, StrategyRanksBatchMessage) else ""
+        answers: tuple[RankedWorkload, ...] = batch.answers
+        for answer in answers:
             key = answer.key.encode()
             if not self._serves(key):
                 # The answer to a snapshot dead-lettered already: counted, not kept.
@@ -504,7 +508,8 @@ class AggregationProcessor:
                 )
                 self._dead_letter(record, reason, None)
                 return []
-            steps.append((key, _Step(record, answer, batch.strategy)))
+            strategy = answer.strategy if isinstance(answer, StrategyAnswer) else shared
+            steps.append((key, _Step(record, answer, strategy)))
         self._consumed_ok(record.topic).inc()  # the record (its answers are its steps)
         return steps
 

@@ -1,8 +1,10 @@
 """``podcost ranker --strategy NAME``: run one strategy's ranker on its own, over Kafka.
 
 ``--strategy`` may be repeated (or name several, comma-separated): the process then runs one
-ranker per strategy, each in its own consumer group as it would on its own, and every snapshot
-record is decoded once for all of them (decoding is most of what a ranker spends per record).
+ranker per strategy, each in its own consumer group as it would on its own, every snapshot
+record is decoded once for all of them (decoding is most of what a ranker spends per record),
+and their answers to the same records share a ranks record (``podcost.ranker.outbox``; unless
+``PODCOST_RANKER_COMBINE_STRATEGIES=false``).
 
 Reads the settings from the environment (``PODCOST_*``, ``PODCOST_KAFKA*``,
 ``PODCOST_RANKER_*``), validates them and
@@ -21,7 +23,7 @@ from typing import Annotated
 import typer
 
 from podcost.commands.startup import EXIT_FAILED, fail, load_settings
-from podcost.ranker import RankerSettings, bootstrap, together_bus_settings
+from podcost.ranker import RankerSettings, bootstrap, shared_outbox, together_bus_settings
 from podcost.runtime.heap import heap_dumps_on_signal
 from podcost.runtime.logs import configure_logging
 from podcost.runtime.metrics import Families
@@ -70,11 +72,17 @@ def ranker_command(
         bus_settings = together_bus_settings(bus_settings)
     bus = open_bus(bus_settings)
     families = Families() if shared else None
+    # One record per partition for every strategy's answers to the same snapshots.
+    outbox = (
+        shared_outbox(settings, bus_settings, bus=bus, families=families, config=config)
+        if shared and config.combine_strategies
+        else None
+    )
     try:
         services = [
             bootstrap(
                 settings, bus_settings, strategy=name, config=config, bus=bus,
-                whole_snapshots=shared, families=families,
+                whole_snapshots=shared, families=families, outbox=outbox,
             )
             for name in names
         ]  # fmt: skip

@@ -12,17 +12,17 @@ dead-letter topic with the reason, and the ranker goes on), resolve the workload
 annotations over the cluster default, with the aggregator's own resolver so both agree), and if
 the policy needs this strategy's answer, run the strategy in a span (``podcost.strategy``, a
 child of the snapshot's trace) and the ``strategy_duration`` histogram. The raw scores for each
-snapshot version go out together: per partition of the answered workloads (where the bus puts
-their key, ``podcost_bus.key_partitioner``: the partition their snapshots are on), one
-``StrategyRanksBatchMessage`` with their answers in the order read (several if they do not fit
-in one), keyed by its first workload so it lands in the ranks topic's partition of that number,
-where the aggregator holding those workloads reads it. A record per answer was most of what the
-aggregator spent on each decision in faust's per-record path. The batch's offsets are committed
-only once every answer is acknowledged (at least once: a ranker that dies before re-reads and
-re-publishes the same answers, which the aggregator treats as duplicates). A snapshot the
-strategy cannot rank (it raises, or breaks the score contract) or whose policy is invalid is
-dead-lettered too: retrying cannot help, and the aggregator decides without this answer after its
-deadline.
+snapshot version go out together, through the process's ``podcost.ranker.outbox.RanksOutbox``:
+per partition of the answered workloads (the partition their snapshots are on), one record with
+their answers in the order read (several if they do not fit in one), a
+``StrategyRanksBatchMessage``, or, in a process of several strategies' rankers sharing one
+outbox, a ``RanksBatchMessage`` with every strategy's answers to the same records. A record per
+answer was most of what the aggregator spent on each decision in faust's per-record path. The
+batch's offsets are committed only once every answer is acknowledged (at least once: a ranker
+that dies before re-reads and re-publishes the same answers, which the aggregator treats as
+duplicates). A snapshot the strategy cannot rank (it raises, or breaks the score contract) or
+whose policy is invalid is dead-lettered too: retrying cannot help, and the aggregator decides
+without this answer after its deadline.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.util.types import AttributeValue
 
+from podcost.ranker.outbox import RanksOutbox
 from podcost.ranker.settings import RankerSettings
 from podcost.runtime.clock import Clock, WallClock
 from podcost.runtime.metrics import Families, Metrics
@@ -71,15 +72,10 @@ from podcost_bus import (
 from podcost_bus.messaging import dead_letter
 from podcost_contracts.messages import (
     DecodeError,
-    Encoded,
-    EncodeError,
-    MessageTooLarge,
     RankedWorkload,
-    StrategyRanksBatchMessage,
     WorkloadGoneMessage,
     WorkloadSnapshotMessage,
     decode_workload_record,
-    encode,
 )
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import PolicyResolver, score_problem
@@ -112,29 +108,12 @@ def together_bus_settings(settings: BusSettings) -> BusSettings:
     return settings.model_copy(update={"client_id": f"{settings.client_id}-{secrets.token_hex(4)}"})
 
 
-#: The most answers one ranks record holds, and about the most bytes of JSON (estimated from the
-#: pods scored): a record stays well below what a record may be (about 1 MB, compressed), and an
-#: aggregator's step over one stays short.
-BATCH_MAX_ANSWERS = 100
-BATCH_MAX_BYTES = 256 * 1024
-#: About what one pod's score takes in a batch's JSON (a uid of 36 characters and a float).
-_BYTES_PER_SCORE = 64
-
-
 @dataclass(frozen=True, slots=True)
 class _Answer:
     """A record's answer."""
 
     record: Record
     ranked: RankedWorkload
-
-
-@dataclass(frozen=True, slots=True)
-class _Batch:
-    """A ranks record ready to publish, and the records whose answers it holds."""
-
-    records: tuple[Record, ...]
-    encoded: Encoded
 
 
 class RankerService:
@@ -155,6 +134,7 @@ class RankerService:
         group: str | None = None,
         partition_of: Callable[[bytes], int] | None = None,
         whole_snapshots: bool = False,
+        outbox: RanksOutbox | None = None,
     ) -> None:
         self.strategy = strategy
         self.shares_decode = whole_snapshots
@@ -164,10 +144,6 @@ class RankerService:
         """What of a snapshot this ranker does not decode: what its strategy never reads
         (``Strategy.unread``), unless it is to decode whole snapshots (services sharing a
         process: one whole decode of a record then serves every reader)."""
-        self.partition_of = partition_of if partition_of is not None else (lambda key: 0)
-        """The partition the bus gives a workload's key (``podcost_bus.key_partitioner``): the
-        answers of one partition's workloads share a record. By default every answer of a poll
-        in one record (a bus of one partition)."""
         self.name = f"ranker-{strategy.name}"
         self.group = group if group is not None else group_of(strategy.name)
         self.policies = policies
@@ -178,6 +154,18 @@ class RankerService:
         self.clock = clock
         self.poll_s = poll_s
         self.backoff = backoff
+        self.outbox = (
+            outbox
+            if outbox is not None
+            else RanksOutbox(
+                bus, topics.ranks, metrics=metrics, clock=clock, partition_of=partition_of,
+                backoff=backoff,
+            )
+        )  # fmt: skip
+        """Where its answers are published: the process's, shared by its strategies' rankers,
+        or one of its own. ``partition_of``, the partition the bus gives a workload's key
+        (``podcost_bus.key_partitioner``), groups the answers of its own into records."""
+        self.outbox.join(strategy.name)
         self._consumer: Consumer | None = None
         self._lag_at = float("-inf")
 
@@ -187,24 +175,30 @@ class RankerService:
 
     async def run(self) -> None:
         """Rank what the workloads topic brings until cancelled."""
-        await self.bus.ensure_topics(self.topics.shared())
-        self.metrics.record_topic_drift(self.bus.topic_drift())
-        # At 0 from the start, so the first dead letter is an increase an alert sees.
-        self.metrics.consumed.labels(self.topics.workloads, "dead_letter")
-        async with self.bus.consumer([self.topics.workloads], group=self.group) as consumer:
-            self._consumer = consumer
-            try:
-                while True:
-                    records = await consumer.poll(max_wait=self.poll_s)
-                    if records:
-                        await self.process(records)
-                        await self._commit(consumer, records)
-                    await self._report_lag(consumer)
-            finally:
-                self._consumer = None
+        self.outbox.join(self.strategy.name)
+        try:
+            await self.bus.ensure_topics(self.topics.shared())
+            self.metrics.record_topic_drift(self.bus.topic_drift())
+            # At 0 from the start, so the first dead letter is an increase an alert sees.
+            self.metrics.consumed.labels(self.topics.workloads, "dead_letter")
+            async with self.bus.consumer([self.topics.workloads], group=self.group) as consumer:
+                self._consumer = consumer
+                try:
+                    while True:
+                        records = await consumer.poll(max_wait=self.poll_s)
+                        if records:
+                            await self.process(records)
+                            await self._commit(consumer, records)
+                        await self._report_lag(consumer)
+                finally:
+                    self._consumer = None
+        finally:
+            # The other strategies sharing its outbox no longer wait for its answers.
+            self.outbox.leave(self.strategy.name)
 
     async def process(self, records: list[Record]) -> None:
-        """Rank ``records`` and publish every answer; returns once all are acknowledged."""
+        """Rank ``records`` and publish every answer; returns once all are acknowledged (or
+        dead-lettered: refused for good)."""
         answers = []
         for record in records:
             if answer := await self._rank(record):
@@ -212,85 +206,10 @@ class RankerService:
             # Let the loop turn between records: a batch ranked in one go would hold up every
             # service sharing the loop (embedded mode, or several in one process) for all of it.
             await asyncio.sleep(0)
-        batches = await self._batches(answers)
-        queued: list[tuple[_Batch, Awaitable[Delivery] | None]] = []
-        for batch in batches:  # queued together, so the producer batches them
-            encoded = batch.encoded
-            try:
-                acked = await self.bus.send(
-                    self.topics.ranks, encoded.key, encoded.value, encoded.headers
-                )
-            except BusError as error:
-                if not error.retriable:
-                    raise
-                acked = None  # published again below, with backoff
-            queued.append((batch, acked))
-        for batch, acked in queued:
-            await self._settle(batch, acked)
-
-    async def _batches(self, answers: list[_Answer]) -> list[_Batch]:
-        """The records that carry ``answers``: per partition of their workloads (where their
-        snapshots are, unless one was misrouted: its answer still goes where its workload's
-        state is), in the order read, in as few records as fit (:data:`BATCH_MAX_ANSWERS`,
-        :data:`BATCH_MAX_BYTES`, and never more than one record may hold)."""
-        by_partition: dict[int, list[_Answer]] = {}
-        for answer in answers:
-            partition = self.partition_of(answer.ranked.key.encode())
-            by_partition.setdefault(partition, []).append(answer)
-        batches = []
-        for group in by_partition.values():
-            chunk: list[_Answer] = []
-            size = 0
-            for answer in group:
-                estimate = len(answer.ranked.scores) * _BYTES_PER_SCORE
-                if chunk and (len(chunk) >= BATCH_MAX_ANSWERS or size + estimate > BATCH_MAX_BYTES):
-                    batches.extend(await self._encoded(chunk))
-                    chunk, size = [], 0
-                chunk.append(answer)
-                size += estimate
-            if chunk:
-                batches.extend(await self._encoded(chunk))
-        return batches
-
-    async def _encoded(self, chunk: list[_Answer]) -> list[_Batch]:
-        """``chunk`` as one record, or as several if it does not fit in one; an answer that
-        does not fit in a record by itself (or cannot be encoded) dead-letters its snapshot's
-        record, and the others still go out."""
-        message = StrategyRanksBatchMessage.model_construct(
-            schema_version=1,
-            strategy=self.strategy.name,
-            answers=tuple(answer.ranked for answer in chunk),
-            emitted_at=self.clock.now(),
-        )
-        try:
-            return [_Batch(tuple(answer.record for answer in chunk), encode(message))]
-        except EncodeError as error:  # too large (MessageTooLarge), or text that is not Unicode
-            if len(chunk) == 1:
-                too_large = isinstance(error, MessageTooLarge)
-                what = "do not fit in a record" if too_large else "cannot be encoded"
-                await self._dead_letter(chunk[0].record, f"the ranks {what}: {error}", error)
-                return []
-            half = len(chunk) // 2
-            return [*await self._encoded(chunk[:half]), *await self._encoded(chunk[half:])]
-
-    async def _settle(self, batch: _Batch, acked: Awaitable[Delivery] | None) -> None:
-        """Wait for ``batch``'s acknowledgement; publish it again while the error is transient;
-        dead-letter the records it answers if the bus refuses it for good."""
-        try:
-            if acked is not None:
-                try:
-                    await acked
-                except BusError as error:
-                    if not error.retriable:
-                        raise
-                    acked = None
-            if acked is None:
-                await self._publish_retrying(batch.encoded)
-        except BusError as error:
-            for record in batch.records:
-                await self._dead_letter(record, f"cannot publish the ranks: {error}", error)
-            return
-        self.metrics.produced.labels(self.topics.ranks).inc()
+        fates = await self.outbox.publish(self.strategy.name, [answer.ranked for answer in answers])
+        for answer, fate in zip(answers, fates, strict=True):
+            if fate is not None:
+                await self._dead_letter(answer.record, fate.reason, fate.error)
 
     async def _rank(self, record: Record) -> _Answer | None:
         """The answer to one record, or ``None`` if there is none to publish."""
@@ -373,17 +292,6 @@ class RankerService:
         self.metrics.consumed.labels(record.topic, "ok").inc()
         return _Answer(record, ranked)
 
-    async def _publish_retrying(self, encoded: Encoded) -> Delivery:
-        async def publish() -> Delivery:
-            return await self.bus.publish(
-                self.topics.ranks, encoded.key, encoded.value, encoded.headers
-            )
-
-        return await retry_transient(
-            publish, what=f"{self.name}: publish to {self.topics.ranks}", sleep=self.clock.sleep,
-            backoff=self.backoff,
-        )  # fmt: skip
-
     async def _dead_letter(self, record: Record, reason: str, error: BaseException | None) -> None:
         async def publish() -> Delivery:
             return await dead_letter(
@@ -431,12 +339,15 @@ def bootstrap(
     tracer_provider: TracerProvider | None = None,
     whole_snapshots: bool = False,
     families: Families | None = None,
+    outbox: RanksOutbox | None = None,
 ) -> RankerService:
     """The ranker of ``strategy`` (composition root of ``podcost ranker`` and the tests).
 
     ``whole_snapshots``: decode snapshots whole, not without what the strategy never reads
     (embedded mode, where the rankers and the aggregator share one decode of each record).
     ``families``: the process's metric families (default: a registry of its own).
+    ``outbox``: the process's :func:`shared_outbox`, when its rankers' answers are to share
+    records (default: an outbox of its own, whose records hold this strategy's answers alone).
 
     Start-up errors name their culprit: ``UnknownStrategyError`` (an unknown name, with the known
     ones), ``RemoteStrategyError`` (a strategy this image knows by name only: its ranker runs
@@ -472,4 +383,25 @@ def bootstrap(
         partition_of=key_partitioner(bus, bus_settings),
         whole_snapshots=whole_snapshots,
         backoff=settings.backoff(),
+        outbox=outbox,
     )
+
+
+def shared_outbox(
+    settings: ServiceSettings,
+    bus_settings: BusSettings,
+    *,
+    bus: Bus,
+    families: Families | None = None,
+    clock: Clock | None = None,
+    config: RankerSettings | None = None,
+) -> RanksOutbox:
+    """The outbox the rankers of several strategies in one process share (``podcost ranker
+    --strategy A --strategy B``): their answers to the same records go out in one record. Its
+    records are counted as component ``rankers`` in ``families``."""
+    return RanksOutbox(
+        bus, bus_settings.topics.ranks, metrics=Metrics("rankers", families),
+        clock=clock if clock is not None else WallClock(),
+        partition_of=key_partitioner(bus, bus_settings), backoff=settings.backoff(),
+        linger_s=(config if config is not None else RankerSettings()).linger_ms / 1000,
+    )  # fmt: skip

@@ -11,12 +11,21 @@ Variables (defaults in brackets), all prefixed ``PODCOST_RANKER_``:
 - ``GROUP``: the prefix of the consumer groups; the rankers of strategy NAME join
   ``<GROUP>-NAME`` and share the workloads topic's partitions [podcost-ranker]. Two
   deployments (or two tests) reading the same broker keep apart by giving each its own.
+- ``COMBINE_STRATEGIES``: in a process of several strategies' rankers, publish their answers to
+  the same records together, one ``ranks-batch`` record per partition, instead of a
+  ``strategy-ranks-batch`` record per strategy [true]. An aggregator older than the
+  ``ranks-batch`` kind cannot read those: set it to false while one may still read the ranks
+  topic.
+- ``LINGER_MS``: how long those answers wait for the other strategies' answers to the same
+  records before they go out without them [50].
 """
 
 from __future__ import annotations
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from podcost.ranker.outbox import LINGER_S
 
 ENV_PREFIX = "PODCOST_RANKER_"
 DEFAULT_GROUP = "podcost-ranker"
@@ -33,6 +42,25 @@ class RankerSettings(BaseSettings):
         max_length=180,
         pattern=r"^[a-zA-Z0-9._-]+$",
         description="The consumer group prefix: the rankers of NAME join <group>-NAME.",
+    )
+
+    combine_strategies: bool = Field(
+        default=True,
+        description="In a process of several strategies' rankers, publish their answers to the "
+        "same records in one ranks-batch record per partition rather than a "
+        "strategy-ranks-batch record per strategy. Set it to false while an aggregator of a "
+        "release without the ranks-batch kind may read the ranks topic.",
+    )
+
+    linger_ms: int = Field(
+        default=round(LINGER_S * 1000),
+        ge=0,
+        le=10_000,
+        description="In a process of several strategies' rankers, the most milliseconds a "
+        "strategy's answers wait for the others' answers to the same records (they go out as "
+        "soon as every strategy has answered). At a trickle some strategy's consumer often "
+        "waits for its next fetch, so this sets how many snapshots a poll and its records "
+        "gather: a longer wait, fewer records and polls, at the price of that much latency.",
     )
 
     def group_for(self, strategy: str) -> str:
