@@ -254,7 +254,8 @@ async def run_fleet(
     with tempfile.TemporaryDirectory(prefix="podcost-bench-fleet-") as tmp:
         work = Path(tmp)
         core = procs.chart_core_specs(
-            build.ensure_helm(), brokers, run, shared_rankers=args.rankers == "shared",
+            build.ensure_helm(), brokers, run, shared_rankers=args.rankers != "apart",
+            combine_answers=args.rankers == "combined",
             partitions=args.partitions, replicas=args.core_replicas,
         )  # fmt: skip
         specs = list(core)
@@ -706,10 +707,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=20, help="per cluster")
     parser.add_argument("--agent-processes", type=int, default=4,
                         help="most agent processes; clusters are spread over them")  # fmt: skip
-    parser.add_argument("--rankers", choices=("apart", "shared"), default="apart",
+    parser.add_argument("--rankers", choices=("apart", "shared", "combined"), default="apart",
                         help="apart: a ranker process per strategy, as the chart runs them; "
                              "shared: one process runs every strategy's ranker (each in its "
-                             "own group), one decode of each snapshot for all")  # fmt: skip
+                             "own group), one decode of each snapshot for all; combined: "
+                             "shared, with their answers in shared records "
+                             "(rankers.combineAnswers)")  # fmt: skip
     parser.add_argument("--core-replicas", type=int, default=None,
                         help="replicas of the aggregator and of each ranker Deployment (the "
                              "chart's replicaCount) [1]")  # fmt: skip

@@ -2,13 +2,15 @@
 of every ranker process together, beside the rankers' floor.
 
 A script, not a test (``python -m tests.bench.bench_rankers [--rate 150 --seconds 30
---rankers apart|shared --replicas N --partitions P]``); it prints numbers and asserts nothing. It
-starts its own Kafka broker (``podcost_localinfra``) unless ``PODCOST_KAFKA`` points at a running
-one, and uses topics of its own.
+--rankers apart|shared|combined --replicas N --partitions P]``); it prints numbers and asserts
+nothing. It starts its own Kafka broker (``podcost_localinfra``) unless ``PODCOST_KAFKA`` points
+at a running one, and uses topics of its own.
 
 The rankers run as the chart's core mode starts them (``procs.chart_core_specs``): a
 ``podcost ranker`` process per strategy of the default policy (``--rankers apart``), or one
-process running them all, each strategy in its own consumer group (``--rankers shared``).
+process running them all, each strategy in its own consumer group (``--rankers shared``), and
+their answers to the same snapshots in shared ``ranks-batch`` records with ``--rankers combined``
+(the chart's ``rankers.combineAnswers``).
 ``--replicas N`` runs each of those Deployments as ``N`` processes (the chart's
 ``rankers.replicaCount``), which split the partitions of the run's topics (``--partitions P``,
 3 by default) within each strategy's consumer group: what replicas give on this machine. This
@@ -55,7 +57,8 @@ from podcost_localinfra import build, kafka
 async def bench(brokers: str, args: argparse.Namespace) -> None:
     run = uuid.uuid4().hex[:8]
     core = procs.chart_core_specs(
-        build.ensure_helm(), brokers, run, shared_rankers=args.rankers == "shared",
+        build.ensure_helm(), brokers, run, shared_rankers=args.rankers != "apart",
+        combine_answers=args.rankers == "combined",
         partitions=args.partitions, replicas=args.replicas if args.replicas > 1 else None,
     )  # fmt: skip
     specs = [spec for spec in core if procs.strategies_in(spec)]
@@ -188,7 +191,10 @@ def main() -> None:
     parser.add_argument("--workloads", type=int, default=400)
     parser.add_argument("--pods", type=int, default=10)
     parser.add_argument("--drain-seconds", type=float, default=120.0)
-    parser.add_argument("--rankers", choices=("apart", "shared"), default="apart")
+    parser.add_argument(
+        "--rankers", choices=("apart", "shared", "combined"), default="apart",
+        help="a process per strategy; one for all; one for all, their answers in shared records",
+    )  # fmt: skip
     parser.add_argument(
         "--replicas", type=int, default=1,
         help="processes of each ranker Deployment, splitting the partitions (docstring)",

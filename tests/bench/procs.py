@@ -35,6 +35,7 @@ def chart_core_specs(
     partitions: int | None = None,
     aggregator: Mapping[str, Any] | None = None,
     shared_rankers: bool = False,
+    combine_answers: bool = False,
     replicas: int | None = None,
 ) -> list[ServiceSpec]:
     """One spec per process of the chart in core mode (a ranker per strategy of the default
@@ -45,8 +46,10 @@ def chart_core_specs(
     chart's default would share a consumer group and changelog topics with earlier runs on the
     same broker). ``shared_rankers``: the chart's ``rankers.together``, every strategy's ranker
     in ONE process (``rankers``: ``podcost ranker --strategy A --strategy B ...``, each strategy
-    still in its own consumer group). ``replicas``: the ``replicaCount`` of the aggregator and
-    of the rankers (``n`` processes of each Deployment, named ``#1`` … ``#n``; default one)."""
+    still in its own consumer group); ``combine_answers``: the chart's ``rankers.combineAnswers``
+    (their answers in shared ``ranks-batch`` records). ``replicas``: the ``replicaCount`` of the
+    aggregator and of the rankers (``n`` processes of each Deployment, named ``#1`` … ``#n``;
+    default one)."""
     kafka: dict[str, Any] = {
         "bootstrapServers": brokers,
         "topics": {kind: f"bench-{run}.{kind}"
@@ -59,7 +62,7 @@ def chart_core_specs(
         "kafka": kafka,
         "log": {"format": "text", "level": "WARNING"},
         "aggregator": dict(aggregator or {}),
-        "rankers": {"together": shared_rankers},
+        "rankers": {"together": shared_rankers, "combineAnswers": combine_answers},
     }
     if replicas is not None:
         values["aggregator"].setdefault("replicaCount", replicas)

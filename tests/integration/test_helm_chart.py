@@ -46,6 +46,7 @@ from tests.support.tools import require_helm
 from podcost.aggregator.settings import AggregatorSettings
 from podcost.annotator.settings import AnnotatorSettings
 from podcost.cli import COMMANDS, app, load_command
+from podcost.ranker.settings import RankerSettings
 from podcost.runtime.settings import ServiceSettings
 from podcost.watcher.service import WatcherSettings
 from podcost_bus import BusSettings
@@ -269,7 +270,7 @@ SETTINGS: dict[str, tuple[type[BaseSettings], ...]] = {
     # The annotator reads the watcher's scope and opt-in variables too: it verifies by them.
     "annotator": (ServiceSettings, BusSettings, AnnotatorSettings, WatcherSettings),
     "aggregator": (ServiceSettings, BusSettings, AggregatorSettings),
-    "ranker": (ServiceSettings, BusSettings),
+    "ranker": (ServiceSettings, BusSettings, RankerSettings),
     "run": (ServiceSettings, BusSettings, WatcherSettings, AnnotatorSettings, AggregatorSettings),
     "cleanup": (ServiceSettings, AnnotatorSettings),
 }
@@ -431,12 +432,20 @@ def test_rankers_together_run_every_strategy_without_an_override_in_one_deployme
     assert args == ["ranker", *(arg for name in shared for arg in ("--strategy", name))]
     assert "podcost.dev/strategy" not in together["metadata"]["labels"]
     assert together["spec"]["replicas"] == 2
+    # Their answers in a record per strategy, as an aggregator of any release reads them.
+    env = {
+        e["name"]: e.get("value")
+        for e in together["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["PODCOST_RANKER_COMBINE_STRATEGIES"] == "false"
     # A strategy with an override keeps a Deployment of its own, with what the override says.
     own = deployments[f"{RELEASE}-ranker-age"]
     assert own["spec"]["template"]["spec"]["containers"][0]["args"] == [
         "ranker", "--strategy", "age",
     ]  # fmt: skip
     assert own["spec"]["replicas"] == 3
+    own_env = own["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert "PODCOST_RANKER_COMBINE_STRATEGIES" not in {e["name"] for e in own_env}
 
 
 def test_a_plugins_ranker_runs_its_image_and_the_rest_know_its_strategy_by_name(

@@ -45,13 +45,14 @@ async def test_one_process_answers_every_snapshot_for_each_of_its_strategies_in_
     values = {
         "mode": "core",
         "kafka": {"bootstrapServers": kafka_bootstrap},
-        "rankers": {"together": True},
+        "rankers": {"together": True, "combineAnswers": True},
         "policy": {"strategies": strategies},
     }  # fmt: skip
     specs = {spec.name: spec for spec in chart_specs(require_helm(), values)}
     assert set(specs) == {"aggregator", "rankers"}
     spec = specs["rankers"]
     assert spec.args == ("ranker", "--strategy", AGE, "--strategy", CAP)
+    assert spec.env["PODCOST_RANKER_COMBINE_STRATEGIES"] == "true"
     [(path, text)] = spec.files.items()
     assert path == spec.env["PODCOST_POLICY_FILE"]
     policy = policy_from_text(text, fmt="json")  # what the aggregator decides with

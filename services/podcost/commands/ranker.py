@@ -3,8 +3,8 @@
 ``--strategy`` may be repeated (or name several, comma-separated): the process then runs one
 ranker per strategy, each in its own consumer group as it would on its own, every snapshot
 record is decoded once for all of them (decoding is most of what a ranker spends per record),
-and their answers to the same records share a ranks record (``podcost.ranker.outbox``; unless
-``PODCOST_RANKER_COMBINE_STRATEGIES=false``).
+and, with ``PODCOST_RANKER_COMBINE_STRATEGIES=true``, their answers to the same records share a
+ranks record (``podcost.ranker.outbox``).
 
 Reads the settings from the environment (``PODCOST_*``, ``PODCOST_KAFKA*``,
 ``PODCOST_RANKER_*``), validates them and

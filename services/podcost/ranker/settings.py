@@ -13,9 +13,9 @@ Variables (defaults in brackets), all prefixed ``PODCOST_RANKER_``:
   deployments (or two tests) reading the same broker keep apart by giving each its own.
 - ``COMBINE_STRATEGIES``: in a process of several strategies' rankers, publish their answers to
   the same records together, one ``ranks-batch`` record per partition, instead of a
-  ``strategy-ranks-batch`` record per strategy [true]. An aggregator older than the
-  ``ranks-batch`` kind cannot read those: set it to false while one may still read the ranks
-  topic.
+  ``strategy-ranks-batch`` record per strategy [false]. An aggregator older than the
+  ``ranks-batch`` kind cannot read those: turn it on once none may read the ranks topic (a new
+  kind is written a release after the one that reads it, ``docs/guides/compatibility.md``).
 - ``LINGER_MS``: how long those answers wait for the other strategies' answers to the same
   records before they go out without them [50].
 """
@@ -45,11 +45,11 @@ class RankerSettings(BaseSettings):
     )
 
     combine_strategies: bool = Field(
-        default=True,
+        default=False,
         description="In a process of several strategies' rankers, publish their answers to the "
         "same records in one ranks-batch record per partition rather than a "
-        "strategy-ranks-batch record per strategy. Set it to false while an aggregator of a "
-        "release without the ranks-batch kind may read the ranks topic.",
+        "strategy-ranks-batch record per strategy. Turn it on once no aggregator of a release "
+        "without the ranks-batch kind reads the ranks topic.",
     )
 
     linger_ms: int = Field(

@@ -141,6 +141,11 @@ spec:
               value: {{ $v.log.level | quote }}
             - name: PODCOST_LOG_FORMAT
               value: {{ $v.log.format | quote }}
+            {{- if .item.strategies }}
+            # Several strategies' rankers in one process: their answers in shared records or not.
+            - name: PODCOST_RANKER_COMBINE_STRATEGIES
+              value: {{ $v.rankers.combineAnswers | quote }}
+            {{- end }}
             {{- if $kube }}
             - name: PODCOST_ADOPT_FIELD_MANAGERS
               value: {{ join "," $v.adoptFieldManagers | quote }}
