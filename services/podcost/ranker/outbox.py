@@ -65,7 +65,7 @@ _BYTES_PER_SCORE = 64
 #: unless told otherwise (``PODCOST_RANKER_LINGER_MS``). At a trickle some strategy's consumer
 #: is often still waiting for its next fetch when the others have answered, so this paces the
 #: process's polls: at 150 snapshots/s over three partitions, 20 ms gave 0.4-0.5 ranks records
-#: a snapshot, 50 ms 0.24, 100 ms 0.19 (``bench_rankers --rankers shared --aggregator``). Each
+#: a snapshot, 50 ms 0.24, 100 ms 0.19 (``bench_rankers --rankers combined --aggregator``). Each
 #: ranker waits this long at most per poll, before its commit: latency a trickle hardly feels
 #: (the watcher debounces 0.2 s, the aggregator's deadline is seconds).
 LINGER_S = 0.050
