@@ -26,6 +26,7 @@ from podcost_bus.protocol import (
     TopicPartition,
 )
 from podcost_bus.settings import BusSettings
+from podcost_contracts.messages import BATCHED_GZIP_ABOVE, DEFAULT_GZIP_THRESHOLD
 
 if TYPE_CHECKING:
     from podcost_bus.kafka import KafkaBus, KafkaConsumer
@@ -45,6 +46,7 @@ __all__ = [
     "TopicPartition",
     "dead_letter",
     "decode_or_dead_letter",
+    "gzip_threshold",
     "key_partitioner",
     "open_bus",
     "publish_message",
@@ -83,3 +85,16 @@ def __getattr__(name: str) -> Any:
 
         return getattr(kafka, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def gzip_threshold(bus: Bus, settings: BusSettings) -> int:
+    """Above how many bytes of JSON a producer on ``bus`` gzips a record's value one by one
+    (``podcost_contracts.messages.encode``): left to the producer's batch compression up to
+    ``BATCHED_GZIP_ABOVE`` when it has one (zstd by default: cheaper, and as small or smaller),
+    else above ``DEFAULT_GZIP_THRESHOLD`` (no compression, or the in-memory bus, which
+    compresses nothing). For a record one consumer reads; the watcher gzips its snapshots above
+    the default either way, since every ranker process inflates each of them once for all its
+    readers while each of its consumers would decompress a batch."""
+    if isinstance(bus, MemoryBus) or settings.compression == "none":
+        return DEFAULT_GZIP_THRESHOLD
+    return BATCHED_GZIP_ABOVE

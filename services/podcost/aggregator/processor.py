@@ -127,14 +127,6 @@ log = logging.getLogger("podcost.aggregator")
 #: Seconds between two warnings about records of clusters not in the fleet registry.
 UNREGISTERED_LOG_EVERY_S = 60.0
 
-#: How many bytes of JSON a costs record may have before it is gzipped one by one when the
-#: producer compresses its batches (zstd by default): a 25-pod decision's 15 KB of JSON took
-#: 58 us to gzip at the fastest level, and a batch of sixteen of them 15 us each with zstd, to
-#: fewer bytes (1.0 KB a decision instead of 1.9 KB); the annotator then inflates nothing. A
-#: larger record fills a batch of its own: gzipped, it stays below the producer's request size
-#: limit (checked on the uncompressed record) up to workloads of thousands of pods.
-BATCHED_GZIP_ABOVE: Final = 256 * 1024
-
 #: Pods whose rank and cost a decision's span lists: enough to follow a workload, bounded for a
 #: huge one.
 MAX_POD_ATTRIBUTES = 1000
@@ -347,7 +339,7 @@ class AggregationProcessor:
     ) -> None:
         self.costs_gzip_above = costs_gzip_above
         """Costs records of more JSON bytes than this are gzipped one by one; smaller ones are
-        left to the producer's batch compression, if it has one (:data:`BATCHED_GZIP_ABOVE`)."""
+        left to the producer's batch compression, if it has one (``podcost_bus.gzip_threshold``)."""
         self.fleet = fleet if fleet is not None else FleetRegistry(None)
         """The clusters served: a record of any other is dead-lettered before it is decoded."""
         self.keys = keys if keys is not None else FleetKeys(None)

@@ -25,7 +25,7 @@ from typing import Protocol
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from podcost.aggregator.processor import BATCHED_GZIP_ABOVE, AggregationProcessor
+from podcost.aggregator.processor import AggregationProcessor
 from podcost.aggregator.settings import AggregatorSettings
 from podcost.runtime.clock import Clock, WallClock
 from podcost.runtime.fleet import FleetKeys, FleetRegistry
@@ -39,11 +39,11 @@ from podcost_bus import (
     BusSettings,
     MemoryBus,
     TopicPartition,
+    gzip_threshold,
     key_partitioner,
     open_bus,
 )
 from podcost_bus.keyed import KeyedConsumerLoop
-from podcost_contracts.messages import DEFAULT_GZIP_THRESHOLD
 from podcost_contracts.topics import Topics
 from podcost_core.aggregate import DECISION_UNREAD, AggregationConfig, Aggregator, PolicyResolver
 from podcost_core.policy import DEFAULT_POLICY, load_policy_file
@@ -193,13 +193,8 @@ def bootstrap(
         fleet=FleetRegistry.open(settings.fleet_file),
         keys=FleetKeys(settings.fleet_keys_file),
         # Left to the producer's batch compression, its costs records are not gzipped one by one
-        # unless large; with none (or over the in-memory bus, where nothing is compressed),
-        # above the contract's threshold.
-        costs_gzip_above=(
-            DEFAULT_GZIP_THRESHOLD
-            if bus_settings.compression == "none" or isinstance(bus, MemoryBus)
-            else BATCHED_GZIP_ABOVE
-        ),
+        # unless large.
+        costs_gzip_above=gzip_threshold(bus, bus_settings),
     )
     if settings.fleet_file is None and not isinstance(bus, MemoryBus):
         log.warning("no fleet registry (PODCOST_FLEET_FILE): serving every cluster that "

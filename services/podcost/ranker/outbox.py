@@ -40,6 +40,7 @@ from podcost.runtime.metrics import Metrics
 from podcost.runtime.retry import DEFAULT_BACKOFF, retry_transient
 from podcost_bus import Bus, BusError, Delivery
 from podcost_contracts.messages import (
+    DEFAULT_GZIP_THRESHOLD,
     Encoded,
     EncodeError,
     Message,
@@ -86,10 +87,12 @@ def pack(
     answer_of: Callable[[T], tuple[str, RankedWorkload]],
     partition_of: Callable[[bytes], int],
     now: float,
+    gzip_above: int = DEFAULT_GZIP_THRESHOLD,
 ) -> tuple[list[tuple[list[T], Encoded]], list[tuple[T, Refusal]]]:
     """The records that carry ``items`` (each a strategy's answer, by ``answer_of``): per
-    partition of their workloads, in the order given, in as few records as fit; and the items
-    that cannot go (an answer that does not fit in a record by itself, or cannot be encoded)."""
+    partition of their workloads, in the order given, in as few records as fit, values gzipped
+    above ``gzip_above`` bytes of JSON; and the items that cannot go (an answer that does not
+    fit in a record by itself, or cannot be encoded)."""
     by_partition: dict[int, list[T]] = {}
     for item in items:
         partition = partition_of(answer_of(item)[1].key.encode())
@@ -102,12 +105,12 @@ def pack(
         for item in group:
             estimate = len(answer_of(item)[1].scores) * _BYTES_PER_SCORE
             if chunk and (len(chunk) >= BATCH_MAX_ANSWERS or size + estimate > BATCH_MAX_BYTES):
-                _encode_chunk(chunk, answer_of, now, records, refused)
+                _encode_chunk(chunk, answer_of, now, gzip_above, records, refused)
                 chunk, size = [], 0
             chunk.append(item)
             size += estimate
         if chunk:
-            _encode_chunk(chunk, answer_of, now, records, refused)
+            _encode_chunk(chunk, answer_of, now, gzip_above, records, refused)
     return records, refused
 
 
@@ -115,6 +118,7 @@ def _encode_chunk(
     chunk: list[T],
     answer_of: Callable[[T], tuple[str, RankedWorkload]],
     now: float,
+    gzip_above: int,
     records: list[tuple[list[T], Encoded]],
     refused: list[tuple[T, Refusal]],
 ) -> None:
@@ -140,7 +144,7 @@ def _encode_chunk(
             emitted_at=now,
         )
     try:
-        records.append((chunk, encode(message)))
+        records.append((chunk, encode(message, gzip_threshold=gzip_above)))
     except EncodeError as error:  # too large (MessageTooLarge), or text that is not Unicode
         if len(chunk) == 1:
             too_large = isinstance(error, MessageTooLarge)
@@ -148,8 +152,8 @@ def _encode_chunk(
             refused.append((chunk[0], Refusal(f"the ranks {what}: {error}", error)))
             return
         half = len(chunk) // 2
-        _encode_chunk(chunk[:half], answer_of, now, records, refused)
-        _encode_chunk(chunk[half:], answer_of, now, records, refused)
+        _encode_chunk(chunk[:half], answer_of, now, gzip_above, records, refused)
+        _encode_chunk(chunk[half:], answer_of, now, gzip_above, records, refused)
 
 
 @dataclass(eq=False, slots=True)
@@ -169,7 +173,9 @@ class RanksOutbox:
     """The ranks records of one process's rankers (see the module docstring).
 
     ``metrics``: where the records published are counted (``podcost_messages_produced``);
-    ``linger_s``: the most seconds the first pending answer waits for the other strategies'."""
+    ``linger_s``: the most seconds the first pending answer waits for the other strategies';
+    ``gzip_above``: values above this many bytes of JSON are gzipped one by one
+    (``podcost_bus.gzip_threshold``)."""
 
     def __init__(
         self,
@@ -181,6 +187,7 @@ class RanksOutbox:
         partition_of: Callable[[bytes], int] | None = None,
         backoff: Backoff = DEFAULT_BACKOFF,
         linger_s: float = LINGER_S,
+        gzip_above: int = DEFAULT_GZIP_THRESHOLD,
     ) -> None:
         self.bus = bus
         self.topic = topic
@@ -191,6 +198,7 @@ class RanksOutbox:
         default every answer in one record (a bus of one partition)."""
         self.backoff = backoff
         self.linger_s = linger_s
+        self.gzip_above = gzip_above
         self._members: set[str] = set()
         """The strategies that hand answers over here, until they stop."""
         self._answered: set[str] = set()
@@ -261,7 +269,9 @@ class RanksOutbox:
     async def _send(self, entries: list[_Entry]) -> None:
         queued: list[tuple[list[_Entry], Encoded, Awaitable[Delivery] | None]] = []
         try:
-            records, refused = pack(entries, _answer_of, self.partition_of, self.clock.now())
+            records, refused = pack(
+                entries, _answer_of, self.partition_of, self.clock.now(), self.gzip_above
+            )
             for entry, refused_for_good in refused:
                 _settle(entry, refused_for_good)
             for chunk, encoded in records:  # queued together, so the producer batches them

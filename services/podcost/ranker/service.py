@@ -66,6 +66,7 @@ from podcost_bus import (
     Consumer,
     Delivery,
     Record,
+    gzip_threshold,
     key_partitioner,
     open_bus,
 )
@@ -371,16 +372,25 @@ def bootstrap(
             strategy,
         )
     bus = bus if bus is not None else open_bus(bus_settings)
+    metrics = Metrics(f"ranker-{strategy}", families)
+    clock = clock if clock is not None else WallClock()
+    partition_of = key_partitioner(bus, bus_settings)
+    if outbox is None:  # one of its own: its records hold this strategy's answers alone
+        outbox = RanksOutbox(
+            bus, bus_settings.topics.ranks, metrics=metrics, clock=clock,
+            partition_of=partition_of, backoff=settings.backoff(),
+            gzip_above=gzip_threshold(bus, bus_settings),
+        )  # fmt: skip
     return RankerService(
         found,
         policies=PolicyResolver(default, registry=registry),
         bus=bus,
         topics=bus_settings.topics,
-        metrics=Metrics(f"ranker-{strategy}", families),
+        metrics=metrics,
         tracer=tracer(tracer_provider),
-        clock=clock if clock is not None else WallClock(),
+        clock=clock,
         group=config.group_for(found.name),
-        partition_of=key_partitioner(bus, bus_settings),
+        partition_of=partition_of,
         whole_snapshots=whole_snapshots,
         backoff=settings.backoff(),
         outbox=outbox,
@@ -404,4 +414,5 @@ def shared_outbox(
         clock=clock if clock is not None else WallClock(),
         partition_of=key_partitioner(bus, bus_settings), backoff=settings.backoff(),
         linger_s=(config if config is not None else RankerSettings()).linger_ms / 1000,
+        gzip_above=gzip_threshold(bus, bus_settings),
     )  # fmt: skip

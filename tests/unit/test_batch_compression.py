@@ -1,7 +1,8 @@
-"""How the aggregator compresses its costs records: left to its producer's batch compression
-(zstd unless ``PODCOST_KAFKA_COMPRESSION`` says otherwise) up to ``BATCHED_GZIP_ABOVE`` bytes of
-JSON, gzipped one by one above it, or above the contract's threshold when the producer compresses
-nothing; either way the annotator reads the same decision."""
+"""How the records one consumer reads are compressed (the aggregator's costs records, the
+rankers' ranks records): left to their producer's batch compression (zstd unless
+``PODCOST_KAFKA_COMPRESSION`` says otherwise) up to ``BATCHED_GZIP_ABOVE`` bytes of JSON,
+gzipped one by one above it, or above the contract's threshold when the producer compresses
+nothing (``podcost_bus.gzip_threshold``); either way the reader reads the same message."""
 
 from __future__ import annotations
 
@@ -11,23 +12,28 @@ import pytest
 from tests.bench.bench_aggregator import answers, batched
 from tests.support.snapshots import snapshot as deployment
 
-from podcost import aggregator
-from podcost.aggregator.processor import BATCHED_GZIP_ABOVE, AggregationProcessor
+from podcost import aggregator, ranker
+from podcost.aggregator.processor import AggregationProcessor
+from podcost.ranker.outbox import pack
 from podcost.runtime.clock import WallClock
 from podcost.runtime.metrics import Metrics
 from podcost.runtime.settings import ServiceSettings
 from podcost.runtime.telemetry import tracer
 from podcost_bus import BusSettings, MemoryBus, Record
 from podcost_contracts.messages import (
+    BATCHED_GZIP_ABOVE,
     CONTENT_ENCODING,
     DEFAULT_GZIP_THRESHOLD,
     DesiredCostsMessage,
     Encoded,
+    RankedWorkload,
     WorkloadSnapshotMessage,
     decode,
+    decode_ranks_record,
     encode,
 )
 from podcost_core.aggregate import AggregationConfig, Aggregator, PolicyResolver, WorkloadState
+from podcost_core.model import PodUID
 from podcost_core.policy import DEFAULT_POLICY
 from podcost_core.strategies.registry import default_registry
 
@@ -115,3 +121,48 @@ def test_over_the_in_memory_bus_costs_are_gzipped_above_the_contract_s_threshold
     service = aggregator.bootstrap(ServiceSettings(http_port=0), BusSettings(), bus=MemoryBus())
 
     assert service.processor.costs_gzip_above == DEFAULT_GZIP_THRESHOLD
+
+
+@pytest.mark.parametrize(
+    ("compression", "threshold"),
+    [("zstd", BATCHED_GZIP_ABOVE), ("none", DEFAULT_GZIP_THRESHOLD), (None, None)],
+)
+def test_the_rankers_leave_their_ranks_records_to_the_batch_compression_the_producer_has(
+    compression: str | None, threshold: int | None
+) -> None:
+    # None: the in-memory bus, which compresses nothing.
+    settings = (
+        BusSettings() if compression is None
+        else BusSettings(bootstrap_servers=KAFKA, compression=compression)
+    )  # fmt: skip
+    bus = MemoryBus() if compression is None else None
+    expected = DEFAULT_GZIP_THRESHOLD if threshold is None else threshold
+    service = ranker.bootstrap(ServiceSettings(http_port=0), settings, strategy="age", bus=bus)
+    shared = ranker.shared_outbox(ServiceSettings(http_port=0), settings, bus=service.bus)
+
+    assert service.outbox.gzip_above == expected
+    assert shared.gzip_above == expected
+
+
+@pytest.mark.parametrize("gzip_above", [DEFAULT_GZIP_THRESHOLD, BATCHED_GZIP_ABOVE])
+def test_a_ranks_record_is_gzipped_above_its_outbox_s_threshold(gzip_above: int) -> None:
+    # Thirty answers of 25 pods: about 60 KB of JSON, between the two thresholds.
+    ranks = [
+        RankedWorkload(
+            key=f"eu-1/shop/Deployment/web-{index}",
+            version=1,
+            duration_seconds=0.0,
+            scores={PodUID(f"web-{index}-{pod:04d}-{'x' * 30}"): float(pod) for pod in range(25)},
+        )
+        for index in range(30)
+    ]
+    [(chunk, encoded)], refused = pack(ranks, lambda item: ("age", item), lambda key: 0, 1.0,
+                                       gzip_above)  # fmt: skip
+
+    assert refused == []
+    assert len(chunk) == 30
+    assert DEFAULT_GZIP_THRESHOLD < encoded.json_size < BATCHED_GZIP_ABOVE
+    gzipped = encoded.headers.get(CONTENT_ENCODING) == b"gzip"
+    assert gzipped == (gzip_above == DEFAULT_GZIP_THRESHOLD)
+    message = decode_ranks_record(encoded.value, encoded.headers, key=encoded.key)
+    assert [answer.key for answer in message.messages()] == [item.key for item in ranks]
