@@ -345,14 +345,16 @@ def pod_change_matters(
         if old.get("status") == new.get("status"):
             return _cost_owner(old, adopt) is not _cost_owner(new, adopt)
         return _pod_status_view(old) != _pod_status_view(new)
+    if _read_as_changed(old, new):
+        # A pod bound, a deletion begun, labels or annotations changed: told without copying
+        # either (what it reads is not noise, so the copies below would differ too).
+        return True
     quiet_old, quiet_new = _without_noise(old), _without_noise(new)
     if quiet_old == quiet_new:
         # Only the noise differs; managedFields still say who owns the cost.
         return _cost_owner(old, adopt) is not _cost_owner(new, adopt)
     if _status_only(quiet_old, quiet_new):
         return _pod_status_view(old) != _pod_status_view(new)
-    if _read_as_changed(old, new):
-        return True  # without converting: the pods differ, or one of them cannot be converted
     try:
         return convert(old) != convert(new)
     except ConversionError:
