@@ -250,34 +250,17 @@ def _pod_index_keys(pod: Mapping[str, Any]) -> tuple[tuple[Any, Any] | None, Lab
     return controller, frozenset(labels.items())
 
 
-def same_node_share(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether two versions of a pod have equal shares of their node (``node_share``) for sure:
-    what it reads (the spec, the phase, whether it is being deleted, its owners and annotations)
-    is the same objects or values in both. A status update, the most frequent, leaves the
-    informer's kept spec and metadata parts the same objects (``keep_pod``)."""
-    old_meta, new_meta = old.get("metadata"), new.get("metadata")
-    old_status, new_status = old.get("status"), new.get("status")
-    return (
-        old.get("spec") is new.get("spec")
-        and type(old_meta) is dict
-        and type(new_meta) is dict
-        and old_meta.get("ownerReferences") is new_meta.get("ownerReferences")
-        and old_meta.get("annotations") is new_meta.get("annotations")
-        and old_meta.get("deletionTimestamp") == new_meta.get("deletionTimestamp")
-        and type(old_status) is dict
-        and type(new_status) is dict
-        and old_status.get("phase") == new_status.get("phase")
-    )
-
-
 #: The phases of a pod that holds its node no longer (``podcost_core.snapshots._is_active``).
 _FINISHED: Final = ("Succeeded", "Failed")
 
 
-def _same_load(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether two versions of a pod on one node are counted the same in its load
-    (:meth:`WorkloadIndexes.node_load`) for sure: :func:`same_node_share`, but for a phase that
-    moved between two that both hold the node (``Pending`` to ``Running``, a pod started)."""
+def same_node_share(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether two versions of a pod have equal shares of their node (``node_share``) for sure:
+    what it reads (the spec, whether it is being deleted, its owners and annotations) is the
+    same objects or values in both, and its phase holds the node in both or in neither
+    (``Pending`` to ``Running``, a pod started, moves nothing). A status update, the most
+    frequent, leaves the informer's kept spec and metadata parts the same objects
+    (``keep_pod``)."""
     old_meta, new_meta = old.get("metadata"), new.get("metadata")
     old_status, new_status = old.get("status"), new.get("status")
     return (
@@ -580,7 +563,7 @@ class WorkloadIndexes:
                 return False
         if node is not None:
             self._touch(node)
-            if not _same_load(old, new):
+            if not same_node_share(old, new):
                 self._count_load(node, key.namespace, key.name, old, -1)
                 self._count_load(node, key.namespace, key.name, new, 1)
         return True
