@@ -41,7 +41,14 @@ from podcost_core.kubejson import (
     selector_matches,
 )
 from podcost_core.model import Resources, Snapshot
-from podcost_core.snapshots import ClusterObjects, NodeUsage, UnknownWorkload, snapshot_for_workload
+from podcost_core.snapshots import (
+    ClusterObjects,
+    NodeShare,
+    NodeUsage,
+    UnknownWorkload,
+    node_share,
+    snapshot_for_workload,
+)
 from podcost_core.tomodel import pod_from_json
 from podcost_kube.objects import DEPLOYMENT, REPLICASET, ObjectKey, RawObject, WorkloadKey
 from podcost_kube.podcache import PodCache
@@ -162,6 +169,9 @@ class _NamespacePods:
     """The names of the irregular pods."""
 
 
+#: What :meth:`WorkloadIndexes.node_load` says of a node without pods held for others.
+_NO_LOAD: Final[Mapping[str, Mapping[Any, int]]] = {}
+
 #: Most entries of :attr:`WorkloadIndexes.owners` (then it starts over): about one per
 #: ReplicaSet with pods.
 OWNERS_KEPT = 4096
@@ -240,6 +250,55 @@ def _pod_index_keys(pod: Mapping[str, Any]) -> tuple[tuple[Any, Any] | None, Lab
     return controller, frozenset(labels.items())
 
 
+#: The phases of a pod that holds its node no longer (``podcost_core.snapshots._is_active``).
+_FINISHED: Final = ("Succeeded", "Failed")
+
+
+def same_node_share(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether two versions of a pod have equal shares of their node (``node_share``) for sure:
+    what it reads (the spec, whether it is being deleted, its owners and annotations) is the
+    same objects or values in both, and its phase holds the node in both or in neither
+    (``Pending`` to ``Running``, a pod started, moves nothing). A status update, the most
+    frequent, leaves the informer's kept spec and metadata parts the same objects
+    (``keep_pod``)."""
+    old_meta, new_meta = old.get("metadata"), new.get("metadata")
+    old_status, new_status = old.get("status"), new.get("status")
+    return (
+        old.get("spec") is new.get("spec")
+        and type(old_meta) is dict
+        and type(new_meta) is dict
+        and old_meta.get("ownerReferences") is new_meta.get("ownerReferences")
+        and old_meta.get("annotations") is new_meta.get("annotations")
+        and old_meta.get("deletionTimestamp") == new_meta.get("deletionTimestamp")
+        and type(old_status) is dict
+        and type(new_status) is dict
+        and (old_status.get("phase") in _FINISHED) == (new_status.get("phase") in _FINISHED)
+    )
+
+
+#: Whose pods a node's load count (:meth:`WorkloadIndexes.node_load`) holds, in the namespace
+#: their workloads are looked up in: a ReplicaSet's controlled pods as the name and uid their
+#: controller reference gives (``("rs", name, uid)``), any other pod as itself, by the
+#: namespace and name the store holds it under (``("pod", namespace, name)``). The workloads of
+#: the first are the ReplicaSet's, found without a pod; those of the others depend on their
+#: labels, read from the pod.
+LoadGroup = tuple[str, str, str | None]
+
+
+def _load_group(namespace: str, name: str, pod: Mapping[str, Any]) -> tuple[str, LoadGroup]:
+    """The namespace ``workloads_of_pod`` looks ``pod``'s workloads up in, and the
+    :data:`LoadGroup` it is counted in there (the pod stored under ``namespace`` and
+    ``name``)."""
+    meta = metadata(pod)
+    ref = controller_of(pod)
+    looked_up = str(meta.get("namespace", ""))
+    if ref is not None and ref.get("kind") == REPLICASET:
+        owner, uid = ref.get("name", ""), ref.get("uid")
+        if type(owner) is str and (uid is None or type(uid) is str):
+            return looked_up, ("rs", owner, uid)
+    return looked_up, ("pod", namespace, name)
+
+
 # --- the indexes -------------------------------------------------------------------------------
 
 
@@ -261,6 +320,21 @@ class WorkloadIndexes:
     _node_stamps: dict[str, int] = field(default_factory=dict)
     """node name → the stamp of the last change of the pods bound to it (:meth:`node_stamp`);
     none for a node without pods."""
+    _node_load: dict[str, tuple[list[int], dict[str, dict[LoadGroup, int]]]] = field(
+        default_factory=dict
+    )
+    """node name → how many pods it holds for others (in a list of one, changed in place) and
+    how many of them each :data:`LoadGroup` of each namespace has (:meth:`node_load`); none
+    for a node without such pods."""
+    _shares_seen: list[tuple[RawObject, NodeShare | None]] = field(default_factory=list)
+    """The pods the last writes counted, with their ``node_share`` (:meth:`share_of`): two."""
+    load_groups: dict[tuple[str, str, str | None], tuple[RawObject, frozenset[WorkloadKey]]] = (
+        field(default_factory=dict)
+    )
+    """What ``podcost_kube.workloads.node_load_neighbours`` found for a ReplicaSet's
+    :data:`LoadGroup` by its namespace, name and uid: that ReplicaSet as the store held it, and
+    its workloads. Good while the
+    store holds that object (the reader checks); at most :data:`OWNERS_KEPT` entries."""
     owners: dict[tuple[str, int], tuple[object, str, RawObject, frozenset[WorkloadKey]]] = field(
         default_factory=dict
     )
@@ -334,6 +408,53 @@ class WorkloadIndexes:
     def _touch(self, node: str) -> None:
         self._node_stamps[node] = next(_STAMPS)
 
+    def node_load(self, node: str) -> tuple[int, Mapping[str, Mapping[LoadGroup, int]]]:
+        """How many pods ``node`` holds for others, and how many of them each
+        :data:`LoadGroup` of each namespace has: the pods bound to it whose ``node_share`` is
+        not ``None`` (active, readable) and not a daemon pod's, counted as a snapshot counts a
+        node's other pods (``podcost_core.snapshots._nodes_for``). Kept current on every write,
+        so that whether a pod change makes a node start or stop holding other workloads' pods
+        (``podcost_kube.workloads.node_load_neighbours``) is read from a few counts rather than
+        from every pod on the node. Read-only."""
+        found = self._node_load.get(node)
+        return (found[0][0], found[1]) if found is not None else (0, _NO_LOAD)
+
+    def share_of(self, pod: Mapping[str, Any]) -> NodeShare | None:
+        """``node_share(pod)``, not computed again for a version of a pod the last write
+        counted in or out of its node's load (the change a handler is called with)."""
+        for seen, share in self._shares_seen:
+            if seen is pod:
+                return share
+        return node_share(pod)
+
+    def _count_load(self, node: str, namespace: str, name: str, pod: RawObject, step: int) -> None:
+        """Count ``pod`` (bound to ``node``) in or out (``step``) of the node's load."""
+        share = node_share(pod)
+        seen = self._shares_seen
+        if len(seen) >= 2:
+            del seen[0]
+        seen.append((pod, share))
+        if share is None or share[2]:
+            return
+        namespace, group = _load_group(namespace, name, pod)
+        load = self._node_load.get(node)
+        if load is None:
+            load = self._node_load[node] = ([0], {})
+        total, by_namespace = load
+        total[0] += step
+        groups = by_namespace.get(namespace)
+        if groups is None:
+            groups = by_namespace[namespace] = {}
+        count = groups.get(group, 0) + step
+        if count:
+            groups[group] = count
+            return
+        del groups[group]
+        if not groups:
+            del by_namespace[namespace]
+            if not by_namespace:
+                del self._node_load[node]
+
     def pods_indexed(self, namespace: str) -> bool:
         """Whether :meth:`pods_controlled_by` and :meth:`pod_label_sets` hold every pod of
         ``namespace``: no pod of it is irregular (see ``_NamespacePods``)."""
@@ -396,6 +517,7 @@ class WorkloadIndexes:
                 on_node = by_namespace[key.namespace] = _SortedPods()
             on_node.put(key.name)
             self._touch(node)
+            self._count_load(node, key.namespace, key.name, new, 1)
         index = self._pods_by_namespace.get(key.namespace)
         if index is None:
             index = self._pods_by_namespace[key.namespace] = _NamespacePods()
@@ -441,6 +563,9 @@ class WorkloadIndexes:
                 return False
         if node is not None:
             self._touch(node)
+            if not same_node_share(old, new):
+                self._count_load(node, key.namespace, key.name, old, -1)
+                self._count_load(node, key.namespace, key.name, new, 1)
         return True
 
     def _index_controlled(self, key: ObjectKey, obj: RawObject) -> None:
@@ -485,6 +610,7 @@ class WorkloadIndexes:
             return
         node = _node_of(key.kind, old)
         if node is not None:
+            self._count_load(node, key.namespace, key.name, old, -1)
             by_namespace = self._pods_by_node.get(node, {})
             on_node = by_namespace.get(key.namespace)
             if on_node is not None:

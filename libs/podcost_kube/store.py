@@ -169,12 +169,18 @@ class Store:
         then cost a comparison, not the making of a kept version thrown away.
         """
         if key is None:
-            key = object_key(kind, obj)
-        old = self.get(kind, key.namespace, key.name)
+            # The key object only for a write: most events are duplicates or change nothing.
+            meta = obj.get("metadata", {})
+            namespace, name = key_text(meta.get("namespace")), key_text(meta.get("name"))
+        else:
+            namespace, name = key.namespace, key.name
+        named = self._objects.get(kind)
+        held = named.get(namespace) if named is not None else None
+        old = held.get(name) if held is not None else None
         if change_type is ChangeType.DELETED:
             if old is None:
                 return None
-            self._remove(key, old)
+            self._remove(key or ObjectKey(kind, namespace, name), old)
             return Change(kind, ChangeType.DELETED, old, None)
         if old is not None:
             version = resource_version(obj)
@@ -185,7 +191,7 @@ class Store:
                 return None
         if keep is not None:
             obj = keep(obj, old)
-        self._put(key, old, obj)
+        self._put(key or ObjectKey(kind, namespace, name), old, obj)
         return Change(kind, ChangeType.MODIFIED if old is not None else ChangeType.ADDED, old, obj)
 
     def replace(

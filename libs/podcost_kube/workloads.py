@@ -46,7 +46,15 @@ from podcost_core.tomodel import cost_owner, node_from_json, pod_from_json
 from podcost_kube.objects import DEPLOYMENT as DEPLOYMENT
 from podcost_kube.objects import REPLICASET as REPLICASET
 from podcost_kube.objects import WorkloadKey as WorkloadKey
-from podcost_kube.snapshots import OWNERS_KEPT, controller_of, metadata, same_object, selector_of
+from podcost_kube.snapshots import (
+    OWNERS_KEPT,
+    LoadGroup,
+    controller_of,
+    metadata,
+    same_node_share,
+    same_object,
+    selector_of,
+)
 from podcost_kube.store import Change, ChangeType, Store
 
 #: Metadata that changes with every write and says nothing about the object.
@@ -337,14 +345,16 @@ def pod_change_matters(
         if old.get("status") == new.get("status"):
             return _cost_owner(old, adopt) is not _cost_owner(new, adopt)
         return _pod_status_view(old) != _pod_status_view(new)
+    if _read_as_changed(old, new):
+        # A pod bound, a deletion begun, labels or annotations changed: told without copying
+        # either (what it reads is not noise, so the copies below would differ too).
+        return True
     quiet_old, quiet_new = _without_noise(old), _without_noise(new)
     if quiet_old == quiet_new:
         # Only the noise differs; managedFields still say who owns the cost.
         return _cost_owner(old, adopt) is not _cost_owner(new, adopt)
     if _status_only(quiet_old, quiet_new):
         return _pod_status_view(old) != _pod_status_view(new)
-    if _read_as_changed(old, new):
-        return True  # without converting: the pods differ, or one of them cannot be converted
     try:
         return convert(old) != convert(new)
     except ConversionError:
@@ -437,43 +447,58 @@ def nodes_with_moved_load(change: Change) -> tuple[str, ...]:
     update, a label change, podcost's own cost write)."""
     if change.kind != "Pod":
         return ()
-    return _moved_nodes(*_shares(change))
+    return _moved_nodes(*_shares(change, node_share))
 
 
-def _shares(change: Change) -> tuple[NodeShare | None, NodeShare | None]:
-    """The changed pod's ``node_share`` before and after; ``(None, None)`` without computing
-    them when what they are computed from is the same in both versions (``_same_share``)."""
-    if change.old is not None and change.new is not None and _same_share(change.old, change.new):
+def _shares(
+    change: Change, share_of: Callable[[Mapping[str, Any]], NodeShare | None]
+) -> tuple[NodeShare | None, NodeShare | None]:
+    """The changed pod's ``node_share`` before and after (as ``share_of`` gives it);
+    ``(None, None)`` without computing them when what they are computed from is the same in
+    both versions (``same_node_share``)."""
+    if (
+        change.old is not None
+        and change.new is not None
+        and same_node_share(change.old, change.new)
+    ):
         return None, None
-    old = node_share(change.old) if change.old is not None else None
-    new = node_share(change.new) if change.new is not None else None
+    old = share_of(change.old) if change.old is not None else None
+    new = share_of(change.new) if change.new is not None else None
     return old, new
-
-
-def _same_share(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Whether two versions of a pod have equal shares of their node (``node_share``) for sure:
-    what it reads (the spec, the phase, whether it is being deleted, its owners and annotations)
-    is the same objects or values in both. A status update, the most frequent, leaves the
-    informer's kept spec and metadata parts the same objects (``keep_pod``)."""
-    old_meta, new_meta = old.get("metadata"), new.get("metadata")
-    old_status, new_status = old.get("status"), new.get("status")
-    return (
-        old.get("spec") is new.get("spec")
-        and type(old_meta) is dict
-        and type(new_meta) is dict
-        and old_meta.get("ownerReferences") is new_meta.get("ownerReferences")
-        and old_meta.get("annotations") is new_meta.get("annotations")
-        and old_meta.get("deletionTimestamp") == new_meta.get("deletionTimestamp")
-        and type(old_status) is dict
-        and type(new_status) is dict
-        and old_status.get("phase") == new_status.get("phase")
-    )
 
 
 def _moved_nodes(old: NodeShare | None, new: NodeShare | None) -> tuple[str, ...]:
     if old == new:
         return ()
     return tuple(sorted({share[0] for share in (old, new) if share is not None}))
+
+
+def _group_workloads(store: Store, namespace: str, group: LoadGroup) -> frozenset[WorkloadKey]:
+    """The workloads whose snapshots show the pods of ``group`` in ``namespace``
+    (``WorkloadIndexes.node_load``): :func:`workloads_of_pod` of each, found for a ReplicaSet's
+    pods from the ReplicaSet alone (kept in ``WorkloadIndexes.load_groups`` while the store
+    holds the same ReplicaSet)."""
+    if group[0] == "pod":  # ("pod", the namespace and the name the store holds it under)
+        pod = store.get("Pod", group[1], group[2] or "")
+        return workloads_of_pod(store, pod) if pod is not None else frozenset()
+    _, owner, uid = group
+    replicaset = store.get(REPLICASET, namespace, owner)
+    kept = store.indexes.load_groups
+    known = kept.get((namespace, owner, uid))
+    if known is not None and known[0] is replicaset:
+        return known[1]
+    if replicaset is None:
+        return frozenset()
+    held_uid = metadata(replicaset).get("uid")
+    found = (
+        frozenset({workload_of_replicaset(replicaset)})
+        if not (held_uid and uid) or held_uid == uid  # as ``same_object`` reads the reference
+        else frozenset()
+    )
+    if len(kept) >= OWNERS_KEPT:
+        kept.clear()
+    kept[(namespace, owner, uid)] = (replicaset, found)
+    return found
 
 
 def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
@@ -485,49 +510,47 @@ def node_load_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
     its requests). ``store`` must already hold the change.
 
     Counted as a snapshot counts them (``podcost_core.snapshots._nodes_for``): a node's active
-    pods less its daemon pods less the workload's own active pods there.
+    pods less its daemon pods less the workload's own active pods there. The counts are the
+    store's (``WorkloadIndexes.node_load``, kept on every write, by namespace and ReplicaSet):
+    no pod on the node is read, and workloads are looked up only in a namespace that holds all
+    of the node's pods for others but one at most (a workload's pods are in its namespace, and
+    one whose count moves has at most one other pod there).
     """
     if change.kind != "Pod":
         return set()
-    old, new = _shares(change)
+    indexes = store.indexes
+    old, new = _shares(change, indexes.share_of)
     nodes = _moved_nodes(old, new)
     if not nodes:
         return set()
-    own_keys = _pod_workloads(store, change.old, change.new)
+    own_keys: frozenset[WorkloadKey] | None = None
     found: set[WorkloadKey] = set()
     for node in nodes:
         # The pod's own share of the node's other pods, after less before (0, 1 or -1).
         counted = [share is not None and share[0] == node and not share[2] for share in (old, new)]
         delta = int(counted[1]) - int(counted[0])
         daemon = any(share is not None and share[0] == node and share[2] for share in (old, new))
-        others = 0
-        own: dict[WorkloadKey, int] = {}
-        first: frozenset[WorkloadKey] | None = None
-        for pod in store.indexes.each_pod_on_node(node):
-            share = node_share(pod)
-            if share is None or share[0] != node or share[2]:
+        others, by_namespace = indexes.node_load(node)
+        # A workload moves only with at most ``max(delta, 0)`` of the node's pods not its own:
+        # (before > 0) != (after > 0) needs after 0, or 1 with the pod counted in; the daemon's
+        # case after 0.
+        least = others - max(delta, 0)
+        for namespace, groups in by_namespace.items():
+            if sum(groups.values()) < least:
                 continue
-            keys = workloads_of_pod(store, pod)
-            # The store holds the change: the changed pod is its new version itself.
-            if pod is not change.new:
-                if first is None:
-                    first = keys
-                elif keys.isdisjoint(first):
-                    # Two pods no one workload owns both of, neither of them the changed one:
-                    # every workload has other pods on this node before and after. The usual
-                    # case on a shared node, and found after a few pods: nothing moves here.
-                    own.clear()
-                    break
-            others += 1
-            for key in keys:
-                own[key] = own.get(key, 0) + 1
-        for key, count in own.items():
-            if key in own_keys:
-                continue
-            after = others - count
-            before = after - delta
-            if (before > 0) != (after > 0) or (daemon and after <= 0):
-                found.add(key)
+            if own_keys is None:
+                own_keys = _pod_workloads(store, change.old, change.new)
+            own: dict[WorkloadKey, int] = {}
+            for group, count in groups.items():
+                for key in _group_workloads(store, namespace, group):
+                    own[key] = own.get(key, 0) + count
+            for key, count in own.items():
+                if key in own_keys:
+                    continue
+                after = others - count
+                before = after - delta
+                if (before > 0) != (after > 0) or (daemon and after <= 0):
+                    found.add(key)
     return found
 
 

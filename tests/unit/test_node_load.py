@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tests.support.snapshots import large_snapshot
 from tests.unit.rawobjects import NS, T, raw_deployment, raw_node, raw_pod, raw_replicaset
@@ -37,6 +37,7 @@ from podcost_kube.workloads import (
     WorkloadKey,
     node_load_neighbours,
     nodes_with_moved_load,
+    workloads_of_pod,
 )
 
 WEB = WorkloadKey(NS, DEPLOYMENT, "web")
@@ -315,3 +316,121 @@ def test_a_nodes_stamp_moves_with_its_pods_and_no_other() -> None:
     other = Store()
     other.apply("Pod", ChangeType.ADDED, raw_pod("x", app="x", rs=None, node="n2"))
     assert other.indexes.node_stamp("n2") not in set(now.values())  # one count for every store
+
+
+def _recounted_neighbours(store: Store, change: Change) -> set[WorkloadKey]:
+    """What ``node_load_neighbours`` must answer, counted the long way: every pod on each moved
+    node read, its share and its workloads found from it, every workload's count compared."""
+    if change.kind != "Pod":
+        return set()
+    old = node_share(change.old) if change.old is not None else None
+    new = node_share(change.new) if change.new is not None else None
+    if old == new:
+        return set()
+    own_keys = workloads_of_pod(store, change.old) if change.old is not None else frozenset()
+    if change.new is not None:
+        own_keys |= workloads_of_pod(store, change.new)
+    found: set[WorkloadKey] = set()
+    for node in {share[0] for share in (old, new) if share is not None}:
+        counted = [share is not None and share[0] == node and not share[2] for share in (old, new)]
+        delta = int(counted[1]) - int(counted[0])
+        daemon = any(share is not None and share[0] == node and share[2] for share in (old, new))
+        others = 0
+        own: dict[WorkloadKey, int] = {}
+        for pod in store.indexes.pods_on_node(node):
+            share = node_share(pod)
+            if share is None or share[2]:
+                continue
+            others += 1
+            for key in workloads_of_pod(store, pod):
+                own[key] = own.get(key, 0) + 1
+        for key, count in own.items():
+            after = others - count
+            before = after - delta
+            if key not in own_keys and ((before > 0) != (after > 0) or (daemon and after <= 0)):
+                found.add(key)
+    return found
+
+
+#: The namespace of each pod written (one of them outside the workloads').
+POD_NAMESPACES = {"p0": NS, "p1": NS, "p2": NS, "p3": "elsewhere"}
+
+# One write of a pod of the shared store: which pod (n3 holds one pod of api's, n1
+# one of web's and one of no workload's), where it is bound, whether it still runs,
+# who owns it (web's or api's ReplicaSet, a DaemonSet, a ReplicaSet not in the store, nobody),
+# its labels; or, with ``None``, its deletion. And now and then a ReplicaSet goes or comes back.
+pod_writes = st.tuples(
+    st.sampled_from(["p0", "p1", "p2", "p3"]),
+    st.one_of(
+        st.none(),
+        st.fixed_dictionaries(
+            {
+                "node": st.sampled_from([None, "n1", "n3"]),
+                "phase": st.sampled_from(["Pending", "Running", "Failed"]),
+                "deleting": st.booleans(),
+                "owner": st.sampled_from(["web-1", "api-1", "gone-1", "daemon", None]),
+                "app": st.sampled_from(["web", "api", "x"]),
+                "cpu": st.sampled_from(["100m", "250m"]),
+            }
+        ),
+    ),
+)
+replicaset_writes = st.tuples(st.sampled_from(["web-1", "api-1"]), st.booleans())
+
+
+def _running(node: str, owner: str | None, app: str) -> dict[str, Any]:
+    return {"node": node, "phase": "Running", "deleting": False, "owner": owner, "app": app,
+            "cpu": "100m"}  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(pod_writes, replicaset_writes), min_size=1, max_size=12))
+# An orphan api's selector adopts joins api's pod on n3; another workload's pod landing there
+# then makes n3 hold others' pods for api.
+@example([("p0", _running("n3", None, "api")), ("p1", _running("n3", "web-1", "web"))])
+# api's pod on n3 is joined by a bystander, which then leaves.
+@example([("p3", _running("n3", None, "x")), ("p3", None)])
+def test_the_counted_neighbours_are_those_a_recount_of_every_pod_finds(
+    writes: list[tuple[str, Any]],
+) -> None:
+    """Whatever pods are added, bound, moved, started, finished, deleted, re-owned or relabelled,
+    and whatever ReplicaSets go or come back in between, the workloads ``node_load_neighbours``
+    reads from the store's counts (``WorkloadIndexes.node_load``) are the ones counting every
+    pod on the node finds, and the counts are what counting them again gives."""
+    store = _store(db=True)
+    version = 10
+    for name, write in writes:
+        version += 1
+        if isinstance(write, bool):  # a ReplicaSet deleted (False) or back (True)
+            replicaset = raw_replicaset(name, name[:3], name[:3])
+            replicaset["metadata"]["resourceVersion"] = str(version)
+            store.apply("ReplicaSet", ChangeType.ADDED if write else ChangeType.DELETED,
+                        replicaset)  # fmt: skip
+            continue
+        held = store.get("Pod", POD_NAMESPACES[name], name)
+        if write is None:
+            change = store.apply("Pod", ChangeType.DELETED, held) if held is not None else None
+        else:
+            owner = write["owner"]
+            pod = raw_pod(name, app=write["app"], rs=None, node=write["node"], cpu=write["cpu"],
+                          phase=write["phase"], namespace=POD_NAMESPACES[name])  # fmt: skip
+            if owner == "daemon":
+                pod["metadata"]["ownerReferences"] = owner_ref("DaemonSet", "agent")
+            elif owner is not None:
+                pod["metadata"]["ownerReferences"] = owner_ref("ReplicaSet", owner)
+            if write["deleting"]:
+                pod["metadata"]["deletionTimestamp"] = T
+            pod["metadata"]["resourceVersion"] = str(version)
+            change = store.apply("Pod", ChangeType.MODIFIED, pod)
+        if change is not None:
+            expected = _recounted_neighbours(store, change)
+            assert node_load_neighbours(store, change) == expected, (name, write)
+        for node in NODES:
+            total, by_namespace = store.indexes.node_load(node)
+            shares = [node_share(pod) for pod in store.indexes.pods_on_node(node)]
+            counted = [share for share in shares if share is not None and not share[2]]
+            assert (
+                total
+                == len(counted)
+                == sum(sum(groups.values()) for groups in by_namespace.values())
+            )

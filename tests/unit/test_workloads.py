@@ -26,6 +26,7 @@ from tests.unit.rawobjects import (
     raw_replicaset,
 )
 
+from podcost_core.kubejson import ConversionError
 from podcost_core.model import DELETION_COST_ANNOTATION, CostOwner, Pod, Resources
 from podcost_core.policy import DEFAULT_POLICY, Policy, StrategySpec
 from podcost_core.projection import SharedParts, project_pod
@@ -40,6 +41,11 @@ from podcost_kube.workloads import (
     REPLICASET,
     OptInRules,
     WorkloadKey,
+    _cost_owner,
+    _pod_status_view,
+    _read_as_changed,
+    _status_only,
+    _without_noise,
     is_own_cost_write,
     node_change_matters,
     opted_in_workloads,
@@ -464,6 +470,67 @@ def test_a_status_update_that_changes_the_converted_pod_always_matters(
     new["status"] = after
     if pod_from_json(old) != pod_from_json(new):
         assert pod_change_matters(old, new)
+
+
+def _matters_copying_first(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """``pod_change_matters`` as it read an update beyond status and noise: both versions copied
+    without their noise and compared before the fields carried over as they are."""
+    quiet_old, quiet_new = _without_noise(old), _without_noise(new)
+    if quiet_old == quiet_new:
+        return _cost_owner(old) is not _cost_owner(new)
+    if _status_only(quiet_old, quiet_new):
+        return _pod_status_view(old) != _pod_status_view(new)
+    if _read_as_changed(old, new):
+        return True
+    try:
+        return pod_from_json(old) != pod_from_json(new)
+    except ConversionError:
+        return True
+
+
+# A version of a pod's spec and metadata: where it is bound, whether it is being deleted, its
+# labels and annotations, what it requests, and a field nothing reads.
+pod_versions = st.fixed_dictionaries(
+    {
+        "node": st.sampled_from([None, "", "n1", "n2"]),
+        "deleting": st.sampled_from([None, T]),
+        "labels": st.sampled_from([None, {}, {"app": "web"}, {"app": "web", "x": "y"}]),
+        "annotations": st.sampled_from([None, {}, {"a": "1"}]),
+        "cpu": st.sampled_from(["100m", "200m"]),
+        "hostname": st.sampled_from([None, "h1"]),
+        "phase": st.sampled_from(["Running", "Pending"]),
+    }
+)
+
+
+def _pod_version(version: dict[str, Any], resource_version: str) -> dict[str, Any]:
+    pod = raw_pod("p", rs="web-1", app="web", node=version["node"], cpu=version["cpu"],
+                  phase=version["phase"])  # fmt: skip
+    meta = pod["metadata"]
+    meta["resourceVersion"] = resource_version
+    for field, value in (("deletionTimestamp", version["deleting"]),
+                         ("annotations", version["annotations"])):  # fmt: skip
+        if value is not None:
+            meta[field] = value
+    if version["labels"] is None:
+        del meta["labels"]
+    else:
+        meta["labels"] = version["labels"]
+    if version["hostname"] is not None:
+        pod["spec"]["hostname"] = version["hostname"]
+    return pod
+
+
+@settings(max_examples=300, deadline=None)
+@given(pod_versions, pod_versions)
+def test_an_update_told_to_matter_without_copying_is_told_so_as_by_copying_first(
+    before: dict[str, Any], after: dict[str, Any]
+) -> None:
+    """A pod bound, a deletion begun, labels or annotations changed are told to matter before
+    both versions are copied without their noise: whatever else changed with them, the answer
+    is the one copying first gives."""
+    old, new = _pod_version(before, "1"), _pod_version(after, "2")
+    assert pod_change_matters(old, new) == _matters_copying_first(old, new)
 
 
 node_statuses = st.fixed_dictionaries(
