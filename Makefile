@@ -88,6 +88,7 @@ bench: setup  ## benchmarks that print numbers (not tests); records them in docs
 	$(RUN) python -m tests.bench.bench_snapshot_decode
 	$(RUN) python -m tests.bench.bench_watch_path
 	$(RUN) python -m tests.bench.bench_watcher
+	$(RUN) python -m tests.bench.bench_rankers --rankers combined --drain-seconds 60 --aggregator
 	$(RUN) python -m tests.bench.bench_compression
 	$(RUN) python -m tests.bench.bench_failover
 	$(RUN) python -m tests.bench.bench_karpenter

@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.bench import procs
 from tests.bench.bench_aggregator import workloads
 from tests.bench.floors import core_floors, ratio
+from tests.bench.record import record
 from tests.support.services import processes
 
 from podcost_bus import BusSettings, open_bus
@@ -181,6 +182,24 @@ async def bench(brokers: str, args: argparse.Namespace) -> None:
         f"{ratio(per_snapshot, ranker_floor)} the floor; one decode and every strategy "
         f"{(floors.decode_whole + floors.scoring) * 1e3:.3f} ms: "
         f"{ratio(per_snapshot, floors.decode_whole + floors.scoring)}"
+    )
+    figures = [
+        f"rankers' CPU per snapshot {per_snapshot * 1e3:.2f} ms, "
+        f"{ratio(per_snapshot, floors.decode_whole + floors.scoring)} one decode and every "
+        f"strategy ({(floors.decode_whole + floors.scoring) * 1e3:.2f} ms)",
+        f"{records / max(ranked, 1.0):.2f} ranks records a snapshot",
+    ]
+    if deciding:
+        figures.append(
+            f"aggregator's CPU per snapshot {aggregator_seconds / max(ranked, 1.0) * 1e3:.2f} ms"
+        )
+    record(
+        "bench_rankers",
+        f"the core's rankers ({args.rankers}, {len(specs)} process(es), {groups} strategies) over "
+        f"the real broker at {args.rate:,.0f} snapshots/s of {args.pods}-pod workloads"
+        + (", with the chart's aggregator reading what they publish" if deciding else ""),
+        figures,
+        variant=args.rankers,
     )
 
 

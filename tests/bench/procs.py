@@ -62,8 +62,10 @@ def chart_core_specs(
         "kafka": kafka,
         "log": {"format": "text", "level": "WARNING"},
         "aggregator": dict(aggregator or {}),
-        "rankers": {"together": shared_rankers, "combineAnswers": combine_answers},
+        "rankers": {"together": shared_rankers},
     }
+    if combine_answers:
+        values["rankers"]["combineAnswers"] = True
     if replicas is not None:
         values["aggregator"].setdefault("replicaCount", replicas)
         values["rankers"]["replicaCount"] = replicas
