@@ -549,6 +549,15 @@ def record_results(results: Sequence[FleetResult], args: argparse.Namespace) -> 
                 f"{cores.get('core', 0) * per_k:.2f}, broker {cores.get('broker', 0) * per_k:.2f} "
                 "cores",
             ]
+            snapshots = step.per_second(lambda s: s.snapshots)
+            floors: CoreFloors | None = getattr(args, "floors", None)
+            if floors is not None and step.events_per_s > 0 and snapshots > 0:
+                per_event = cores.get("core", 0) / step.events_per_s
+                floor = floors.core * snapshots / step.events_per_s
+                figures.append(
+                    f"core CPU per event {per_event * 1e3:.2f} ms, {ratio(per_event, floor)} its "
+                    "floor (the same decisions in one process without Kafka)"
+                )
             if result.first_unbounded is not None:
                 figures.append(f"{result.first_unbounded.step.rate:,.0f} events/s not sustained")
         record(

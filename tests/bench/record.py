@@ -44,6 +44,7 @@ ORDER = (
     "bench_snapshot_decode",
     "bench_watch_path",
     "bench_watcher",
+    "bench_rankers",
     "bench_compression",
     "bench_failover",
     "bench_karpenter",
