@@ -634,18 +634,25 @@ class StrategyRanksBatchMessage(Message):
     def messages(self) -> tuple[StrategyRanksMessage, ...]:
         """Each answer as the :class:`StrategyRanksMessage` it stands for."""
         return tuple(
-            StrategyRanksMessage.model_construct(
-                schema_version=1,
-                key=answer.key,
-                version=answer.version,
-                strategy=self.strategy,
-                scores=answer.scores,
-                duration_seconds=answer.duration_seconds,
-                emitted_at=self.emitted_at,
-                changed_at=answer.changed_at,
-            )
-            for answer in self.answers
+            _answer_message(answer, self.strategy, self.emitted_at) for answer in self.answers
         )
+
+
+def _answer_message(
+    answer: RankedWorkload, strategy: str, emitted_at: float
+) -> StrategyRanksMessage:
+    """A batch's ``answer`` of ``strategy`` as the :class:`StrategyRanksMessage` it stands for
+    (built without validation: the batch was validated)."""
+    return StrategyRanksMessage.model_construct(
+        schema_version=1,
+        key=answer.key,
+        version=answer.version,
+        strategy=strategy,
+        scores=answer.scores,
+        duration_seconds=answer.duration_seconds,
+        emitted_at=emitted_at,
+        changed_at=answer.changed_at,
+    )
 
 
 class StrategyAnswer(RankedWorkload):
@@ -682,17 +689,7 @@ class RanksBatchMessage(Message):
     def messages(self) -> tuple[StrategyRanksMessage, ...]:
         """Each answer as the :class:`StrategyRanksMessage` it stands for."""
         return tuple(
-            StrategyRanksMessage.model_construct(
-                schema_version=1,
-                key=answer.key,
-                version=answer.version,
-                strategy=answer.strategy,
-                scores=answer.scores,
-                duration_seconds=answer.duration_seconds,
-                emitted_at=self.emitted_at,
-                changed_at=answer.changed_at,
-            )
-            for answer in self.answers
+            _answer_message(answer, answer.strategy, self.emitted_at) for answer in self.answers
         )
 
 
